@@ -1,0 +1,360 @@
+"""ONNX -> IR.
+
+Reads the model (external data included), fixes every dynamic dimension from the user's
+``--shape``/``--dim`` values, and converts node by node through the GraphBuilder, so shape
+subgraphs fold to constants as soon as the input shapes are known. Ops whose spelling
+changed between opsets are rewritten to flowc's canonical form by the adapter their OpDef
+declares. Every unsupported op is reported at once, before any conversion work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
+from flowc.ir.builder import GraphBuilder
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Graph, Value
+from flowc.ir.types import TensorType
+from flowc.ops.registry import find_op
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class ImportOptions:
+    """Values for dynamic dimensions: whole input shapes by name, or symbols by name."""
+
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    dims: Mapping[str, int] = field(default_factory=dict)
+
+
+class OnnxNode:
+    """One ONNX node as an import adapter sees it; the adapter may edit inputs and attrs."""
+
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        op_type: str,
+        opset: int,
+        name: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any],
+        output_names: list[str],
+    ) -> None:
+        self.builder = builder
+        self.op_type = op_type
+        self.opset = opset
+        self.name = name
+        self.inputs = inputs
+        self.attrs = attrs
+        self.output_names = output_names
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def set_input(self, i: int, v: Value | None) -> None:
+        while len(self.inputs) <= i:
+            self.inputs.append(None)
+        self.inputs[i] = v
+
+    def const(self, suffix: str, array: Any, dtype: Any = None) -> Value:
+        """A new constant value named after this node."""
+        return self.builder.constant(f"{self.name or self.op_type}/{suffix}", np.asarray(array, dtype=dtype))
+
+    def attr_to_input(self, attr: str, index: int, dtype: Any = np.int64) -> None:
+        """Move a list attribute of an old opset into input ``index`` (the newer form)."""
+        if attr in self.attrs:
+            self.set_input(index, self.const(attr, self.attrs.pop(attr), dtype))
+
+    def emit(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        attrs: Mapping[str, Any] | None = None,
+        suffix: str = "",
+        output_names: list[str] | None = None,
+        num_outputs: int | None = None,
+    ) -> list[Value]:
+        """Add a helper node (folded when its inputs are constant)."""
+        base = self.name or self.op_type
+        name = f"{base}/{suffix}" if suffix else base
+        return self.builder.emit(
+            op, inputs, attrs, name=name, output_names=output_names, num_outputs=num_outputs
+        )
+
+
+def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    p = Path(path)
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file", hint="check the path to the model")
+    if p.is_dir():
+        raise ModelLoadError(f"{p}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).strip() or 'parse error'})",
+            hint="the file may be truncated or not an ONNX protobuf",
+        ) from None
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise ModelLoadError(f"{p}: the file parses but holds no ONNX graph", hint="is it an ONNX model?")
+    try:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(p.parent))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(
+            f"{p}: cannot read external weights: {e}",
+            hint="external data files must sit beside the model, as the model names them",
+        ) from None
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    return model
+
+
+def _opset_of(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ONNX_DOMAINS:
+            return int(o.version)
+    # ONNX's own rule: a model that imports no default-domain opset uses opset 1 semantics,
+    # but in practice such files come from old exporters; take the oldest opset flowc knows.
+    return 9
+
+
+def _check_supported(model: onnx.ModelProto, opset: int) -> None:
+    missing: dict[tuple[str, str], list[Any]] = {}
+    counts: Counter[tuple[str, str]] = Counter()
+    for node in model.graph.node:
+        key = (node.domain, node.op_type)
+        if node.domain in ONNX_DOMAINS and find_op(node.op_type) is not None:
+            continue
+        counts[key] += 1
+        missing.setdefault(key, [node.name or f"(unnamed, outputs {list(node.output)})"])
+    if not missing:
+        return
+    lines = []
+    for (domain, op), first in sorted(missing.items()):
+        dom = f"{domain}." if domain not in ONNX_DOMAINS else ""
+        ver = f"opset {opset}" if domain in ONNX_DOMAINS else f"domain {domain!r}"
+        lines.append(f"  {dom}{op}: {counts[(domain, op)]} node(s), {ver}, first: {first[0]}")
+    raise UnsupportedOpError(
+        f"the model uses {len(missing)} unsupported op type(s):\n" + "\n".join(lines),
+        hint="run `flowc ops` to list the supported ops",
+    )
+
+
+def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise ModelLoadError(f"input {vi.name!r} is not a tensor (sequences and maps are not supported)")
+    try:
+        dtype = DType.from_onnx(tt.elem_type)
+    except ValueError as e:
+        raise ModelLoadError(f"input {vi.name!r}: {e}") from None
+    if vi.name in opts.shapes:
+        given = [int(d) for d in opts.shapes[vi.name]]
+        if tt.HasField("shape"):
+            model_dims = list(tt.shape.dim)
+            if len(model_dims) != len(given):
+                raise InputError(
+                    f"--shape {vi.name}: the model declares rank {len(model_dims)}, "
+                    f"got {len(given)} dims ({'x'.join(map(str, given))})"
+                )
+            for k, (d, g) in enumerate(zip(model_dims, given, strict=True)):
+                if d.HasField("dim_value") and d.dim_value != g:
+                    raise InputError(
+                        f"--shape {vi.name}: dim {k} is fixed to {d.dim_value} by the model, got {g}"
+                    )
+        return TensorType(tuple(given), dtype)
+    if not tt.HasField("shape"):
+        raise InputError(
+            f"input {vi.name!r} has no declared shape",
+            hint=f"give it with --shape {vi.name}=D0xD1x...",
+        )
+    dims = []
+    for k, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param in opts.dims:
+            dims.append(int(opts.dims[d.dim_param]))
+        else:
+            sym = d.dim_param if d.HasField("dim_param") else "?"
+            raise InputError(
+                f"input {vi.name!r} has a dynamic dimension {k} ({sym!r}) with no value",
+                hint=(f"fix it with --dim {sym}=N or " if d.HasField("dim_param") else "fix it with ")
+                + f"--shape {vi.name}=" + "x".join("N" if i == k else str(x.dim_value or "N") for i, x in enumerate(tt.shape.dim)),
+            )
+    return TensorType(tuple(dims), dtype)
+
+
+def _attr_value(a: onnx.AttributeProto) -> Any:
+    t = a.type
+    A = onnx.AttributeProto
+    if t == A.FLOAT:
+        return float(a.f)
+    if t == A.INT:
+        return int(a.i)
+    if t == A.STRING:
+        return a.s.decode("utf-8", errors="replace")
+    if t == A.TENSOR:
+        return numpy_helper.to_array(a.t)
+    if t == A.FLOATS:
+        return tuple(float(x) for x in a.floats)
+    if t == A.INTS:
+        return tuple(int(x) for x in a.ints)
+    if t == A.STRINGS:
+        return tuple(x.decode("utf-8", errors="replace") for x in a.strings)
+    if t == A.SPARSE_TENSOR:
+        return _sparse_to_dense(a.sparse_tensor)
+    raise ShapeError(f"attribute {a.name!r} of type {A.AttributeType.Name(t)} is not supported")
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    """Sparse tensors: indices are flat positions (1-D) or one coordinate row per value (2-D)."""
+    values = numpy_helper.to_array(sp.values)
+    full = np.zeros(tuple(sp.dims), dtype=values.dtype)
+    idx = numpy_helper.to_array(sp.indices)
+    if idx.ndim == 1:
+        full.reshape(-1)[idx] = values
+    else:
+        full[tuple(idx.T)] = values
+    return full
+
+
+def _topo_order(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    """ONNX requires topological order; some exporters break it, so restore it (stably)."""
+    ready = set(available)
+    pending = list(nodes)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i == "" or i in ready for i in n.input):
+                ordered.append(n)
+                ready.update(o for o in n.output if o)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):
+            n = rest[0]
+            missing = [i for i in n.input if i and i not in ready]
+            raise ModelLoadError(
+                f"node {n.name or n.op_type!r} ({n.op_type}) reads {missing}, which no node, "
+                "input or initializer defines (or the graph has a cycle)"
+            )
+        pending = rest
+    return ordered
+
+
+def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name: str = "") -> Graph:
+    opts = opts or ImportOptions()
+    opset = _opset_of(model)
+    _check_supported(model, opset)
+    og = model.graph
+    graph = Graph(name or og.name or "main")
+    builder = GraphBuilder(graph)
+    env: dict[str, Value] = {}
+
+    init_names = {t.name for t in og.initializer} | {s.values.name for s in og.sparse_initializer}
+    real_inputs = [vi for vi in og.input if vi.name not in init_names]
+    known = {vi.name for vi in real_inputs}
+    for n in opts.shapes:
+        if n not in known:
+            raise InputError(
+                f"--shape {n}: the model has no input named {n!r}",
+                hint="its inputs are: " + ", ".join(repr(k) for k in sorted(known)),
+            )
+    symbols = {
+        d.dim_param for vi in real_inputs for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")
+    }
+    for s in opts.dims:
+        if s not in symbols:
+            raise InputError(
+                f"--dim {s}: the model has no symbolic dimension named {s!r}",
+                hint=("its symbols are: " + ", ".join(sorted(symbols))) if symbols else "its inputs have static shapes",
+            )
+    for vi in real_inputs:
+        env[vi.name] = graph.add_input(vi.name, _input_type(vi, opts))
+    for t in og.initializer:
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelLoadError(f"initializer {t.name!r} cannot be read: {e}") from None
+        env[t.name] = builder.constant(t.name, arr)
+    for sp in og.sparse_initializer:
+        env[sp.values.name] = builder.constant(sp.values.name, _sparse_to_dense(sp))
+
+    for node in _topo_order(og.node, set(env)):
+        try:
+            _convert_node(builder, node, opset, env)
+        except FlowcError as e:
+            if not isinstance(e, ShapeError) or (node.name and node.name in e.message):
+                raise
+            raise ShapeError(f"while importing node {node.name or node.op_type!r}: {e.message}", e.hint) from None
+
+    for vo in og.output:
+        if vo.name not in env:
+            raise ModelLoadError(f"graph output {vo.name!r} is never computed")
+        v = env[vo.name]
+        if v.name != vo.name:
+            v = _name_output(graph, builder, v, vo.name)
+        tt = vo.type.tensor_type
+        if tt.elem_type and DType.from_onnx(tt.elem_type) != v.type.dtype:
+            raise ShapeError(
+                f"output {vo.name!r}: the model declares {DType.from_onnx(tt.elem_type)} but the graph computes {v.type.dtype}"
+            )
+        graph.outputs.append(v)
+    graph.remove_unused()
+    return graph
+
+
+def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Value:
+    """Give an output value the output's name: rename an inner value, else add an Identity."""
+    inner = v.producer is not None and v not in graph.outputs and name not in {x.name for x in graph.values()}
+    if inner:
+        v.name = name
+        graph._names.add(name)
+        return v
+    if v.const is not None and name not in {x.name for x in graph.values()}:
+        return builder.constant(name, v.const)
+    return builder.emit("Identity", [v], name=name, output_names=[name])[0]
+
+
+def _convert_node(builder: GraphBuilder, node: onnx.NodeProto, opset: int, env: dict[str, Value]) -> None:
+    opdef = find_op(node.op_type)
+    assert opdef is not None
+    inputs: list[Value | None] = [env[i] if i else None for i in node.input]
+    attrs = {a.name: _attr_value(a) for a in node.attribute}
+    out_names = list(node.output)
+    onode = OnnxNode(builder, node.op_type, opset, node.name, inputs, attrs, out_names)
+    outs: list[Value] | None = None
+    if opdef.onnx_import is not None:
+        outs = opdef.onnx_import(onode)
+    if outs is None:
+        outs = builder.emit(
+            node.op_type,
+            onode.inputs,
+            onode.attrs,
+            name=node.name,
+            output_names=[n or f"{node.name or node.op_type}:unused{i}" for i, n in enumerate(out_names)],
+        )
+    for n, v in zip(out_names, outs, strict=False):
+        if n:
+            env[n] = v
+
+
+def import_onnx(path: str | os.PathLike[str], opts: ImportOptions | None = None) -> Graph:
+    """Load and import an .onnx file."""
+    model = load_model(path)
+    return import_model(model, opts, name=Path(path).stem)

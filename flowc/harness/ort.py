@@ -1,0 +1,30 @@
+"""onnxruntime as the reference: run a model on given inputs with graph optimizations off,
+so the comparison is with ONNX semantics, not with ORT's fused kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+
+from flowc.errors import FlowcError
+
+
+def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise FlowcError(
+            "onnxruntime is not installed; it is the reference flowc compares with",
+            hint="pip install 'flowc[test]' (or run `make setup`)",
+        ) from None
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    data = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    input_names = {i.name for i in sess.get_inputs()}
+    outs = sess.run(names, {k: v for k, v in feeds.items() if k in input_names})
+    return {n: np.asarray(o) for n, o in zip(names, outs, strict=True)}

@@ -1,0 +1,113 @@
+"""GraphBuilder: adds nodes with inferred types, folding constant ones as it goes.
+
+Front ends build through it, so shape computations (Shape -> Gather -> Concat -> Reshape)
+collapse to constants the moment their inputs are known, and the types of everything after
+them are static.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flowc.errors import FlowcError, ShapeError
+from flowc.ir.graph import Attrs, Graph, Value, compact_constant, make_splat
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, OpDef, get_op
+
+
+def fold_inputs(opdef: OpDef, inputs: list[Value | None]) -> list[np.ndarray | None] | None:
+    """The arrays to evaluate a node at compile time, or None when it cannot fold."""
+    arrays: list[np.ndarray | None] = []
+    for v in inputs:
+        if v is None:
+            arrays.append(None)
+        elif v.const is not None:
+            arrays.append(v.const)
+        elif opdef.shape_only:
+            # Shape and Size read only the shape: a zero-stride stand-in costs nothing.
+            arrays.append(make_splat(0, v.type.shape, v.type.dtype.np))
+        else:
+            return None
+    return arrays
+
+
+def evaluate_node(
+    opdef: OpDef, arrays: list[np.ndarray | None], attrs: Attrs, types: list[TensorType], where: str
+) -> list[np.ndarray]:
+    """Run the reference and check it produced the inferred types."""
+    outs = opdef.evaluate(arrays, attrs)
+    if len(outs) < len(types):
+        raise ShapeError(f"{where}: reference gave {len(outs)} outputs, expected {len(types)}")
+    result = []
+    for o, t in zip(outs, types, strict=False):
+        if tuple(o.shape) != t.shape:
+            raise ShapeError(
+                f"{where}: internal error: reference output shape {list(o.shape)} differs from "
+                f"the inferred {list(t.shape)}"
+            )
+        result.append(o if o.dtype == t.dtype.np else o.astype(t.dtype.np))
+    return result
+
+
+class GraphBuilder:
+    def __init__(self, graph: Graph, fold: bool = True) -> None:
+        self.graph = graph
+        self.fold = fold
+
+    def constant(self, name: str, array: np.ndarray) -> Value:
+        return self.graph.add_constant(name, compact_constant(np.asarray(array)))
+
+    def infer(
+        self, op: str, inputs: list[Value | None], attrs: Attrs, num_outputs: int, name: str
+    ) -> list[TensorType]:
+        opdef = get_op(op)
+        ctx = InferCtx(
+            op,
+            name,
+            [i.type if i is not None else None for i in inputs],
+            [i.const if i is not None else None for i in inputs],
+            attrs.merged(opdef.attrs),
+            num_outputs,
+        )
+        return opdef.infer(ctx)
+
+    def emit(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        name: str = "",
+        output_names: list[str] | None = None,
+        num_outputs: int | None = None,
+    ) -> list[Value]:
+        """Add ``op`` (or its folded constants) and return its output values."""
+        opdef = get_op(op)
+        frozen = attrs if isinstance(attrs, Attrs) else Attrs(attrs or {})
+        # Trailing omitted optional inputs carry no meaning; dropping them keeps the IR tidy.
+        ins = list(inputs)
+        while ins and ins[-1] is None:
+            ins.pop()
+        lo, hi = opdef.inputs
+        where = f"{op} node {name!r}" if name else f"{op} node"
+        if not lo <= len(ins) <= hi:
+            raise ShapeError(f"{where}: takes {lo}..{hi} inputs, got {len(ins)}")
+        n_out = num_outputs if num_outputs is not None else len(output_names or []) or opdef.outputs[0]
+        types = self.infer(op, ins, frozen, n_out, name)
+        names = output_names or [f"{name or op.lower()}:{i}" for i in range(len(types))]
+        if self.fold:
+            arrays = fold_inputs(opdef, ins)
+            if arrays is not None:
+                try:
+                    outs = evaluate_node(opdef, arrays, frozen, types, where)
+                except FlowcError:
+                    raise
+                except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
+                    raise ShapeError(f"{where}: constant folding failed: {e}") from None
+                return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
+        node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
+        return node.outputs
+

@@ -1,0 +1,258 @@
+"""The graph IR: SSA values with static types, nodes with frozen attributes, one Graph.
+
+Constants are Values with a NumPy array attached and no producer. A constant whose elements
+are all equal may be held as a *splat*: a zero-stride broadcast view of one element, so a
+model whose weights are fills (ConstantOfShape) never materializes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.types import Mesh, NdSbp, TensorType
+
+# An attribute value: int, float, str, a tuple of those, or a NumPy array (tensor attribute).
+AttrValue = Any
+
+
+def _freeze(v: Any) -> AttrValue:
+    if isinstance(v, np.ndarray):
+        a = np.array(v, copy=True)
+        a.setflags(write=False)
+        return a
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    if isinstance(v, (str, bytes)):
+        return v.decode() if isinstance(v, bytes) else v
+    raise TypeError(f"unsupported attribute value {v!r} of type {type(v).__name__}")
+
+
+class Attrs(Mapping[str, AttrValue]):
+    """An immutable attribute mapping, iterated in sorted key order (deterministic output)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = ()) -> None:
+        d = dict(items)
+        self._d: dict[str, AttrValue] = {k: _freeze(d[k]) for k in sorted(d)}
+
+    def __getitem__(self, key: str) -> AttrValue:
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __repr__(self) -> str:
+        return f"Attrs({self._d!r})"
+
+    def merged(self, defaults: Mapping[str, Any]) -> Attrs:
+        """These attributes with ``defaults`` filling the ones not given."""
+        d = {k: v for k, v in defaults.items() if v is not None}
+        d.update(self._d)
+        return Attrs(d)
+
+
+def is_splat(a: np.ndarray) -> bool:
+    """True for an array held as one broadcast element (all strides zero)."""
+    return a.size > 1 and all(s == 0 for s in a.strides)
+
+
+def make_splat(value: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A read-only zero-stride array of ``shape`` filled with ``value``."""
+    return np.broadcast_to(np.asarray(value, dtype=dtype).reshape(()), shape)
+
+
+def compact_constant(a: np.ndarray) -> np.ndarray:
+    """Hold an all-equal array as a splat when it is large enough for that to matter."""
+    if a.size > 16 and not is_splat(a):
+        flat = a.reshape(-1)
+        first = flat[0]
+        if (flat == first).all() and not (a.dtype.kind == "f" and np.isnan(first)):
+            return make_splat(first, a.shape, a.dtype)
+    return a
+
+
+class Value:
+    """An SSA value: a graph input, a constant, or a node's output."""
+
+    __slots__ = ("const", "name", "producer", "sbp", "type")
+
+    def __init__(
+        self,
+        name: str,
+        type: TensorType,
+        producer: Node | None = None,
+        const: np.ndarray | None = None,
+        sbp: NdSbp | None = None,
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.producer = producer
+        self.const = const
+        self.sbp = sbp
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r}: {self.type})"
+
+
+class Node:
+    """One operation. ``inputs`` may hold None for an omitted optional input."""
+
+    __slots__ = ("attrs", "inputs", "name", "op", "outputs", "stage")
+
+    def __init__(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        outputs: list[Value],
+        attrs: Attrs | Mapping[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
+        self.op = op
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.attrs = attrs if isinstance(attrs, Attrs) else Attrs(attrs or {})
+        self.name = name
+        self.stage: int | None = None
+        for o in self.outputs:
+            o.producer = self
+
+    def __repr__(self) -> str:
+        return f"Node({self.op} {self.name!r})"
+
+
+class Graph:
+    """A graph: inputs, constants, nodes in topological order, outputs; optionally a mesh."""
+
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.constants: list[Value] = []
+        self.nodes: list[Node] = []
+        self.mesh: Mesh | None = None
+        self._names: set[str] = set()
+
+    # -- construction -----------------------------------------------------------------------
+
+    def unique_name(self, base: str) -> str:
+        """``base`` if no value has that name yet, else ``base.1``, ``base.2``, ..."""
+        if base and base not in self._names:
+            return base
+        stem = base or "v"
+        i = 1
+        while f"{stem}.{i}" in self._names:
+            i += 1
+        return f"{stem}.{i}"
+
+    def _claim(self, name: str) -> None:
+        if name in self._names:
+            raise ValueError(f"value name {name!r} is already defined")
+        self._names.add(name)
+
+    def add_input(self, name: str, type: TensorType) -> Value:
+        self._claim(name)
+        v = Value(name, type)
+        self.inputs.append(v)
+        return v
+
+    def add_constant(self, name: str, array: np.ndarray) -> Value:
+        name = self.unique_name(name)
+        self._claim(name)
+        a = array if is_splat(array) else np.ascontiguousarray(array)
+        if a.flags.writeable:
+            a = a.copy()
+            a.setflags(write=False)
+        v = Value(name, TensorType(a.shape, DType.from_numpy(a.dtype)), const=a)
+        self.constants.append(v)
+        return v
+
+    def add_node(
+        self,
+        op: str,
+        inputs: list[Value | None],
+        output_types: list[TensorType],
+        attrs: Mapping[str, Any] | None = None,
+        name: str = "",
+        output_names: list[str] | None = None,
+    ) -> Node:
+        names = output_names or [f"{name or op}:{i}" for i in range(len(output_types))]
+        outs = []
+        for n, t in zip(names, output_types, strict=True):
+            n = self.unique_name(n)
+            self._claim(n)
+            outs.append(Value(n, t))
+        node = Node(op, inputs, outs, attrs, name)
+        self.nodes.append(node)
+        return node
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def values(self) -> Iterator[Value]:
+        yield from self.inputs
+        yield from self.constants
+        for n in self.nodes:
+            yield from n.outputs
+
+    def users(self) -> dict[Value, list[Node]]:
+        uses: dict[Value, list[Node]] = {v: [] for v in self.values()}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i is not None:
+                    uses.setdefault(i, []).append(n)
+        return uses
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.nodes:
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return dict(sorted(counts.items()))
+
+    # -- rewriting --------------------------------------------------------------------------
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Make every use of ``old`` (node inputs, graph outputs) a use of ``new``."""
+        for n in self.nodes:
+            n.inputs = [new if i is old else i for i in n.inputs]
+        self.outputs = [new if o is old else o for o in self.outputs]
+
+    def remove_unused(self) -> int:
+        """Drop nodes none of whose outputs are used and constants nobody reads; return count."""
+        live: set[Value] = set(self.outputs)
+        kept: list[Node] = []
+        for n in reversed(self.nodes):
+            if any(o in live for o in n.outputs):
+                kept.append(n)
+                live.update(i for i in n.inputs if i is not None)
+        removed = len(self.nodes) - len(kept)
+        self.nodes = kept[::-1]
+        self.constants = [c for c in self.constants if c in live]
+        self._names = {v.name for v in self.values()}
+        return removed
+
+    def verify(self) -> None:
+        from flowc.ir.verify import verify_graph
+
+        verify_graph(self)
+
+    def __str__(self) -> str:
+        from flowc.ir.printer import print_graph
+
+        return print_graph(self)

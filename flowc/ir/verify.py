@@ -1,0 +1,82 @@
+"""Graph.verify(): SSA form, types, topological order, dangling uses, placements."""
+
+from __future__ import annotations
+
+from flowc.errors import VerifyError
+from flowc.ir.graph import Graph, Value
+from flowc.ir.types import TensorType
+
+
+def _where(node_desc: str) -> str:
+    return f"node {node_desc}"
+
+
+def verify_graph(g: Graph) -> None:
+    """Raise VerifyError naming the first offending node or value."""
+    from flowc.ops.registry import get_op
+
+    defined: set[Value] = set()
+    names: dict[str, Value] = {}
+
+    def define(v: Value, where: str) -> None:
+        if v in defined:
+            raise VerifyError(f"{where}: value {v.name!r} is defined twice (SSA violated)")
+        if v.name in names:
+            raise VerifyError(f"{where}: two values are named {v.name!r}")
+        if not isinstance(v.type, TensorType):
+            raise VerifyError(f"{where}: value {v.name!r} has no tensor type")
+        if v.sbp is not None:
+            if g.mesh is None:
+                raise VerifyError(f"{where}: value {v.name!r} has placement {v.sbp} but the graph has no mesh")
+            try:
+                v.sbp.check(v.type, g.mesh)
+            except ValueError as e:
+                raise VerifyError(f"{where}: value {v.name!r}: {e}") from None
+        defined.add(v)
+        names[v.name] = v
+
+    for v in g.inputs:
+        if v.producer is not None or v.const is not None:
+            raise VerifyError(f"graph input {v.name!r} must not have a producer or constant data")
+        define(v, f"graph input {v.name!r}")
+    for c in g.constants:
+        if c.const is None:
+            raise VerifyError(f"constant {c.name!r} carries no data")
+        if tuple(c.const.shape) != c.type.shape or c.const.dtype != c.type.dtype.np:
+            raise VerifyError(
+                f"constant {c.name!r}: data is {c.const.dtype}{list(c.const.shape)} but its type says {c.type}"
+            )
+        define(c, f"constant {c.name!r}")
+
+    for idx, n in enumerate(g.nodes):
+        desc = f"#{idx} {n.op} {n.name!r}" if n.name else f"#{idx} {n.op}"
+        where = _where(desc)
+        try:
+            opdef = get_op(n.op)
+        except KeyError:
+            raise VerifyError(f"{where}: unknown op {n.op!r}") from None
+        for j, i in enumerate(n.inputs):
+            if i is None:
+                continue
+            if i not in defined:
+                raise VerifyError(
+                    f"{where}: input {j} ({i.name!r}) is used before it is defined "
+                    "(nodes are not in topological order, or the value is dangling)"
+                )
+        for o in n.outputs:
+            if o.producer is not n:
+                raise VerifyError(f"{where}: output {o.name!r} does not point back to its node")
+            define(o, where)
+        try:
+            expected = opdef.infer_types(n)
+        except Exception as e:
+            raise VerifyError(f"{where}: type inference fails: {e}") from None
+        for o, t in zip(n.outputs, expected, strict=False):
+            if o.type != t:
+                raise VerifyError(f"{where}: output {o.name!r} has type {o.type} but the op gives {t}")
+        if len(expected) != len(n.outputs):
+            raise VerifyError(f"{where}: has {len(n.outputs)} outputs, the op gives {len(expected)}")
+
+    for o in g.outputs:
+        if o not in defined:
+            raise VerifyError(f"graph output {o.name!r} is never defined")

@@ -1,0 +1,13 @@
+"""The op registry; importing this package registers every op family."""
+
+from flowc.ops import (  # noqa: F401
+    conv,
+    elementwise,
+    index,
+    matmul,
+    norm,
+    pool,
+    reduce,
+    shape,
+    softmax,
+)

@@ -1,0 +1,423 @@
+"""Element-wise ops: unary math and activations, broadcasting binary and variadic ops,
+comparisons and logic, Where, Clip, Cast.
+
+All binary ops use ONNX multidirectional broadcasting. Integer division truncates toward
+zero, as C (and onnxruntime) does; NumPy's ``//`` floors, so it is not used directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import (
+    InferCtx,
+    broadcast_shapes,
+    defop,
+    elementwise_flops,
+    same_as_input,
+)
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+
+FAMILY = "elementwise"
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    return np.asarray(_erf(x.astype(np.float64)), dtype=np.float64).astype(x.dtype)
+
+
+# -- unary ------------------------------------------------------------------------------------
+
+
+def unary(
+    name: str,
+    fn: Callable[[np.ndarray, Attrs], np.ndarray],
+    attrs: dict[str, object] | None = None,
+    cost: int = 1,
+    float_only: bool = False,
+) -> None:
+    def infer(ctx: InferCtx) -> list[TensorType]:
+        t = ctx.type(0)
+        if float_only and not t.dtype.is_float:
+            raise ctx.fail(f"needs a floating-point input, got {t.dtype}")
+        return [t]
+
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        x = xs[0]
+        assert x is not None
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x, a)).astype(x.dtype, copy=False)
+
+    defop(name, FAMILY, infer=infer, reference=ref, attrs=attrs, flops=elementwise_flops(cost))
+
+
+def _f(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray, Attrs], np.ndarray]:
+    return lambda x, a: fn(x)
+
+
+def _sel(x: np.ndarray, cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(cond, a, b).astype(x.dtype)
+
+
+unary("Neg", _f(np.negative))
+unary("Abs", _f(np.abs))
+unary("Sqrt", _f(np.sqrt), float_only=True)
+unary("Reciprocal", _f(np.reciprocal), float_only=True)
+unary("Exp", _f(np.exp), float_only=True, cost=4)
+unary("Log", _f(np.log), float_only=True, cost=4)
+unary("Erf", _f(erf), float_only=True, cost=8)
+unary("Tanh", _f(np.tanh), float_only=True, cost=4)
+unary("Sigmoid", _f(lambda x: 1 / (1 + np.exp(-x))), float_only=True, cost=4)
+unary("Relu", _f(lambda x: np.maximum(x, np.zeros((), x.dtype))))
+unary("LeakyRelu", lambda x, a: _sel(x, x >= 0, x, x * a["alpha"]), {"alpha": 0.01}, float_only=True)
+unary(
+    "Elu",
+    lambda x, a: _sel(x, x > 0, x, a["alpha"] * (np.exp(x) - 1)),
+    {"alpha": 1.0},
+    float_only=True,
+    cost=4,
+)
+unary(
+    "Selu",
+    lambda x, a: _sel(x, x > 0, a["gamma"] * x, a["gamma"] * (a["alpha"] * np.exp(x) - a["alpha"])),
+    {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+    float_only=True,
+    cost=4,
+)
+unary(
+    "Celu",
+    lambda x, a: np.maximum(0, x) + np.minimum(0, a["alpha"] * (np.exp(x / a["alpha"]) - 1)),
+    {"alpha": 1.0},
+    float_only=True,
+    cost=4,
+)
+
+
+def _gelu(x: np.ndarray, a: Attrs) -> np.ndarray:
+    if a["approximate"] == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + erf(x / np.asarray(math.sqrt(2), x.dtype)))
+
+
+unary("Gelu", _gelu, {"approximate": "none"}, float_only=True, cost=8)
+unary(
+    "HardSigmoid",
+    lambda x, a: np.clip(a["alpha"] * x + a["beta"], 0, 1),
+    {"alpha": 0.2, "beta": 0.5},
+    float_only=True,
+)
+unary("HardSwish", _f(lambda x: x * np.clip(x / 6 + 0.5, 0, 1)), float_only=True)
+unary("Softplus", _f(lambda x: np.logaddexp(np.zeros((), x.dtype), x)), float_only=True, cost=4)
+unary("Softsign", _f(lambda x: x / (1 + np.abs(x))), float_only=True)
+unary("Mish", _f(lambda x: x * np.tanh(np.logaddexp(np.zeros((), x.dtype), x))), float_only=True, cost=8)
+unary(
+    "ThresholdedRelu", lambda x, a: _sel(x, x > a["alpha"], x, np.zeros_like(x)), {"alpha": 1.0}, float_only=True
+)
+unary(
+    "Shrink",
+    lambda x, a: _sel(
+        x,
+        x < -a["lambd"],
+        x + a["bias"],
+        np.where(x > a["lambd"], x - a["bias"], 0),
+    ),
+    {"bias": 0.0, "lambd": 0.5},
+)
+unary("Floor", _f(np.floor), float_only=True)
+unary("Ceil", _f(np.ceil), float_only=True)
+unary("Round", _f(np.round), float_only=True)  # NumPy rounds half to even, as ONNX asks
+unary("Sign", _f(np.sign))
+for _name, _fn in [
+    ("Sin", np.sin),
+    ("Cos", np.cos),
+    ("Tan", np.tan),
+    ("Asin", np.arcsin),
+    ("Acos", np.arccos),
+    ("Atan", np.arctan),
+    ("Sinh", np.sinh),
+    ("Cosh", np.cosh),
+    ("Asinh", np.arcsinh),
+    ("Acosh", np.arccosh),
+    ("Atanh", np.arctanh),
+]:
+    unary(_name, _f(_fn), float_only=True, cost=4)
+
+
+# -- binary and variadic with broadcasting -------------------------------------------------------
+
+
+def _binary_infer(out_bool: bool = False, same_dtype: bool = True) -> Callable[[InferCtx], list[TensorType]]:
+    def infer(ctx: InferCtx) -> list[TensorType]:
+        a, b = ctx.type(0), ctx.type(1)
+        if same_dtype and a.dtype != b.dtype:
+            raise ctx.fail(f"operands have different element types: {a.dtype} and {b.dtype}")
+        shape = broadcast_shapes(ctx, a.shape, b.shape)
+        return [TensorType(shape, DType.BOOL if out_bool else a.dtype)]
+
+    return infer
+
+
+def binary(
+    name: str,
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    out_bool: bool = False,
+    same_dtype: bool = True,
+    attrs: dict[str, object] | None = None,
+    fn_attrs: Callable[[np.ndarray, np.ndarray, Attrs], np.ndarray] | None = None,
+) -> None:
+    def ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
+        a, b = xs[0], xs[1]
+        assert a is not None and b is not None
+        with np.errstate(all="ignore"):
+            r = fn_attrs(a, b, at) if fn_attrs is not None else fn(a, b)
+        return np.asarray(r).astype(np.bool_ if out_bool else a.dtype, copy=False)
+
+    defop(
+        name,
+        FAMILY,
+        infer=_binary_infer(out_bool, same_dtype),
+        reference=ref,
+        inputs=2,
+        attrs=attrs,
+        flops=elementwise_flops(1),
+    )
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        safe = np.where(b == 0, 1, b)
+        q = a // safe
+        # // floors; C division truncates toward zero.
+        fix = (a % safe != 0) & ((a < 0) != (safe < 0))
+        return np.where(fix, q + 1, q)
+    return a / b
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "iu":
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+    return np.power(a, b.astype(a.dtype))
+
+
+def _mod(a: np.ndarray, b: np.ndarray, at: Attrs) -> np.ndarray:
+    if at["fmod"] or a.dtype.kind == "f":
+        return np.fmod(a, b)
+    return np.mod(a, np.where(b == 0, 1, b))
+
+
+binary("Add", np.add)
+binary("Sub", np.subtract)
+binary("Mul", np.multiply)
+binary("Div", _int_div)
+binary("Pow", _pow, same_dtype=False)
+binary("Mod", np.mod, attrs={"fmod": 0}, fn_attrs=_mod)
+binary("PRelu", lambda x, s: np.where(x < 0, x * s, x))
+binary("Equal", np.equal, out_bool=True)
+binary("Less", np.less, out_bool=True)
+binary("Greater", np.greater, out_bool=True)
+binary("LessOrEqual", np.less_equal, out_bool=True)
+binary("GreaterOrEqual", np.greater_equal, out_bool=True)
+binary("And", np.logical_and, out_bool=True)
+binary("Or", np.logical_or, out_bool=True)
+binary("Xor", np.logical_xor, out_bool=True)
+binary("BitwiseAnd", np.bitwise_and)
+binary("BitwiseOr", np.bitwise_or)
+binary("BitwiseXor", np.bitwise_xor)
+binary(
+    "BitShift",
+    np.left_shift,
+    attrs={"direction": "LEFT"},
+    fn_attrs=lambda a, b, at: np.left_shift(a, b) if at["direction"] == "LEFT" else np.right_shift(a, b),
+)
+unary("BitwiseNot", _f(np.invert))
+
+
+def _variadic_infer(ctx: InferCtx) -> list[TensorType]:
+    if ctx.num_inputs == 0:
+        raise ctx.fail("needs at least one input")
+    dt = ctx.dtype(0)
+    for i in range(ctx.num_inputs):
+        if ctx.dtype(i) != dt:
+            raise ctx.fail(f"inputs have different element types: {dt} and {ctx.dtype(i)}")
+    return [TensorType(broadcast_shapes(ctx, *(ctx.shape(i) for i in range(ctx.num_inputs))), dt)]
+
+
+def variadic(name: str, fn: Callable[[Sequence[np.ndarray]], np.ndarray]) -> None:
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        arrays = [x for x in xs if x is not None]
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(arrays)).astype(arrays[0].dtype, copy=False)
+
+    defop(name, FAMILY, infer=_variadic_infer, reference=ref, inputs=(1, 1 << 30), flops=elementwise_flops(1))
+
+
+def _fold(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
+    def run(xs: Sequence[np.ndarray]) -> np.ndarray:
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = fn(acc, x)
+        return np.broadcast_to(acc, np.broadcast_shapes(*(x.shape for x in xs)))
+
+    return run
+
+
+variadic("Sum", _fold(np.add))
+variadic("Max", _fold(np.maximum))
+variadic("Min", _fold(np.minimum))
+variadic("Mean", lambda xs: _fold(np.add)(xs) / np.asarray(len(xs), xs[0].dtype))
+
+
+# -- logic and tests ----------------------------------------------------------------------------
+
+
+def _bool_out(ctx: InferCtx) -> list[TensorType]:
+    return [ctx.type(0).with_dtype(DType.BOOL)]
+
+
+def _not_infer(ctx: InferCtx) -> list[TensorType]:
+    if ctx.dtype(0) != DType.BOOL:
+        raise ctx.fail(f"needs a bool input, got {ctx.dtype(0)}")
+    return [ctx.type(0)]
+
+
+defop("Not", FAMILY, infer=_not_infer, reference=lambda xs, a: np.logical_not(xs[0]), flops=elementwise_flops(1))
+defop("IsNaN", FAMILY, infer=_bool_out, reference=lambda xs, a: np.isnan(xs[0]), flops=elementwise_flops(1))
+
+
+def _isinf(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    pos = np.isposinf(x) if a["detect_positive"] else np.zeros(x.shape, bool)
+    neg = np.isneginf(x) if a["detect_negative"] else np.zeros(x.shape, bool)
+    return pos | neg
+
+
+defop(
+    "IsInf",
+    FAMILY,
+    infer=_bool_out,
+    reference=_isinf,
+    attrs={"detect_negative": 1, "detect_positive": 1},
+    flops=elementwise_flops(1),
+)
+
+
+def _where_infer(ctx: InferCtx) -> list[TensorType]:
+    if ctx.dtype(0) != DType.BOOL:
+        raise ctx.fail(f"condition must be bool, got {ctx.dtype(0)}")
+    if ctx.dtype(1) != ctx.dtype(2):
+        raise ctx.fail(f"branches have different element types: {ctx.dtype(1)} and {ctx.dtype(2)}")
+    return [TensorType(broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)), ctx.dtype(1))]
+
+
+defop(
+    "Where",
+    FAMILY,
+    infer=_where_infer,
+    reference=lambda xs, a: np.where(xs[0], xs[1], xs[2]),  # type: ignore[arg-type]
+    inputs=3,
+    flops=elementwise_flops(1),
+)
+
+
+# -- Clip ---------------------------------------------------------------------------------------
+
+
+def _clip_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    lo = xs[1] if len(xs) > 1 else None
+    hi = xs[2] if len(xs) > 2 else None
+    r = x
+    if lo is not None:
+        r = np.maximum(r, lo.astype(x.dtype))
+    if hi is not None:
+        r = np.minimum(r, hi.astype(x.dtype))
+    return np.asarray(r, dtype=x.dtype)
+
+
+def _clip_import(n: OnnxNode) -> None:
+    if n.opset < 11:
+        # Opsets 6..10 give the bounds as attributes; the default is the full float range.
+        x = n.input(0)
+        assert x is not None
+        dt = x.type.dtype.np
+        lo = n.attrs.pop("min", None)
+        hi = n.attrs.pop("max", None)
+        n.set_input(1, n.const("min", lo, dt) if lo is not None else None)
+        n.set_input(2, n.const("max", hi, dt) if hi is not None else None)
+
+
+def _clip_infer(ctx: InferCtx) -> list[TensorType]:
+    for i in (1, 2):
+        if ctx.has(i) and ctx.shape(i) not in ((), (1,)):
+            raise ctx.fail(f"bound {i} must be a scalar, got shape {list(ctx.shape(i))}")
+    return same_as_input(ctx)
+
+
+defop(
+    "Clip",
+    FAMILY,
+    infer=_clip_infer,
+    reference=_clip_ref,
+    inputs=(1, 3),
+    flops=elementwise_flops(2),
+    onnx_import=_clip_import,
+)
+
+
+# -- Cast ---------------------------------------------------------------------------------------
+
+
+def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1) -> np.ndarray:
+    if dt == DType.BOOL:
+        return x != 0
+    if x.dtype.kind == "f" and dt.is_int:
+        # Out-of-range float->int is undefined in ONNX; go through float64 so values that fit
+        # convert exactly and NaN does not raise.
+        with np.errstate(invalid="ignore"):
+            return np.trunc(x.astype(np.float64)).astype(dt.np)
+    with np.errstate(all="ignore"):
+        if saturate and dt.is_float and dt.itemsize == 1 and x.dtype.kind == "f":
+            info = np.finfo(dt.np) if hasattr(np, "finfo") else None
+            if info is not None:
+                x = np.where(np.isinf(x), x, np.clip(x, float(info.min), float(info.max)))
+        return x.astype(dt.np)
+
+
+def _cast_infer(ctx: InferCtx) -> list[TensorType]:
+    try:
+        dt = DType.from_onnx(int(ctx.attr("to")))
+    except (KeyError, ValueError) as e:
+        raise ctx.fail(f"bad 'to' attribute: {e}") from None
+    return [ctx.type(0).with_dtype(dt)]
+
+
+defop(
+    "Cast",
+    FAMILY,
+    infer=_cast_infer,
+    reference=lambda xs, a: _cast_to(xs[0], DType.from_onnx(int(a["to"])), a["saturate"]),  # type: ignore[arg-type]
+    attrs={"saturate": 1, "round_mode": "up"},
+    flops=elementwise_flops(1),
+)
+defop(
+    "CastLike",
+    FAMILY,
+    infer=lambda ctx: [ctx.type(0).with_dtype(ctx.dtype(1))],
+    reference=lambda xs, a: _cast_to(xs[0], DType.from_numpy(xs[1].dtype), a["saturate"]),  # type: ignore[arg-type,union-attr]
+    attrs={"saturate": 1, "round_mode": "up"},
+    inputs=2,
+    flops=elementwise_flops(1),
+)

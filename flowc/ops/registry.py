@@ -1,0 +1,280 @@
+"""The op registry: every op is declared once, with everything flowc knows about it.
+
+An OpDef holds, side by side: the attribute defaults, shape/dtype inference, the NumPy
+reference (flowc's own, written from the ONNX specification), the FLOP estimate and, when an
+ONNX opset spells the op differently from flowc's canonical form, the adapter that rewrites
+it on import. Later stages add SBP signatures, cost and the kernel template here too.
+
+Canonical op semantics follow the newest ONNX opset: inputs that were once attributes
+(Squeeze axes, Split sizes, Pad pads, Clip bounds, ...) are inputs, and an adapter converts
+older forms.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flowc.errors import ShapeError
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs, Node
+from flowc.ir.types import TensorType
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.graph import Value
+
+
+class InferCtx:
+    """What shape/dtype inference sees of a node: input types, constant inputs, attributes."""
+
+    def __init__(
+        self,
+        op: str,
+        node_name: str,
+        types: Sequence[TensorType | None],
+        consts: Sequence[np.ndarray | None],
+        attrs: Attrs,
+        num_outputs: int,
+    ) -> None:
+        self.op = op
+        self.node_name = node_name
+        self.types = list(types)
+        self.consts = list(consts)
+        self.attrs = attrs
+        self.num_outputs = num_outputs
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.types)
+
+    def has(self, i: int) -> bool:
+        return i < len(self.types) and self.types[i] is not None
+
+    def type(self, i: int) -> TensorType:
+        if not self.has(i):
+            raise self.fail(f"input {i} is required")
+        t = self.types[i]
+        assert t is not None
+        return t
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.type(i).shape
+
+    def dtype(self, i: int) -> DType:
+        return self.type(i).dtype
+
+    def const(self, i: int, what: str = "") -> np.ndarray:
+        """The value of constant input i; an error if it is only known at run time."""
+        if not self.has(i):
+            raise self.fail(f"input {i}{' (' + what + ')' if what else ''} is required")
+        c = self.consts[i] if i < len(self.consts) else None
+        if c is None:
+            raise self.fail(
+                f"input {i}{' (' + what + ')' if what else ''} must be known at compile time; "
+                "it is computed from run-time data. Fix the input shapes with --shape/--dim so "
+                "shape computations fold to constants"
+            )
+        return c
+
+    def maybe_const(self, i: int) -> np.ndarray | None:
+        if not self.has(i) or i >= len(self.consts):
+            return None
+        return self.consts[i]
+
+    def attr(self, name: str) -> Any:
+        return self.attrs[name]
+
+    def axis(self, axis: int, rank: int, what: str = "axis") -> int:
+        """Normalize a possibly negative axis, with a clear error when out of range."""
+        if not -rank <= axis < max(rank, 1):
+            raise self.fail(f"{what} {axis} is out of range for a rank-{rank} tensor")
+        return axis % rank if rank else 0
+
+    def fail(self, msg: str) -> ShapeError:
+        where = f"{self.op} node {self.node_name!r}" if self.node_name else f"{self.op} node"
+        return ShapeError(f"{where}: {msg}")
+
+
+InferFn = Callable[[InferCtx], list[TensorType]]
+RefFn = Callable[[list[np.ndarray | None], Attrs], "np.ndarray | Sequence[np.ndarray]"]
+FlopsFn = Callable[[list[TensorType | None], list[TensorType], Attrs], int]
+OnnxAdapter = Callable[["OnnxNode"], "list[Value] | None"]
+
+
+_DSL_EXCEPTIONS = {"IsNaN": "is_nan", "PRelu": "prelu", "TopK": "topk"}
+
+
+def _dsl_name(name: str) -> str:
+    """CamelCase op name to the DSL's snake_case: LayerNormalization -> layer_normalization."""
+    if name in _DSL_EXCEPTIONS:
+        return _DSL_EXCEPTIONS[name]
+    s = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name)
+    return s.lower()
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    family: str
+    infer: InferFn
+    reference: RefFn
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: tuple[int, int] = (1, 1)
+    outputs: tuple[int, int] = (1, 1)
+    flops: FlopsFn | None = None
+    # True when the reference reads only the input shapes (Shape, Size): such a node folds to
+    # a constant even when its input is computed at run time.
+    shape_only: bool = False
+    onnx_import: OnnxAdapter | None = None
+    dsl_name: str = ""
+
+    def ctx(self, node: Node) -> InferCtx:
+        return InferCtx(
+            node.op,
+            node.name,
+            [i.type if i is not None else None for i in node.inputs],
+            [i.const if i is not None else None for i in node.inputs],
+            node.attrs.merged(self.attrs),
+            len(node.outputs),
+        )
+
+    def infer_types(self, node: Node) -> list[TensorType]:
+        return self.infer(self.ctx(node))
+
+    def count_flops(self, node: Node) -> int:
+        if self.flops is None:
+            return 0
+        return int(
+            self.flops(
+                [i.type if i is not None else None for i in node.inputs],
+                [o.type for o in node.outputs],
+                node.attrs.merged(self.attrs),
+            )
+        )
+
+    def evaluate(self, inputs: list[np.ndarray | None], attrs: Attrs) -> list[np.ndarray]:
+        out = self.reference(inputs, attrs.merged(self.attrs))
+        if isinstance(out, np.ndarray):
+            return [out]
+        return [np.asarray(o) for o in out]
+
+
+_REGISTRY: dict[str, OpDef] = {}
+_BY_DSL: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op {opdef.name} is registered twice")
+    dsl = opdef.dsl_name or _dsl_name(opdef.name)
+    if dsl in _BY_DSL:
+        raise ValueError(f"ops {opdef.name} and {_BY_DSL[dsl].name} share the DSL name {dsl}")
+    opdef = OpDef(**{**opdef.__dict__, "dsl_name": dsl})
+    _REGISTRY[opdef.name] = opdef
+    _BY_DSL[dsl] = opdef
+    return opdef
+
+
+def defop(
+    name: str,
+    family: str,
+    *,
+    infer: InferFn,
+    reference: RefFn,
+    attrs: Mapping[str, Any] | None = None,
+    inputs: tuple[int, int] | int = 1,
+    outputs: tuple[int, int] | int = 1,
+    flops: FlopsFn | None = None,
+    shape_only: bool = False,
+    onnx_import: OnnxAdapter | None = None,
+    dsl_name: str = "",
+) -> OpDef:
+    """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
+    return register(
+        OpDef(
+            name=name,
+            family=family,
+            infer=infer,
+            reference=reference,
+            attrs=dict(attrs or {}),
+            inputs=inputs if isinstance(inputs, tuple) else (inputs, inputs),
+            outputs=outputs if isinstance(outputs, tuple) else (outputs, outputs),
+            flops=flops,
+            shape_only=shape_only,
+            onnx_import=onnx_import,
+            dsl_name=dsl_name,
+        )
+    )
+
+
+def get_op(name: str) -> OpDef:
+    _load_families()
+    return _REGISTRY[name]
+
+
+def find_op(name: str) -> OpDef | None:
+    _load_families()
+    return _REGISTRY.get(name)
+
+
+def op_by_dsl_name(name: str) -> OpDef | None:
+    _load_families()
+    return _BY_DSL.get(name)
+
+
+def all_ops() -> list[OpDef]:
+    _load_families()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+_loaded = False
+
+
+def _load_families() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import flowc.ops  # noqa: F401  (importing the package registers every family)
+
+
+# -- helpers shared by the op families ------------------------------------------------------
+
+
+def broadcast_shapes(ctx: InferCtx, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """ONNX multidirectional (NumPy-style) broadcasting, with an error naming the shapes."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ctx.fail(
+                "shapes " + ", ".join(str(list(s)) for s in shapes) + " do not broadcast together"
+            )
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def same_as_input(ctx: InferCtx) -> list[TensorType]:
+    return [ctx.type(0)]
+
+
+def elementwise_flops(per_element: int = 1) -> FlopsFn:
+    def flops(ins: list[TensorType | None], outs: list[TensorType], attrs: Attrs) -> int:
+        return per_element * sum(o.numel for o in outs)
+
+    return flops
+
+
+def numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def ints(a: np.ndarray | Sequence[int]) -> list[int]:
+    return [int(x) for x in np.asarray(a).reshape(-1)]

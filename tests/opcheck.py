@@ -1,0 +1,74 @@
+"""Single-op checks: build a one-node ONNX model, run onnxruntime on it, import it with flowc,
+evaluate flowc's NumPy reference, and compare outputs (dtype, shape, error <= tol)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from flowc.frontend.onnx import import_model
+from flowc.harness.compare import compare
+from flowc.harness.ort import run_onnxruntime
+from flowc.interpreter import evaluate
+
+
+def make_op_model(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    opset: int = 21,
+    num_outputs: int = 1,
+    const_inputs: Sequence[int] = (),
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-node model; inputs listed in ``const_inputs`` become initializers, None is omitted."""
+    in_names, vis, inits, feeds = [], [], [], {}
+    for i, a in enumerate(inputs):
+        if a is None:
+            in_names.append("")
+            continue
+        name = f"in{i}"
+        in_names.append(name)
+        a = np.asarray(a)
+        if i in const_inputs:
+            inits.append(numpy_helper.from_array(a, name))
+        else:
+            vis.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+            feeds[name] = a
+    out_names = [f"out{i}" for i in range(num_outputs)]
+    node = helper.make_node(op_type, in_names, out_names, name=f"{op_type.lower()}_0", **dict(attrs or {}))
+    outs = [helper.make_empty_tensor_value_info(n) for n in out_names]
+    graph = helper.make_graph([node], f"test_{op_type}", vis, outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset < 21 else 10
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model, feeds
+
+
+def check_op(
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    opset: int = 21,
+    num_outputs: int = 1,
+    const_inputs: Sequence[int] = (),
+    tol: float = 1e-5,
+) -> dict[str, np.ndarray]:
+    model, feeds = make_op_model(
+        op_type, inputs, attrs, opset=opset, num_outputs=num_outputs, const_inputs=const_inputs
+    )
+    ref = run_onnxruntime(model, feeds)
+    graph = import_model(model)
+    graph.verify()
+    got = evaluate(graph, feeds)
+    for name, r in ref.items():
+        c = compare(name, got[name], r, tol)
+        assert c.ok, f"{op_type} (opset {opset}, attrs {dict(attrs or {})}): {name}: {c.reason or f'error {c.error:.3g} > {tol}'}"
+    return got
