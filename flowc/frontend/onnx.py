@@ -199,11 +199,17 @@ def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
     return TensorType(tuple(dims), dtype)
 
 
+def _f32(x: float) -> float:
+    """An ONNX float attribute (a float32) as the float64 of its shortest decimal text, so
+    1e-5 prints as 1e-05 rather than 9.999999747378752e-06 and reads back the same."""
+    return float(str(np.float32(x)))
+
+
 def _attr_value(a: onnx.AttributeProto) -> Any:
     t = a.type
     A = onnx.AttributeProto
     if t == A.FLOAT:
-        return float(a.f)
+        return _f32(a.f)
     if t == A.INT:
         return int(a.i)
     if t == A.STRING:
@@ -211,7 +217,7 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     if t == A.TENSOR:
         return numpy_helper.to_array(a.t)
     if t == A.FLOATS:
-        return tuple(float(x) for x in a.floats)
+        return tuple(_f32(x) for x in a.floats)
     if t == A.INTS:
         return tuple(int(x) for x in a.ints)
     if t == A.STRINGS:
@@ -263,6 +269,11 @@ def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name
     _check_supported(model, opset)
     og = model.graph
     graph = Graph(name or og.name or "main")
+    graph.meta = {
+        "format": "onnx",
+        "opset": str(opset),
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+    }
     builder = GraphBuilder(graph)
     env: dict[str, Value] = {}
 

@@ -148,6 +148,8 @@ class Graph:
         self.constants: list[Value] = []
         self.nodes: list[Node] = []
         self.mesh: Mesh | None = None
+        # Provenance shown by `flowc inspect` (source format, opset, producer); not semantics.
+        self.meta: dict[str, str] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
@@ -176,10 +178,9 @@ class Graph:
     def add_constant(self, name: str, array: np.ndarray) -> Value:
         name = self.unique_name(name)
         self._claim(name)
-        a = array if is_splat(array) else np.ascontiguousarray(array)
-        if a.flags.writeable:
-            a = a.copy()
-            a.setflags(write=False)
+        # Constants are immutable: splats stay views, anything else is owned and frozen.
+        a = array if is_splat(array) else np.array(array, order="C", copy=True)
+        a.setflags(write=False)
         v = Value(name, TensorType(a.shape, DType.from_numpy(a.dtype)), const=a)
         self.constants.append(v)
         return v

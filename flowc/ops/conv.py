@@ -1,1 +1,405 @@
-"""(being written)"""
+"""Convolutions: Conv and ConvTranspose, 1-D to 3-D, grouped, strided, dilated and padded.
+
+This module also holds the sliding-window geometry (``Window``, ``window``,
+``window_view``) that the pooling ops share: kernel, strides, dilations, explicit or
+automatic pads and the output extent, resolved the way onnxruntime resolves them.
+
+Conv is evaluated as im2col + one batched matrix product per group (a strided view of the
+padded input gives every window without a Python loop over output pixels), so whole
+ResNet/VGG-size models run through the reference in seconds. ConvTranspose is the transposed
+product followed by a scatter-add over kernel positions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, defop
+
+FAMILY = "conv"
+
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# -- shared sliding-window geometry --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a window slides over the spatial axes, and how many outputs that gives."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pad_begin: tuple[int, ...]
+    pad_end: tuple[int, ...]
+    out: tuple[int, ...]
+
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """The extent one dilated kernel covers along each axis."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations, strict=True))
+
+
+def per_axis(attrs: Mapping[str, Any], name: str, nd: int, default: int) -> tuple[int, ...]:
+    """A per-spatial-axis int attribute, checked for length and positivity."""
+    v = attrs.get(name)
+    if v is None:
+        return (default,) * nd
+    vals = tuple(int(x) for x in v)
+    if len(vals) != nd:
+        raise ValueError(f"{name} has {len(vals)} entries, expected {nd} (one per spatial axis)")
+    if any(x < 1 for x in vals):
+        raise ValueError(f"{name} must be positive, got {list(vals)}")
+    return vals
+
+
+def window(
+    spatial: Sequence[int],
+    kernel: Sequence[int],
+    attrs: Mapping[str, Any],
+    *,
+    ceil_mode: bool = False,
+) -> Window:
+    """Resolve strides, dilations and pads (explicit or auto_pad) into a Window.
+
+    Raises ValueError with a user-facing message; callers turn it into a node error.
+    """
+    nd = len(spatial)
+    kernel = tuple(int(k) for k in kernel)
+    if len(kernel) != nd:
+        raise ValueError(f"kernel_shape has {len(kernel)} entries, expected {nd}")
+    if any(k < 1 for k in kernel):
+        raise ValueError(f"kernel_shape must be positive, got {list(kernel)}")
+    strides = per_axis(attrs, "strides", nd, 1)
+    dilations = per_axis(attrs, "dilations", nd, 1)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    auto_pad = str(attrs.get("auto_pad", "NOTSET"))
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PADS)}")
+
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # The output keeps ceil(in / stride) positions; the odd pad goes last for SAME_UPPER.
+        out = [-(-n // s) for n, s in zip(spatial, strides, strict=True)]
+        total = [
+            max(0, (o - 1) * s + sp - n)
+            for o, s, sp, n in zip(out, strides, spans, spatial, strict=True)
+        ]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin, strict=True)]
+        return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+    if auto_pad == "VALID":
+        begin, end = [0] * nd, [0] * nd
+    else:
+        pads = attrs.get("pads")
+        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
+        if len(pads) != 2 * nd:
+            raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
+        if any(p < 0 for p in pads):
+            raise ValueError(f"negative pads are not supported, got {pads}")
+        begin, end = pads[:nd], pads[nd:]
+    out = []
+    for i in range(nd):
+        room = spatial[i] + begin[i] + end[i] - spans[i]
+        if room < 0:
+            raise ValueError(
+                f"the kernel spans {spans[i]} on spatial axis {i}, more than the padded input "
+                f"({spatial[i] + begin[i] + end[i]})"
+            )
+        o = (-(-room // strides[i]) if ceil_mode else room // strides[i]) + 1
+        # A window that would start inside the end padding is dropped (ceil_mode only).
+        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + begin[i]:
+            o -= 1
+        out.append(o)
+    return Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def window_view(x: np.ndarray, w: Window, fill: Any) -> np.ndarray:
+    """A (lead..., *out, *kernel) view of every window of x's trailing spatial axes.
+
+    x is padded with ``fill`` (a copy only when padding is needed); the end padding also
+    covers windows that ceil_mode lets run past the explicit pads.
+    """
+    nd = len(w.out)
+    lead = x.ndim - nd
+    spatial = x.shape[lead:]
+    spans = w.spans
+    reach = [
+        max(0, (o - 1) * s + sp - n - b)
+        for o, s, sp, n, b in zip(w.out, w.strides, spans, spatial, w.pad_begin, strict=True)
+    ]
+    if any(w.pad_begin) or any(reach):
+        widths = [(0, 0)] * lead + list(zip(w.pad_begin, reach, strict=True))
+        x = np.pad(x, widths, mode="constant", constant_values=fill)
+    v = sliding_window_view(x, spans, axis=tuple(range(lead, x.ndim)))
+    index = (
+        [slice(None)] * lead
+        + [slice(0, (o - 1) * s + 1, s) for o, s in zip(w.out, w.strides, strict=True)]
+        + [slice(None, None, d) for d in w.dilations]
+    )
+    return v[tuple(index)]
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """The type to accumulate in: float64 stays, narrower floats widen to float32."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+def _check_float(ctx: InferCtx, *idx: int) -> None:
+    dt = ctx.dtype(idx[0])
+    if not dt.is_float:
+        raise ctx.fail(f"needs a floating-point input, got {dt}")
+    for i in idx[1:]:
+        if ctx.has(i) and ctx.dtype(i) != dt:
+            raise ctx.fail(f"input {i} has element type {ctx.dtype(i)}, expected {dt}")
+
+
+def _check_kernel_attr(ctx: InferCtx, kernel: tuple[int, ...]) -> None:
+    ks = ctx.attrs.get("kernel_shape")
+    if ks is not None and tuple(int(k) for k in ks) != kernel:
+        raise ctx.fail(f"kernel_shape {list(ks)} does not match the weight's {list(kernel)}")
+
+
+def _bias_check(ctx: InferCtx, channels: int) -> None:
+    if ctx.has(2) and ctx.shape(2) != (channels,):
+        raise ctx.fail(f"bias must have shape [{channels}], got {list(ctx.shape(2))}")
+
+
+# -- Conv -------------------------------------------------------------------------------------
+
+
+def _conv_window(x: tuple[int, ...], w: tuple[int, ...], a: Attrs) -> Window:
+    return window(x[2:], w[2:], a)
+
+
+def _conv_infer(ctx: InferCtx) -> list[TensorType]:
+    _check_float(ctx, 0, 1, 2)
+    x, w = ctx.shape(0), ctx.shape(1)
+    if len(x) < 3:
+        raise ctx.fail(f"input must be N x C x spatial..., got shape {list(x)}")
+    if len(w) != len(x):
+        raise ctx.fail(f"weight has rank {len(w)}, expected {len(x)} like the input {list(x)}")
+    group = int(ctx.attr("group"))
+    if group < 1 or x[1] % group or w[0] % group:
+        raise ctx.fail(f"group {group} must divide the {x[1]} input and {w[0]} output channels")
+    if w[1] * group != x[1]:
+        raise ctx.fail(
+            f"weight {list(w)} expects {w[1] * group} input channels (group {group}), "
+            f"the input has {x[1]}"
+        )
+    _check_kernel_attr(ctx, w[2:])
+    _bias_check(ctx, w[0])
+    try:
+        geo = _conv_window(x, w, ctx.attrs)
+    except ValueError as e:
+        raise ctx.fail(str(e)) from None
+    return [TensorType((x[0], w[0], *geo.out), ctx.dtype(0))]
+
+
+def _conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, w, b = xs[0], xs[1], xs[2] if len(xs) > 2 else None
+    assert x is not None and w is not None
+    geo = _conv_window(x.shape, w.shape, a)
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    g = int(a["group"])
+    cg, mg = c // g, m // g
+    nd = len(geo.out)
+    p, k = math.prod(geo.out), math.prod(geo.kernel)
+
+    win = window_view(x.astype(ct, copy=False), geo, 0)  # (N, C, *out, *kernel)
+    win = win.reshape(n, g, cg, *geo.out, *geo.kernel)
+    # One copy into im2col layout (G, N*P, Cg*K): the product is then one BLAS call per group.
+    order = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    cols = win.transpose(order).reshape(g, n * p, cg * k)
+    wmat = w.astype(ct, copy=False).reshape(g, mg, cg * k).transpose(0, 2, 1)
+    y = np.matmul(cols, wmat)  # (G, N*P, Mg)
+    y = y.reshape(g, n, p, mg).transpose(1, 0, 3, 2).reshape(n, m, *geo.out)
+    if b is not None:
+        y = y + b.astype(ct).reshape(m, *([1] * nd))
+    return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    w = ins[1]
+    assert w is not None
+    return 2 * outs[0].numel * math.prod(w.shape[1:])
+
+
+defop(
+    "Conv",
+    FAMILY,
+    infer=_conv_infer,
+    reference=_conv_ref,
+    attrs={
+        "auto_pad": "NOTSET",
+        "group": 1,
+        "dilations": None,
+        "kernel_shape": None,
+        "pads": None,
+        "strides": None,
+    },
+    inputs=(2, 3),
+    flops=_conv_flops,
+)
+
+
+# -- ConvTranspose ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TransposeGeometry:
+    out: tuple[int, ...]
+    pad_begin: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+
+def _transpose_geometry(x: tuple[int, ...], w: tuple[int, ...], a: Mapping[str, Any]) -> _TransposeGeometry:
+    """Output extent and leading pad, resolved as ONNX (and onnxruntime) resolve them.
+
+    An output_shape, given or implied by SAME_* (input * stride), fixes the total padding;
+    its odd unit goes to the end for SAME_UPPER and to the start otherwise. VALID pads
+    nothing; NOTSET without output_shape uses the explicit pads.
+    """
+    spatial, kernel = x[2:], w[2:]
+    nd = len(spatial)
+    strides = per_axis(a, "strides", nd, 1)
+    dilations = per_axis(a, "dilations", nd, 1)
+    adj = a.get("output_padding")
+    adj = (0,) * nd if adj is None else tuple(int(v) for v in adj)
+    if len(adj) != nd:
+        raise ValueError(f"output_padding has {len(adj)} entries, expected {nd}")
+    for i in range(nd):
+        if not 0 <= adj[i] < max(strides[i], dilations[i]):
+            raise ValueError(
+                f"output_padding {list(adj)} must be smaller than the stride or dilation on "
+                f"spatial axis {i}"
+            )
+    auto_pad = str(a.get("auto_pad", "NOTSET"))
+    if auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad {auto_pad!r} is not one of {', '.join(AUTO_PADS)}")
+    full = [
+        (n - 1) * s + (k - 1) * d + 1 + p
+        for n, s, k, d, p in zip(spatial, strides, kernel, dilations, adj, strict=True)
+    ]
+    shape = a.get("output_shape")
+    if shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        shape = tuple(n * s for n, s in zip(spatial, strides, strict=True))
+    if shape is not None:
+        shape = tuple(int(v) for v in shape)
+        if len(shape) == nd + 2:
+            shape = shape[2:]
+        if len(shape) != nd or any(v < 1 for v in shape):
+            raise ValueError(f"output_shape {list(shape)} must give {nd} positive sizes")
+        # An output larger than the full result is zero beyond it (total padding 0).
+        total = [max(0, f - o) for f, o in zip(full, shape, strict=True)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+        out = list(shape)
+    elif auto_pad == "VALID":
+        begin, out = [0] * nd, full
+    else:
+        pads = a.get("pads")
+        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
+        if len(pads) != 2 * nd:
+            raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
+        if any(p < 0 for p in pads):
+            raise ValueError(f"negative pads are not supported, got {pads}")
+        begin = pads[:nd]
+        out = [f - pads[i] - pads[nd + i] for i, f in enumerate(full)]
+        if any(o < 1 for o in out):
+            raise ValueError(f"pads {pads} leave an empty output {out}")
+    return _TransposeGeometry(tuple(out), tuple(begin), strides, dilations)
+
+
+def _conv_transpose_infer(ctx: InferCtx) -> list[TensorType]:
+    _check_float(ctx, 0, 1, 2)
+    x, w = ctx.shape(0), ctx.shape(1)
+    if len(x) < 3:
+        raise ctx.fail(f"input must be N x C x spatial..., got shape {list(x)}")
+    if len(w) != len(x):
+        raise ctx.fail(f"weight has rank {len(w)}, expected {len(x)} like the input {list(x)}")
+    group = int(ctx.attr("group"))
+    if group < 1 or x[1] % group:
+        raise ctx.fail(f"group {group} must divide the {x[1]} input channels")
+    if w[0] != x[1]:
+        raise ctx.fail(f"weight {list(w)} expects {w[0]} input channels, the input has {x[1]}")
+    _check_kernel_attr(ctx, w[2:])
+    _bias_check(ctx, w[1] * group)
+    try:
+        geo = _transpose_geometry(x, w, ctx.attrs)
+    except ValueError as e:
+        raise ctx.fail(str(e)) from None
+    return [TensorType((x[0], w[1] * group, *geo.out), ctx.dtype(0))]
+
+
+def _conv_transpose_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, w, b = xs[0], xs[1], xs[2] if len(xs) > 2 else None
+    assert x is not None and w is not None
+    geo = _transpose_geometry(x.shape, w.shape, a)
+    ct = compute_dtype(x.dtype)
+    n, c = x.shape[:2]
+    spatial, kernel = x.shape[2:], w.shape[2:]
+    nd = len(spatial)
+    g = int(a["group"])
+    cg, mg = c // g, w.shape[1]
+    p = math.prod(spatial)
+
+    xm = x.astype(ct, copy=False).reshape(n, g, cg, p).transpose(1, 0, 3, 2).reshape(g, n * p, cg)
+    wm = w.astype(ct, copy=False).reshape(g, cg, mg * math.prod(kernel))
+    cols = np.matmul(xm, wm).reshape(g, n, *spatial, mg, *kernel)
+    # (N, G, Mg, *kernel, *in): indexing one kernel position gives an (N, G, Mg, *in) view.
+    order = (1, 0, 2 + nd, *range(3 + nd, 3 + 2 * nd), *range(2, 2 + nd))
+    cols = cols.transpose(order)
+
+    full = [(i - 1) * s + (k - 1) * d + 1 for i, s, k, d in zip(spatial, geo.strides, kernel, geo.dilations, strict=True)]
+    extent = [max(f, pb + o) for f, pb, o in zip(full, geo.pad_begin, geo.out, strict=True)]
+    acc = np.zeros((n, g, mg, *extent), dtype=ct)
+    for pos in itertools.product(*(range(k) for k in kernel)):
+        target = tuple(
+            slice(q * d, q * d + (i - 1) * s + 1, s)
+            for q, d, i, s in zip(pos, geo.dilations, spatial, geo.strides, strict=True)
+        )
+        acc[(slice(None),) * 3 + target] += cols[(slice(None),) * 3 + pos]
+    crop = tuple(slice(pb, pb + o) for pb, o in zip(geo.pad_begin, geo.out, strict=True))
+    y = acc[(slice(None),) * 3 + crop].reshape(n, g * mg, *geo.out)
+    if b is not None:
+        y = y + b.astype(ct).reshape(g * mg, *([1] * nd))
+    return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _conv_transpose_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    return 2 * x.numel * math.prod(w.shape[1:])
+
+
+defop(
+    "ConvTranspose",
+    FAMILY,
+    infer=_conv_transpose_infer,
+    reference=_conv_transpose_ref,
+    attrs={
+        "auto_pad": "NOTSET",
+        "group": 1,
+        "dilations": None,
+        "kernel_shape": None,
+        "output_padding": None,
+        "output_shape": None,
+        "pads": None,
+        "strides": None,
+    },
+    inputs=(2, 3),
+    flops=_conv_transpose_flops,
+)

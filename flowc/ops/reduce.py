@@ -1,1 +1,320 @@
-"""(being written)"""
+"""Reductions: the Reduce* family, ArgMax/ArgMin and CumSum.
+
+Canonical Reduce* take ``axes`` as optional input 1 (opset 18; ReduceSum since 13); older
+opsets give it as an attribute, which the adapter moves to the input. Empty or absent axes
+reduce every axis unless ``noop_with_empty_axes`` is set; then the reduction runs over an
+empty set of axes, so each element is reduced alone (ReduceL1 gives |x|, ReduceSumSquare
+x², ReduceLogSum log x), which is what onnxruntime computes.
+
+Float reductions accumulate in float64 and round once at the end. Integer reductions
+follow onnxruntime's CPU kernels: Sum, Prod, L1 and SumSquare accumulate in the input type
+(wrapping as C does), Mean divides an int64 sum with truncation, L2 and LogSum go through
+float64, and every float-to-int result truncates toward zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, defop, ints
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+
+FAMILY = "reduce"
+
+Axes = tuple[int, ...]
+
+
+def _input_flops(ins: list[TensorType | None], outs: list[TensorType], attrs: Attrs) -> int:
+    """One operation per input element: every element is read and combined once."""
+    t = ins[0]
+    return t.numel if t is not None else 0
+
+
+def _check_numeric(ctx: InferCtx, allow_bool: bool = False) -> DType:
+    dt = ctx.dtype(0)
+    if not (dt.is_float or dt.is_int or (allow_bool and dt == DType.BOOL)):
+        kinds = "a numeric or bool" if allow_bool else "a numeric"
+        raise ctx.fail(f"needs {kinds} input, got {dt}")
+    return dt
+
+
+def _float_to_int(r: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """Truncate float64 results toward zero; -inf and NaN (log 0, log of a negative sum) give
+    the type's minimum, as the C cast in onnxruntime's kernels does on x86."""
+    info = np.iinfo(dt)
+    bad_low = np.isnan(r) | (r <= float(info.min))
+    bad_high = r >= float(info.max)
+    safe = np.where(bad_low | bad_high, 0.0, np.trunc(r)).astype(dt)
+    return np.where(bad_low, info.min, np.where(bad_high, info.max, safe)).astype(dt)
+
+
+def _to(r: np.ndarray, dt: np.dtype) -> np.ndarray:
+    if dt.kind in "iu" and r.dtype.kind == "f":
+        return _float_to_int(r, dt)
+    return np.asarray(r).astype(dt, copy=False)
+
+
+def _acc(x: np.ndarray) -> np.ndarray:
+    """The array to accumulate floats in: float64 (float64 inputs and integers stay as is)."""
+    return x.astype(np.float64) if x.dtype.kind not in "iub" else x
+
+
+# -- Reduce* ----------------------------------------------------------------------------------
+
+# Each kernel reduces x over ``axes`` (a tuple of non-negative axes, possibly empty) with
+# keepdims=True; the caller drops the reduced axes afterwards when keepdims is 0.
+Kernel = Callable[[np.ndarray, Axes], np.ndarray]
+
+
+def _sum(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = _acc(x)
+    return np.sum(a, axis=axes, keepdims=True, dtype=a.dtype)
+
+
+def _mean(x: np.ndarray, axes: Axes) -> np.ndarray:
+    # The mean of nothing is undefined in ONNX and 0 in onnxruntime: dividing the zero sum
+    # by 1 instead of 0 gives that.
+    count = math.prod(x.shape[k] for k in axes) or 1
+    if x.dtype.kind in "iu":
+        s = np.asarray(np.sum(x.astype(np.int64), axis=axes, keepdims=True, dtype=np.int64))
+        q = s // count
+        # // floors; onnxruntime divides as C does, truncating toward zero.
+        return np.asarray(np.where((s % count != 0) & (s < 0), q + 1, q))
+    return np.asarray(np.sum(_acc(x), axis=axes, keepdims=True) / count)
+
+
+def _extreme(largest: bool) -> Kernel:
+    def run(x: np.ndarray, axes: Axes) -> np.ndarray:
+        ident: bool | int | float
+        if x.dtype == np.bool_:
+            ident = not largest
+        elif x.dtype.kind in "iu":
+            info = np.iinfo(x.dtype)
+            ident = info.min if largest else info.max
+        else:
+            ident = -np.inf if largest else np.inf
+        fn = np.max if largest else np.min
+        return np.asarray(fn(x, axis=axes, keepdims=True, initial=ident))
+
+    return run
+
+
+def _prod(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = _acc(x)
+    return np.prod(a, axis=axes, keepdims=True, dtype=a.dtype)
+
+
+def _l1(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = _acc(x)
+    return np.sum(np.abs(a), axis=axes, keepdims=True, dtype=a.dtype)
+
+
+def _l2(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = x.astype(np.float64)
+    return np.sqrt(np.sum(a * a, axis=axes, keepdims=True))
+
+
+def _log_sum(x: np.ndarray, axes: Axes) -> np.ndarray:
+    return np.log(np.sum(x.astype(np.float64), axis=axes, keepdims=True))
+
+
+def _log_sum_exp(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = x.astype(np.float64)
+    m = np.max(a, axis=axes, keepdims=True, initial=-np.inf)
+    # Shift by the max for stability; an infinite max (all -inf, or +inf present) would give
+    # inf - inf, so shift by 0 there: the result is then the right infinity anyway.
+    m = np.where(np.isfinite(m), m, 0.0)
+    terms = np.exp(a - m)
+    if x.dtype.kind in "iu":
+        # onnxruntime accumulates the exponentials in the integer input type.
+        terms = np.trunc(terms)
+    return np.log(np.sum(terms, axis=axes, keepdims=True)) + m
+
+
+def _sum_square(x: np.ndarray, axes: Axes) -> np.ndarray:
+    a = _acc(x)
+    return np.sum(a * a, axis=axes, keepdims=True, dtype=a.dtype)
+
+
+def _reduce_axes(ctx: InferCtx, rank: int) -> Axes:
+    """The sorted, de-duplicated axes to reduce (onnxruntime accepts repeats)."""
+    if "axes" in ctx.attrs:
+        raise ctx.fail("'axes' is an input (input 1) in this opset, not an attribute")
+    given: list[int] = []
+    if ctx.has(1):
+        a = ctx.const(1, "axes")
+        if a.dtype.kind not in "iu" or a.ndim > 1:
+            raise ctx.fail(
+                f"axes must be a 1-D integer tensor, got {a.dtype} of shape {list(a.shape)}"
+            )
+        given = ints(a)
+    if not given:
+        return () if ctx.attr("noop_with_empty_axes") else tuple(range(rank))
+    return tuple(sorted({ctx.axis(k, rank, "axes entry") for k in given}))
+
+
+def _ref_axes(xs: list[np.ndarray | None], a: Attrs) -> Axes:
+    """The reference's view of the axes (already validated by inference)."""
+    x = xs[0]
+    assert x is not None
+    given = ints(xs[1]) if len(xs) > 1 and xs[1] is not None else []
+    if not given:
+        return () if a["noop_with_empty_axes"] else tuple(range(x.ndim))
+    return tuple(sorted({k % x.ndim for k in given}))
+
+
+def reduction(name: str, kernel: Kernel, allow_bool: bool = False, new_since: int = 18) -> None:
+    def infer(ctx: InferCtx) -> list[TensorType]:
+        dt = _check_numeric(ctx, allow_bool)
+        shape = ctx.shape(0)
+        axes = _reduce_axes(ctx, len(shape))
+        keep = bool(ctx.attr("keepdims"))
+        out = [1 if k in axes else d for k, d in enumerate(shape) if keep or k not in axes]
+        return [TensorType(tuple(out), dt)]
+
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        x = xs[0]
+        assert x is not None
+        axes = _ref_axes(xs, a)
+        with np.errstate(all="ignore"):
+            r = kernel(x, axes)
+        if not a["keepdims"]:
+            r = r.reshape([d for k, d in enumerate(r.shape) if k not in axes])
+        return _to(r, x.dtype)
+
+    def adapt(n: OnnxNode) -> None:
+        if n.opset < new_since:
+            n.attr_to_input("axes", 1)
+
+    defop(
+        name,
+        FAMILY,
+        infer=infer,
+        reference=ref,
+        attrs={"keepdims": 1, "noop_with_empty_axes": 0},
+        inputs=(1, 2),
+        flops=_input_flops,
+        onnx_import=adapt,
+    )
+
+
+reduction("ReduceSum", _sum, new_since=13)
+reduction("ReduceMean", _mean)
+reduction("ReduceMax", _extreme(largest=True), allow_bool=True)
+reduction("ReduceMin", _extreme(largest=False), allow_bool=True)
+reduction("ReduceProd", _prod)
+reduction("ReduceL1", _l1)
+reduction("ReduceL2", _l2)
+reduction("ReduceLogSum", _log_sum)
+reduction("ReduceLogSumExp", _log_sum_exp)
+reduction("ReduceSumSquare", _sum_square)
+
+
+# -- ArgMax / ArgMin --------------------------------------------------------------------------
+
+
+def arg_reduction(name: str, largest: bool) -> None:
+    def infer(ctx: InferCtx) -> list[TensorType]:
+        _check_numeric(ctx)
+        shape = ctx.shape(0)
+        if not shape:
+            raise ctx.fail("needs an input of rank >= 1, got a scalar")
+        axis = ctx.axis(int(ctx.attr("axis")), len(shape))
+        if shape[axis] == 0:
+            raise ctx.fail(f"axis {axis} has size 0: there is no element to pick")
+        out = list(shape)
+        if ctx.attr("keepdims"):
+            out[axis] = 1
+        else:
+            del out[axis]
+        return [TensorType(tuple(out), DType.I64)]
+
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        x = xs[0]
+        assert x is not None
+        axis = int(a["axis"]) % x.ndim
+        pick = np.argmax if largest else np.argmin
+        if a["select_last_index"]:
+            # NumPy picks the first of tied values; pick it in the reversed axis instead.
+            idx = x.shape[axis] - 1 - pick(np.flip(x, axis), axis=axis, keepdims=True)
+        else:
+            idx = pick(x, axis=axis, keepdims=True)
+        if not a["keepdims"]:
+            idx = np.squeeze(idx, axis=axis)
+        return np.asarray(idx, dtype=np.int64)
+
+    defop(
+        name,
+        FAMILY,
+        infer=infer,
+        reference=ref,
+        attrs={"axis": 0, "keepdims": 1, "select_last_index": 0},
+        flops=_input_flops,
+    )
+
+
+arg_reduction("ArgMax", largest=True)
+arg_reduction("ArgMin", largest=False)
+
+
+# -- CumSum -----------------------------------------------------------------------------------
+
+
+def _cumsum_axis(ctx: InferCtx) -> int:
+    a = ctx.const(1, "axis")
+    if a.dtype.kind not in "iu" or a.size != 1 or a.ndim > 1:
+        raise ctx.fail(
+            f"axis must be one integer (a scalar or a 1-element 1-D tensor), got {a.dtype} "
+            f"of shape {list(a.shape)}"
+        )
+    return ctx.axis(ints(a)[0], ctx.type(0).rank)
+
+
+def _cumsum_infer(ctx: InferCtx) -> list[TensorType]:
+    t = ctx.type(0)
+    if not (t.dtype.is_float or t.dtype.is_int):
+        raise ctx.fail(f"needs a numeric input, got {t.dtype}")
+    if t.rank == 0:
+        raise ctx.fail("needs an input of rank >= 1, got a scalar")
+    _cumsum_axis(ctx)
+    return [t]
+
+
+def _cumsum_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ax = xs[0], xs[1]
+    assert x is not None and ax is not None
+    axis = ints(ax)[0] % x.ndim
+    v = np.flip(x, axis) if a["reverse"] else x
+    acc = _acc(v)
+    r = np.cumsum(acc, axis=axis, dtype=acc.dtype)
+    if a["exclusive"]:
+        # Each position sums only the elements strictly before it: shift by one, 0 first.
+        dst = [slice(None)] * r.ndim
+        src = [slice(None)] * r.ndim
+        dst[axis], src[axis] = slice(1, None), slice(None, -1)
+        shifted = np.zeros_like(r)
+        shifted[tuple(dst)] = r[tuple(src)]
+        r = shifted
+    if a["reverse"]:
+        r = np.flip(r, axis)
+    return np.ascontiguousarray(r).astype(x.dtype, copy=False)
+
+
+defop(
+    "CumSum",
+    FAMILY,
+    infer=_cumsum_infer,
+    reference=_cumsum_ref,
+    attrs={"exclusive": 0, "reverse": 0},
+    inputs=2,
+    flops=_input_flops,
+)

@@ -1,1 +1,119 @@
-"""(being written)"""
+"""Softmax, LogSoftmax and Hardmax along one axis (opset 13 semantics, default axis -1).
+
+Before opset 13 these ops coerced the input to 2-D at ``axis`` (default 1) and normalized
+each row of that matrix, that is jointly over every dim from ``axis`` to the end. The import
+adapter rewrites such a node as Reshape -> op along the last axis -> Reshape back; when
+``axis`` is already the last dim the two semantics agree and only the axis is made explicit.
+
+Softmax and LogSoftmax subtract the max along the axis before exponentiating, so large
+logits do not overflow. An infinite logit then gives NaN for its whole row (inf - inf), as
+onnxruntime does. float16 and bfloat16 are computed in float32 and rounded once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, defop, elementwise_flops
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.graph import Value
+
+FAMILY = "softmax"
+
+Kernel = Callable[[np.ndarray, int], np.ndarray]
+
+
+def _infer(ctx: InferCtx) -> list[TensorType]:
+    t = ctx.type(0)
+    if not t.dtype.is_float:
+        raise ctx.fail(f"needs a floating-point input, got {t.dtype}")
+    if t.rank == 0:
+        raise ctx.fail("needs an input of rank >= 1, got a scalar")
+    ctx.axis(int(ctx.attr("axis")), t.rank)
+    return [t]
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return np.asarray(e / np.sum(e, axis=axis, keepdims=True))
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return np.asarray(shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True)))
+
+
+def _hardmax(x: np.ndarray, axis: int) -> np.ndarray:
+    # np.argmax picks the first of tied maxima, as ONNX asks.
+    out = np.zeros(x.shape, x.dtype)
+    np.put_along_axis(out, np.argmax(x, axis=axis, keepdims=True), 1, axis=axis)
+    return out
+
+
+def _reference(kernel: Kernel) -> Callable[[list[np.ndarray | None], Attrs], np.ndarray]:
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        x = xs[0]
+        assert x is not None
+        axis = int(a["axis"]) % x.ndim
+        if x.shape[axis] == 0:
+            # Nothing to normalize (and NumPy cannot take the max of an empty axis).
+            return np.zeros(x.shape, x.dtype)
+        work = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
+        with np.errstate(all="ignore"):
+            return kernel(work, axis).astype(x.dtype, copy=False)
+
+    return ref
+
+
+def _coerce_2d(n: OnnxNode) -> list[Value] | None:
+    """Opsets < 13: normalize jointly over dims axis.. by flattening them into one."""
+    if n.opset >= 13:
+        return None
+    axis = int(n.attrs.get("axis", 1))
+    n.attrs["axis"] = axis
+    x = n.input(0)
+    if x is None or not -x.type.rank <= axis < x.type.rank:
+        return None  # the canonical inference reports the problem
+    shape = x.type.shape
+    axis %= len(shape)
+    if axis == len(shape) - 1 or x.type.numel == 0:
+        # One trailing dim: both semantics agree. Empty: the output is empty either way.
+        return None
+    rows, cols = math.prod(shape[:axis]), math.prod(shape[axis:])
+    flat = n.emit("Reshape", [x, n.const("rows_shape", [rows, cols], np.int64)], suffix="flatten")[
+        0
+    ]
+    y = n.emit(n.op_type, [flat], {**n.attrs, "axis": 1})[0]
+    return n.emit(
+        "Reshape",
+        [y, n.const("shape", list(shape), np.int64)],
+        suffix="unflatten",
+        output_names=n.output_names,
+    )
+
+
+def normalizer(name: str, kernel: Kernel, cost: int) -> None:
+    defop(
+        name,
+        FAMILY,
+        infer=_infer,
+        reference=_reference(kernel),
+        attrs={"axis": -1},
+        flops=elementwise_flops(cost),
+        onnx_import=_coerce_2d,
+    )
+
+
+# Per element: max, subtract, exp (4, as in elementwise), sum, divide (or subtract the log).
+normalizer("Softmax", _softmax, cost=8)
+normalizer("LogSoftmax", _log_softmax, cost=8)
+# Per element: a compare for the argmax and a write of the one-hot row.
+normalizer("Hardmax", _hardmax, cost=2)

@@ -1,0 +1,65 @@
+"""`make demo`: import a bundled model, print its summary, evaluate it with flowc's NumPy
+reference through the `flowc` command, and compare every output with onnxruntime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from flowc.harness.compare import compare
+from flowc.harness.ort import run_onnxruntime
+
+
+def main(model: Path) -> int:
+    console = Console(highlight=False)
+    flowc = [sys.executable, "-m", "flowc"]
+    work = Path("demo_out")
+    work.mkdir(exist_ok=True)
+
+    console.rule(f"flowc inspect {model}")
+    subprocess.run([*flowc, "inspect", str(model)], check=True)
+
+    io_file = model.with_name(model.stem + ".io.npz")
+    args = []
+    feeds = {}
+    if io_file.exists():
+        io = np.load(io_file)
+        for key in io.files:
+            if key.startswith("in:"):
+                name = key[3:]
+                path = work / f"{name}.npy"
+                np.save(path, io[key])
+                feeds[name] = io[key]
+                args += ["--input", f"{name}={path}"]
+    out = work / "outputs.npz"
+    console.rule(f"flowc eval {model}")
+    cmd = [*flowc, "eval", str(model), *args, "-o", str(out)]
+    if not feeds:
+        cmd.append("--random-inputs")
+    subprocess.run(cmd, check=True)
+
+    console.rule("flowc vs onnxruntime")
+    got = np.load(out)
+    if not feeds:
+        raise SystemExit("the demo model needs an .io.npz with its inputs beside it")
+    ref = run_onnxruntime(str(model), feeds)
+    table = Table(show_edge=False)
+    for col in ("output", "shape", "error", "result"):
+        table.add_column(col)
+    ok = True
+    for name, r in ref.items():
+        c = compare(name, got[name], r, tol=1e-4)
+        ok &= c.ok
+        table.add_row(name, str(list(c.shape)), f"{c.error:.2e}", "PASS" if c.ok else f"FAIL {c.reason}")
+    console.print(table)
+    console.print("error = max|flowc - onnxruntime| / max|onnxruntime|, must be <= 1e-4")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "examples/models/resnet_tiny.onnx")))

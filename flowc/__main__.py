@@ -1,0 +1,3 @@
+from flowc.cli import main
+
+main()

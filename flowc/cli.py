@@ -1,0 +1,297 @@
+"""The `flowc` command.
+
+Errors in the user's input print as ``error: ...`` (with a hint) on stderr and exit with
+code 2, without a traceback. Set FLOWC_DEBUG=1 to see the traceback of an internal error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flowc import __version__
+from flowc.errors import FlowcError, InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# -- option parsing ----------------------------------------------------------------------------
+
+
+def parse_dims(text: str, what: str) -> tuple[int, ...]:
+    parts = text.lower().replace(",", "x").split("x") if text else []
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise InputError(f"{what}: {text!r} is not a shape", hint="write dims as 1x3x224x224") from None
+    if any(d < 0 for d in dims):
+        raise InputError(f"{what}: {text!r} has a negative dimension")
+    return dims
+
+
+def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise InputError(f"--shape {item!r}: expected NAME=DIMS", hint="e.g. --shape input=1x3x224x224")
+        shapes[name] = parse_dims(dims, f"--shape {name}")
+    return shapes
+
+
+def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name:
+            raise InputError(f"--dim {item!r}: expected SYMBOL=N", hint="e.g. --dim batch=1")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise InputError(f"--dim {item!r}: {value!r} is not an integer") from None
+        if dims[name] < 1:
+            raise InputError(f"--dim {item!r}: a dimension must be at least 1")
+    return dims
+
+
+def model_options(fn: F) -> F:
+    fn = click.option(
+        "--dim", "dims", multiple=True, metavar="SYMBOL=N", help="Value of a symbolic dimension."
+    )(fn)
+    fn = click.option(
+        "--shape", "shapes", multiple=True, metavar="NAME=DIMS", help="Whole shape of an input, e.g. x=1x3x224x224."
+    )(fn)
+    return click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(fn)
+
+
+def load(model: Path, shapes: Sequence[str], dims: Sequence[str]) -> Any:
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.passes.manager import DEFAULT_PIPELINE, PassManager
+
+    opts = ImportOptions(shapes=parse_shapes(shapes), dims=parse_dim_values(dims))
+    graph = load_graph(model, opts)
+    return PassManager(DEFAULT_PIPELINE).run(graph)
+
+
+# -- formatting --------------------------------------------------------------------------------
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n}"
+
+
+def human_flops(n: int) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3f} {unit}"
+    return f"{n} FLOP"
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="flowc")
+def cli() -> None:
+    """flowc: compile deep-learning graphs (ONNX) ahead of time."""
+
+
+@cli.command()
+@model_options
+@click.option("--print-ir", is_flag=True, help="Write the IR (DSL text) to stdout; the summary goes to stderr.")
+def inspect(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_ir: bool) -> None:
+    """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs."""
+    from flowc.ir.graph import is_splat
+    from flowc.ops.registry import get_op
+
+    graph = load(model, shapes, dims)
+    console = err if print_ir else out
+    if print_ir:
+        sys.stdout.write(str(graph))
+        sys.stdout.flush()
+    meta = graph.meta
+    console.print(
+        f"[bold]{escape(model.name)}[/]  graph {escape(repr(graph.name))}"
+        + (f", {meta['format']} opset {meta['opset']}" if "opset" in meta else "")
+        + (f", from {meta['producer']}" if meta.get("producer") else "")
+    )
+    io = Table(title="inputs and outputs", title_justify="left", show_edge=False)
+    io.add_column("kind")
+    io.add_column("name")
+    io.add_column("type")
+    for v in graph.inputs:
+        io.add_row("input", escape(v.name), str(v.type))
+    for v in graph.outputs:
+        io.add_row("output", escape(v.name), str(v.type))
+    console.print(io)
+    ops = Table(title=f"ops ({len(graph.nodes)} nodes)", title_justify="left", show_edge=False)
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    ops.add_column("FLOPs", justify="right")
+    flops_by_op: dict[str, int] = {}
+    for n in graph.nodes:
+        flops_by_op[n.op] = flops_by_op.get(n.op, 0) + get_op(n.op).count_flops(n)
+    for op, count in graph.op_counts().items():
+        ops.add_row(op, str(count), human_flops(flops_by_op[op]))
+    console.print(ops)
+    total = sum(c.type.nbytes for c in graph.constants)
+    splat = sum(c.type.nbytes for c in graph.constants if c.const is not None and is_splat(c.const))
+    console.print(
+        f"parameters: {len(graph.constants)} tensors, {human_bytes(total)}"
+        + (f" ({human_bytes(splat)} of them fills, not stored)" if splat else "")
+    )
+    console.print(f"estimated FLOPs: {human_flops(sum(flops_by_op.values()))} per run")
+
+
+def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
+    # Names may contain '=', paths too: take the split whose left side names an input.
+    for i, ch in enumerate(item):
+        if ch == "=" and item[:i] in names:
+            return item[:i], item[i + 1 :]
+    name, sep, path = item.partition("=")
+    if not sep:
+        raise InputError(f"--input {item!r}: expected NAME=PATH.npy")
+    raise InputError(
+        f"--input {item!r}: the model has no input named {name!r}",
+        hint="its inputs are: " + ", ".join(map(repr, names)),
+    )
+
+
+def _read_npy(path: str, name: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"--input {name}: {p}: no such file")
+    try:
+        a = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"--input {name}: {p} is not a readable .npy file ({e})") from None
+    if not isinstance(a, np.ndarray):
+        raise InputError(f"--input {name}: {p} holds several arrays; give one .npy per input")
+    return a
+
+
+def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write to a temporary file beside ``path``, then rename: never a half-written file."""
+    path = path.resolve()
+    if not path.parent.is_dir():
+        raise InputError(f"-o {path}: directory {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@cli.command(name="eval")
+@model_options
+@click.option("--input", "inputs", multiple=True, metavar="NAME=PATH.npy", help="An input array.")
+@click.option("--random-inputs", is_flag=True, help="Fill inputs not given with seeded random data.")
+@click.option("--seed", default=0, show_default=True, help="Seed for --random-inputs.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="OUT.npz, keyed by output name.")
+def eval_cmd(
+    model: Path,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    inputs: tuple[str, ...],
+    random_inputs: bool,
+    seed: int,
+    output: Path,
+) -> None:
+    """Evaluate MODEL with flowc's NumPy reference; write the outputs to OUT.npz."""
+    from flowc.interpreter import evaluate, random_inputs as make_random
+
+    if not output.name.endswith(".npz"):
+        raise InputError(f"-o {output}: the output file must end in .npz")
+    graph = load(model, shapes, dims)
+    names = [v.name for v in graph.inputs]
+    feeds = {}
+    for item in inputs:
+        name, path = _split_input(item, names)
+        feeds[name] = _read_npy(path, name)
+    if random_inputs:
+        for k, v in make_random(graph, seed).items():
+            feeds.setdefault(k, v)
+    with Progress(
+        TextColumn("evaluating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
+        task = progress.add_task("eval", total=len(graph.nodes))
+        results = evaluate(graph, feeds, on_node=lambda k, n: progress.update(task, completed=k))
+    write_npz_atomic(output, results)
+    table = Table(show_edge=False)
+    for col in ("output", "shape", "dtype", "min", "max", "mean"):
+        table.add_column(col)
+    for name, a in results.items():
+        num = a.dtype.kind in "biuf" and a.size > 0
+        stats = [f"{a.min():.6g}", f"{a.max():.6g}", f"{a.astype(np.float64).mean():.6g}"] if num else ["", "", ""]
+        table.add_row(escape(name), str(list(a.shape)), str(a.dtype), *stats)
+    out.print(table)
+    out.print(f"wrote {output}")
+
+
+@cli.command()
+def ops() -> None:
+    """List the supported ops, by family."""
+    from flowc.ops.registry import all_ops
+
+    families: dict[str, list[str]] = {}
+    for op in all_ops():
+        families.setdefault(op.family, []).append(op.name)
+    for fam in sorted(families):
+        out.print(f"[bold]{fam}[/] ({len(families[fam])}): " + " ".join(families[fam]))
+    out.print(f"{sum(len(v) for v in families.values())} ops")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False)
+    except FlowcError as e:
+        err.print(f"[bold red]error:[/] {escape(e.message)}")
+        if e.hint:
+            err.print(f"  hint: {e.hint}", markup=False)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as e:
+        if os.environ.get("FLOWC_DEBUG"):
+            traceback.print_exc()
+        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}")
+        err.print("  this is a bug in flowc; rerun with FLOWC_DEBUG=1 for the traceback", markup=False)
+        sys.exit(70)
+
+
+if __name__ == "__main__":
+    main()

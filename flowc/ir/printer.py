@@ -1,0 +1,130 @@
+"""The IR's printed form: the flowc DSL (grammar/flow.lark), one typed binding per node.
+
+    mesh gpus[2, 2]
+    graph mlp(x: f32[8, 64] @ (S(0), B)) -> (y: f32[8, 10]) {
+        param w: f32[64, 10] = load("w")
+        const shape: i64[2] = [8, 10]
+        param fill_w: f32[64, 10] = fill(0.02)
+        y: f32[8, 10] @ (S(0), B) = matmul(x, w)
+        return y
+    }
+
+Constants are shown by type, not data: small ones (at most 8 elements) inline, splats as
+``fill(v)``, the rest as ``load("name")`` references into the weights. Names that are not
+plain identifiers are quoted with escapes, so any ONNX name survives the round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from flowc.ir.graph import Graph, Value, is_splat
+
+KEYWORDS = frozenset(
+    {"graph", "param", "const", "return", "mesh", "stage", "load", "fill", "tensor", "complex"}
+    | {"inf", "nan", "true", "false", "S", "B", "P", "_"}
+)
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+INLINE_MAX = 8
+
+
+def ident(name: str) -> str:
+    """A name as the DSL writes it: bare when it is a plain identifier, else quoted."""
+    if _PLAIN.match(name) and name not in KEYWORDS:
+        return name
+    return json.dumps(name, ensure_ascii=True)
+
+
+def scalar(x: Any) -> str:
+    if isinstance(x, (bool, np.bool_)):
+        return "true" if x else "false"
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    if isinstance(x, (float, np.floating)):
+        f = float(x)
+        if math.isnan(f):
+            return "nan"
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"
+        # NumPy's str() of a float32/float16 scalar is the shortest text that reads back to
+        # the same value at that precision (0.02, not 0.019999999552965164).
+        text = str(x) if isinstance(x, np.floating) else repr(f)
+        return text if any(c in text for c in ".en") else text + ".0"
+    if isinstance(x, (complex, np.complexfloating)):
+        return f"complex({scalar(x.real)}, {scalar(x.imag)})"
+    if isinstance(x, str):
+        return json.dumps(x, ensure_ascii=True)
+    raise TypeError(f"cannot print {x!r}")
+
+
+def literal(a: np.ndarray) -> str:
+    """Elements of a small array, flat (the declared type gives the shape)."""
+    if a.ndim == 0:
+        return scalar(a[()])
+    return "[" + ", ".join(scalar(x) for x in a.reshape(-1)) + "]"
+
+
+def attr_value(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        from flowc.ir.dtype import DType
+
+        dt = DType.from_numpy(v.dtype).short
+        shape = ", ".join(str(d) for d in v.shape)
+        return f"tensor({dt}[{shape}], {literal(v)})"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(attr_value(x) for x in v) + "]"
+    return scalar(v)
+
+
+def typed(v: Value) -> str:
+    s = f"{ident(v.name)}: {v.type}"
+    if v.sbp is not None:
+        s += f" @ {v.sbp}"
+    return s
+
+
+def constant_decl(c: Value) -> str:
+    a = c.const
+    assert a is not None
+    if is_splat(a):
+        return f"param {typed(c)} = fill({scalar(a.reshape(-1)[0])})"
+    if a.size <= INLINE_MAX:
+        return f"const {typed(c)} = {literal(a)}"
+    return f"param {typed(c)} = load({scalar(c.name)})"
+
+
+def print_graph(g: Graph) -> str:
+    from flowc.ops.registry import get_op
+
+    lines = []
+    if g.mesh is not None:
+        lines.append(f"mesh {ident(g.mesh.name)}[{', '.join(str(d) for d in g.mesh.shape)}]")
+        lines.append("")
+    ins = ", ".join(typed(v) for v in g.inputs)
+    outs = ", ".join(typed(v) for v in g.outputs)
+    lines.append(f"graph {ident(g.name)}({ins}) -> ({outs}) {{")
+    for c in g.constants:
+        lines.append("    " + constant_decl(c))
+    stage: int | None = None
+    for n in g.nodes:
+        if n.stage != stage:
+            if stage is not None:
+                lines.append("    }")
+            if n.stage is not None:
+                lines.append(f"    stage {n.stage} {{")
+            stage = n.stage
+        pad = "        " if stage is not None else "    "
+        args = [ident(i.name) if i is not None else "_" for i in n.inputs]
+        args += [f"{k}={attr_value(v)}" for k, v in n.attrs.items()]
+        lhs = ", ".join(typed(o) for o in n.outputs)
+        lines.append(f"{pad}{lhs} = {get_op(n.op).dsl_name}({', '.join(args)})")
+    if stage is not None:
+        lines.append("    }")
+    lines.append("    return " + ", ".join(ident(v.name) for v in g.outputs))
+    lines.append("}")
+    return "\n".join(lines) + "\n"

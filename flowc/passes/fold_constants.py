@@ -1,0 +1,33 @@
+"""fold_constants: evaluate every node whose inputs are all known at compile time.
+
+The ONNX importer already folds while it builds; this pass does the same for graphs built
+any other way (the DSL, rewrites by later passes), through the same builder code.
+"""
+
+from __future__ import annotations
+
+from flowc.ir.builder import evaluate_node, fold_inputs
+from flowc.ir.graph import Graph, compact_constant
+from flowc.ops.registry import get_op
+from flowc.passes.manager import register_pass
+
+
+@register_pass("fold_constants")
+def fold_constants(graph: Graph) -> Graph:
+    kept = []
+    for node in graph.nodes:
+        opdef = get_op(node.op)
+        arrays = fold_inputs(opdef, node.inputs)
+        if arrays is None:
+            kept.append(node)
+            continue
+        where = f"{node.op} node {node.name!r}"
+        outs = evaluate_node(opdef, arrays, node.attrs, [o.type for o in node.outputs], where)
+        for o, a in zip(node.outputs, outs, strict=False):
+            o.producer = None
+            o.const = compact_constant(a)
+            o.const.setflags(write=False)
+            graph.constants.append(o)
+    graph.nodes = kept
+    graph.remove_unused()
+    return graph

@@ -1,0 +1,57 @@
+"""The pass registry and a runner that can time passes and dump the IR after any of them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flowc.ir.graph import Graph
+
+PassFn = Callable[[Graph], Graph]
+PASSES: dict[str, PassFn] = {}
+
+
+def register_pass(name: str) -> Callable[[PassFn], PassFn]:
+    def deco(fn: PassFn) -> PassFn:
+        if name in PASSES:
+            raise ValueError(f"pass {name!r} is registered twice")
+        PASSES[name] = fn
+        return fn
+
+    return deco
+
+
+def _load() -> None:
+    from flowc.passes import fold_constants, simplify  # noqa: F401
+
+
+@dataclass
+class PassManager:
+    pipeline: Sequence[str]
+    dump_after: set[str] = field(default_factory=set)
+    verify: bool = True
+    timings: list[tuple[str, float]] = field(default_factory=list)
+    dumps: list[tuple[str, str]] = field(default_factory=list)
+
+    def run(self, graph: Graph) -> Graph:
+        _load()
+        unknown = [p for p in [*self.pipeline, *self.dump_after] if p not in PASSES]
+        if unknown:
+            from flowc.errors import FlowcError
+
+            raise FlowcError(
+                f"unknown pass(es): {', '.join(unknown)}", hint="passes: " + ", ".join(sorted(PASSES))
+            )
+        for name in self.pipeline:
+            t0 = time.perf_counter()
+            graph = PASSES[name](graph)
+            self.timings.append((name, time.perf_counter() - t0))
+            if self.verify:
+                graph.verify()
+            if name in self.dump_after:
+                self.dumps.append((name, str(graph)))
+        return graph
+
+
+DEFAULT_PIPELINE = ("fold_constants", "simplify")

@@ -1,0 +1,135 @@
+"""Whole models through import + the NumPy reference, against references nobody here wrote:
+the PyTorch outputs stored with ../shared/models, onnxruntime, and the expected outputs the
+onnx package ships with its light models (ResNet-50, VGG-19, DenseNet-121, ...)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS
+from onnx import numpy_helper
+
+from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
+from flowc.harness.compare import max_rel_error
+from flowc.harness.ort import run_onnxruntime
+from flowc.ir.graph import is_splat
+from flowc.interpreter import evaluate
+
+TOL = 1e-4
+LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = sorted(p.stem for p in LIGHT_DIR.glob("*.onnx"))
+SHARED = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
+
+
+def _shared_io(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    io = np.load(SHARED_MODELS / f"{name}.io.npz")
+    ins = {k[3:]: io[k] for k in io.files if k.startswith("in:")}
+    outs = {k[4:]: io[k] for k in io.files if k.startswith("out:")}
+    return ins, outs
+
+
+def _shapes_of(feeds: dict[str, np.ndarray]) -> ImportOptions:
+    return ImportOptions(shapes={k: v.shape for k, v in feeds.items()})
+
+
+def test_shared_models_are_present() -> None:
+    # CI lays ../shared beside the clone; without it these tests would silently shrink.
+    missing = [n for n in SHARED if not (SHARED_MODELS / f"{n}.onnx").exists()]
+    assert not missing, f"missing {missing} in {SHARED_MODELS}"
+    assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_model_matches_pytorch_and_onnxruntime(name: str) -> None:
+    feeds, expected = _shared_io(name)
+    path = SHARED_MODELS / f"{name}.onnx"
+    graph = import_onnx(path, _shapes_of(feeds))
+    graph.verify()
+    got = evaluate(graph, feeds)
+    ref = run_onnxruntime(str(path), feeds)
+    assert set(got) == set(ref) == set(expected)
+    for out in expected:
+        assert got[out].dtype == ref[out].dtype and got[out].shape == ref[out].shape
+        assert max_rel_error(got[out], expected[out]) <= TOL, out
+        assert max_rel_error(got[out], ref[out]) <= TOL, out
+
+
+def test_dynamic_dims_by_symbol_give_the_same_graph() -> None:
+    feeds, expected = _shared_io("bert_tiny")
+    graph = import_onnx(SHARED_MODELS / "bert_tiny.onnx", ImportOptions(dims={"batch": 2, "seq": 32}))
+    # Shape subgraphs fold away once the dims are known: no Shape/Gather-of-shape remains.
+    assert "Shape" not in graph.op_counts() and "Range" not in graph.op_counts()
+    got = evaluate(graph, feeds)
+    for out in expected:
+        assert max_rel_error(got[out], expected[out]) <= TOL
+
+
+def _light_input(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """The input the onnx backend runner feeds light models: arange(n) / n (float32)."""
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = tuple(d.dim_value or 1 for d in vi.type.tensor_type.shape.dim)
+        n = int(np.prod(shape))
+        feeds[vi.name] = (np.arange(n).reshape(shape) / n).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_matches_its_expected_output(name: str) -> None:
+    model = onnx.load(str(LIGHT_DIR / f"{name}.onnx"))
+    feeds = _light_input(model)
+    graph = import_model(model)
+    graph.verify()
+    # The weights are ConstantOfShape fills: they must stay splats, not 100s of MB of data.
+    fills = [c for c in graph.constants if c.const is not None and is_splat(c.const)]
+    assert fills and sum(c.const.nbytes for c in fills if c.const is not None) < 1 << 20
+    got = evaluate(graph, feeds)
+    for i, vo in enumerate(model.graph.output):
+        expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"{name}_output_{i}.pb")))
+        assert max_rel_error(got[vo.name], expected) <= TOL, vo.name
+
+
+def _with_random_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """Replace every ConstantOfShape weight by random data: a fill hides transposed weights."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = []
+    new_inits = []
+    for node in m.graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in inits:
+            shape = tuple(int(d) for d in inits[node.input[0]])
+            if len(shape) >= 2:
+                std = np.sqrt(2.0 / max(1, int(np.prod(shape[1:]))))
+                w = (rng.standard_normal(shape) * std).astype(np.float32)
+            else:
+                w = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            new_inits.append(numpy_helper.from_array(w, node.output[0]))
+        else:
+            keep.append(node)
+    del m.graph.node[:]
+    m.graph.node.extend(keep)
+    m.graph.initializer.extend(new_inits)
+    return m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_with_random_weights_matches_onnxruntime(name: str) -> None:
+    model = _with_random_weights(onnx.load(str(LIGHT_DIR / f"{name}.onnx")), seed=len(name))
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in _light_input(model).items()}
+    ref = run_onnxruntime(model, feeds)
+    graph = import_model(model)
+    got = evaluate(graph, feeds)
+    for out, r in ref.items():
+        assert max_rel_error(got[out], r) <= TOL, out
+
