@@ -112,7 +112,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         from onnx.external_data_helper import load_external_data_for_model
 
         load_external_data_for_model(model, str(p.parent))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
         raise ModelLoadError(
             f"{p}: cannot read external weights: {e}",
             hint="external data files must sit beside the model, as the model names them",

@@ -266,7 +266,9 @@ class _TransposeGeometry:
     dilations: tuple[int, ...]
 
 
-def _transpose_geometry(x: tuple[int, ...], w: tuple[int, ...], a: Mapping[str, Any]) -> _TransposeGeometry:
+def _transpose_geometry(
+    x: tuple[int, ...], w: tuple[int, ...], a: Mapping[str, Any]
+) -> _TransposeGeometry:
     """Output extent and leading pad, resolved as ONNX (and onnxruntime) resolve them.
 
     An output_shape, given or implied by SAME_* (input * stride), fixes the total padding;
@@ -363,7 +365,10 @@ def _conv_transpose_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     order = (1, 0, 2 + nd, *range(3 + nd, 3 + 2 * nd), *range(2, 2 + nd))
     cols = cols.transpose(order)
 
-    full = [(i - 1) * s + (k - 1) * d + 1 for i, s, k, d in zip(spatial, geo.strides, kernel, geo.dilations, strict=True)]
+    full = [
+        (i - 1) * s + (k - 1) * d + 1
+        for i, s, k, d in zip(spatial, geo.strides, kernel, geo.dilations, strict=True)
+    ]
     extent = [max(f, pb + o) for f, pb, o in zip(full, geo.pad_begin, geo.out, strict=True)]
     acc = np.zeros((n, g, mg, *extent), dtype=ct)
     for pos in itertools.product(*(range(k) for k in kernel)):

@@ -1,1 +1,244 @@
-"""(being written)"""
+"""Pooling: MaxPool (with ONNX's flat Indices), AveragePool, LpPool and the global forms.
+
+Every windowed pool reduces a strided view of the padded input (see ``conv.window_view``)
+over its kernel axes, so there is no Python loop over output positions. Window geometry
+(auto_pad, ceil_mode, dilations) is shared with Conv; a window that ceil_mode lets run past
+the end padding covers nothing there: it is neither a max candidate nor counted by the mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.conv import Window, compute_dtype, window, window_view
+from flowc.ops.registry import InferCtx, defop
+
+FAMILY = "pool"
+
+_WINDOW_ATTRS = {
+    "auto_pad": "NOTSET",
+    "ceil_mode": 0,
+    "dilations": None,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+_MAXPOOL_TYPES = frozenset({DType.F16, DType.F32, DType.F64, DType.BF16, DType.I8, DType.U8})
+
+
+def _geometry(shape: tuple[int, ...], a: Attrs) -> Window:
+    return window(shape[2:], a["kernel_shape"], a, ceil_mode=bool(a["ceil_mode"]))
+
+
+def _window_infer(ctx: InferCtx, allowed: Callable[[DType], bool]) -> Window:
+    x = ctx.type(0)
+    if not allowed(x.dtype):
+        raise ctx.fail(f"does not support element type {x.dtype}")
+    if x.rank < 3:
+        raise ctx.fail(f"input must be N x C x spatial..., got shape {list(x.shape)}")
+    if "kernel_shape" not in ctx.attrs:
+        raise ctx.fail("the kernel_shape attribute is required")
+    if ctx.attr("ceil_mode") not in (0, 1):
+        raise ctx.fail(f"ceil_mode must be 0 or 1, got {ctx.attr('ceil_mode')}")
+    try:
+        return _geometry(x.shape, ctx.attrs)
+    except ValueError as e:
+        raise ctx.fail(str(e)) from None
+
+
+def _is_float(dt: DType) -> bool:
+    return dt.is_float
+
+
+def _pool_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    return outs[0].numel * math.prod(a["kernel_shape"])
+
+
+def _kernel_axes(nd: int) -> tuple[int, ...]:
+    return tuple(range(-nd, 0))
+
+
+def _taps_inside(spatial: tuple[int, ...], w: Window, keep: tuple[int, ...]) -> np.ndarray:
+    """Per output position, how many kernel taps land on the input grown by ``keep``.
+
+    ``keep`` holds the begin then end pads that count as input (all of them with
+    count_include_pad, none without); spatial-only, so it is cheap.
+    """
+    nd = len(spatial)
+    keep_begin, keep_end = keep[:nd], keep[nd:]
+    ones = np.ones([n + b + e for n, b, e in zip(spatial, keep_begin, keep_end, strict=True)])
+    rest = tuple(p - k for p, k in zip(w.pad_begin, keep_begin, strict=True))
+    view = window_view(ones, dataclasses.replace(w, pad_begin=rest), 0.0)
+    return view.sum(axis=_kernel_axes(nd))
+
+
+# -- MaxPool --------------------------------------------------------------------------------------
+
+
+def _maxpool_infer(ctx: InferCtx) -> list[TensorType]:
+    geo = _window_infer(ctx, lambda dt: dt in _MAXPOOL_TYPES)
+    if ctx.attr("storage_order") not in (0, 1):
+        raise ctx.fail(f"storage_order must be 0 or 1, got {ctx.attr('storage_order')}")
+    x = ctx.type(0)
+    y = x.with_shape((*x.shape[:2], *geo.out))
+    return [y, y.with_dtype(DType.I64)][: max(ctx.num_outputs, 1)]
+
+
+def _lowest(dt: np.dtype) -> float:
+    """The padding value no element can lose a max to (ml_dtypes floats have kind 'V')."""
+    return float(np.iinfo(dt).min) if dt.kind in "iu" else -math.inf
+
+
+def _maxpool_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    x = xs[0]
+    assert x is not None
+    geo = _geometry(x.shape, a)
+    nd = len(geo.out)
+    spatial = x.shape[2:]
+    win = window_view(x, geo, _lowest(x.dtype))
+    flat = win.reshape(*win.shape[: 2 + nd], -1)
+    # First maximum in kernel order, as onnxruntime breaks ties.
+    arg = flat.argmax(axis=-1)
+    y = np.take_along_axis(flat, arg[..., None], axis=-1)[..., 0]
+
+    taps = np.unravel_index(arg, geo.kernel)
+    coords = []
+    for i in range(nd):
+        o = np.arange(geo.out[i]).reshape([-1 if j == i else 1 for j in range(nd)])
+        coords.append(o * geo.strides[i] + taps[i] * geo.dilations[i] - geo.pad_begin[i])
+    # Indices count in the unpadded input, flattened over N, C and the spatial axes; with
+    # storage_order 1 the spatial axes are flattened column-major.
+    order = range(nd) if a["storage_order"] == 0 else reversed(range(nd))
+    spatial_idx = np.zeros(arg.shape, dtype=np.int64)
+    for i in order:
+        spatial_idx = spatial_idx * spatial[i] + coords[i]
+    plane = np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * nd)
+    indices = plane * math.prod(spatial) + spatial_idx
+    return [np.ascontiguousarray(y), indices.astype(np.int64)]
+
+
+defop(
+    "MaxPool",
+    FAMILY,
+    infer=_maxpool_infer,
+    reference=_maxpool_ref,
+    attrs={**_WINDOW_ATTRS, "storage_order": 0},
+    outputs=(1, 2),
+    flops=_pool_flops,
+)
+
+
+# -- AveragePool and LpPool -------------------------------------------------------------------------
+
+
+def _avgpool_infer(ctx: InferCtx) -> list[TensorType]:
+    geo = _window_infer(ctx, _is_float)
+    x = ctx.type(0)
+    return [x.with_shape((*x.shape[:2], *geo.out))]
+
+
+def _avgpool_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    geo = _geometry(x.shape, a)
+    nd = len(geo.out)
+    ct = compute_dtype(x.dtype)
+    total = window_view(x.astype(ct, copy=False), geo, 0).sum(axis=_kernel_axes(nd))
+    # The divisor counts the taps on real input, plus the explicit pads with
+    # count_include_pad; never the run-off that ceil_mode adds past the end padding.
+    keep = geo.pad_begin + geo.pad_end if a["count_include_pad"] else (0,) * (2 * nd)
+    count = _taps_inside(x.shape[2:], geo, keep)
+    return (total / count.astype(ct)).astype(x.dtype)
+
+
+defop(
+    "AveragePool",
+    FAMILY,
+    infer=_avgpool_infer,
+    reference=_avgpool_ref,
+    attrs={**_WINDOW_ATTRS, "count_include_pad": 0},
+    flops=_pool_flops,
+)
+
+
+def _lppool_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    geo = _geometry(x.shape, a)
+    p = float(a["p"])
+    powered = np.abs(x.astype(np.float64)) ** p
+    total = window_view(powered, geo, 0.0).sum(axis=_kernel_axes(len(geo.out)))
+    return (total ** (1.0 / p)).astype(x.dtype)
+
+
+defop(
+    "LpPool",
+    FAMILY,
+    infer=_avgpool_infer,
+    reference=_lppool_ref,
+    attrs={**_WINDOW_ATTRS, "p": 2},
+    flops=_pool_flops,
+)
+
+
+# -- global pools -----------------------------------------------------------------------------------
+
+
+def _global_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    if not x.dtype.is_float:
+        raise ctx.fail(f"needs a floating-point input, got {x.dtype}")
+    if x.rank < 3:
+        raise ctx.fail(f"input must be N x C x spatial..., got shape {list(x.shape)}")
+    return [x.with_shape((*x.shape[:2], *([1] * (x.rank - 2))))]
+
+
+def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
+    return tuple(range(2, x.ndim))
+
+
+def _global_avg(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    ct = compute_dtype(x.dtype)
+    return x.mean(axis=_spatial_axes(x), keepdims=True, dtype=ct).astype(x.dtype)
+
+
+def _global_max(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    return x.max(axis=_spatial_axes(x), keepdims=True)
+
+
+def _global_lp(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    p = float(a["p"])
+    total = (np.abs(x.astype(np.float64)) ** p).sum(axis=_spatial_axes(x), keepdims=True)
+    return (total ** (1.0 / p)).astype(x.dtype)
+
+
+def _global_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    x = ins[0]
+    assert x is not None
+    return x.numel
+
+
+defop("GlobalAveragePool", FAMILY, infer=_global_infer, reference=_global_avg, flops=_global_flops)
+defop("GlobalMaxPool", FAMILY, infer=_global_infer, reference=_global_max, flops=_global_flops)
+defop(
+    "GlobalLpPool",
+    FAMILY,
+    infer=_global_infer,
+    reference=_global_lp,
+    attrs={"p": 2},
+    flops=_global_flops,
+)

@@ -1,0 +1,180 @@
+"""The `flowc` command: inspect, eval, ops, and its error paths (message, exit code, no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS
+from onnx import TensorProto, helper
+
+from flowc.harness.compare import max_rel_error
+from flowc.harness.ort import run_onnxruntime
+
+
+def flowc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flowc", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def assert_clean_error(r: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    assert r.stderr.startswith("error: "), r.stderr
+    for f in fragments:
+        assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
+
+
+def test_inspect_summarizes_a_model() -> None:
+    r = flowc("inspect", str(SHARED_MODELS / "mlp.onnx"))
+    assert r.returncode == 0, r.stderr
+    assert "opset 17" in r.stdout
+    assert "input" in r.stdout and "x" in r.stdout and "f32[8, 64]" in r.stdout
+    assert "f32[8, 10]" in r.stdout
+    assert "Gemm" in r.stdout and "Softmax" in r.stdout
+    # Linear(64, 128) + Linear(128, 10): (64*128 + 128 + 128*10 + 10) float32 parameters.
+    params = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    assert f"4 tensors, {params / 1024:.2f} KiB" in r.stdout
+    assert "estimated FLOPs" in r.stdout
+
+
+def test_inspect_print_ir_writes_dsl_to_stdout() -> None:
+    r = flowc("inspect", str(SHARED_MODELS / "gpt2_tiny.onnx"), "--print-ir")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("graph gpt2_tiny(input_ids: i64[1, 32]) -> (logits: f32[1, 32, 1000]) {")
+    assert r.stdout.rstrip().endswith("return logits\n}".rstrip())
+    assert "gpt2_tiny.onnx" in r.stderr  # the summary goes to stderr
+    from lark import Lark
+
+    from flowc.resources import grammar_file
+
+    Lark(grammar_file().read_text(), parser="lalr").parse(r.stdout)
+
+
+def test_eval_writes_outputs_keyed_by_name(tmp_path: Path) -> None:
+    io = np.load(SHARED_MODELS / "bert_tiny.io.npz")
+    ids, mask = tmp_path / "ids.npy", tmp_path / "mask.npy"
+    np.save(ids, io["in:input_ids"])
+    np.save(mask, io["in:attention_mask"])
+    out = tmp_path / "out.npz"
+    r = flowc(
+        "eval", str(SHARED_MODELS / "bert_tiny.onnx"), "--dim", "batch=2", "--dim", "seq=32",
+        "--input", f"input_ids={ids}", "--input", f"attention_mask={mask}", "-o", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = np.load(out)
+    assert sorted(got.files) == ["last_hidden_state", "pooler_output"]
+    for k in got.files:
+        assert max_rel_error(got[k], io[f"out:{k}"]) <= 1e-4
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_eval_random_inputs_match_onnxruntime(tmp_path: Path) -> None:
+    out = tmp_path / "o.npz"
+    model = SHARED_MODELS / "vit_tiny.onnx"
+    r = flowc("eval", str(model), "--random-inputs", "--seed", "3", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    from flowc.frontend.onnx import import_onnx
+    from flowc.interpreter import random_inputs
+
+    feeds = random_inputs(import_onnx(model), seed=3)
+    ref = run_onnxruntime(str(model), feeds)
+    got = np.load(out)
+    assert max_rel_error(got["last_hidden_state"], ref["last_hidden_state"]) <= 1e-4
+
+
+def test_ops_lists_the_registry() -> None:
+    r = flowc("ops")
+    assert r.returncode == 0
+    for op in ("Conv", "MatMul", "LayerNormalization", "Resize", "TopK", "Trilu", "CumSum"):
+        assert f" {op}" in r.stdout
+
+
+# -- error paths ---------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    assert_clean_error(flowc("inspect", str(tmp_path / "nope.onnx")), "no such file")
+
+
+def test_corrupt_and_truncated_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\xffnot a protobuf at all" * 10)
+    assert_clean_error(flowc("inspect", str(bad)), "not a valid ONNX model")
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes((SHARED_MODELS / "resnet_tiny.onnx").read_bytes()[:5000])
+    assert_clean_error(flowc("inspect", str(cut)), "cut.onnx")
+
+
+def test_unknown_format(tmp_path: Path) -> None:
+    p = tmp_path / "m.pt"
+    p.write_bytes(b"x")
+    assert_clean_error(flowc("inspect", str(p)), "unknown model format '.pt'")
+
+
+def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+        helper.make_node("NonZero", ["a"], ["b"], name="nz_first"),
+        helper.make_node("NonZero", ["a"], ["c"], name="nz_second"),
+        helper.make_node("FancyOp", ["a"], ["d"], name="fancy", domain="com.example"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("b", "c", "d")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    p = tmp_path / "u.onnx"
+    onnx.save(m, str(p))
+    r = flowc("inspect", str(p))
+    assert_clean_error(
+        r,
+        "2 unsupported op type(s)",
+        "NonZero: 2 node(s), opset 17, first: nz_first",
+        "com.example.FancyOp: 1 node(s), domain 'com.example', first: fancy",
+    )
+
+
+def test_missing_dynamic_dim_names_input_and_symbol() -> None:
+    r = flowc("inspect", str(SHARED_MODELS / "bert_tiny.onnx"))
+    assert_clean_error(r, "input 'input_ids' has a dynamic dimension 0 ('batch') with no value", "--dim batch=N")
+
+
+def test_bad_shape_options() -> None:
+    model = str(SHARED_MODELS / "mlp.onnx")
+    assert_clean_error(flowc("inspect", model, "--shape", "y=8x64"), "no input named 'y'", "'x'")
+    assert_clean_error(flowc("inspect", model, "--shape", "x=8xq"), "is not a shape")
+    assert_clean_error(flowc("inspect", model, "--shape", "x=4x64"), "dim 0 is fixed to 8")
+    assert_clean_error(flowc("inspect", model, "--dim", "batch=2"), "no symbolic dimension named 'batch'")
+
+
+def test_eval_input_errors(tmp_path: Path) -> None:
+    model = str(SHARED_MODELS / "mlp.onnx")
+    out = str(tmp_path / "o.npz")
+    assert_clean_error(flowc("eval", model, "-o", out), "input 'x' (f32[8, 64]) is not given", "--random-inputs")
+    wrong = tmp_path / "x.npy"
+    np.save(wrong, np.zeros((8, 65), np.float32))
+    assert_clean_error(flowc("eval", model, "--input", f"x={wrong}", "-o", out), "expected shape [8, 64], got [8, 65]")
+    np.save(wrong, np.zeros((8, 64), np.float64))
+    assert_clean_error(flowc("eval", model, "--input", f"x={wrong}", "-o", out), "expected dtype f32, got float64")
+    assert_clean_error(flowc("eval", model, "--input", f"z={wrong}", "-o", out), "no input named 'z'")
+    assert_clean_error(flowc("eval", model, "--input", "x=/nonexistent.npy", "-o", out), "no such file")
+    assert not Path(out).exists()
+
+
+def test_usage_errors_exit_2() -> None:
+    r = flowc("eval", str(SHARED_MODELS / "mlp.onnx"))
+    assert r.returncode == 2 and "Missing option '-o'" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["inspect", "--help"], ["eval", "--help"], ["--version"]])
+def test_help(args: list[str]) -> None:
+    r = flowc(*args)
+    assert r.returncode == 0 and r.stdout
