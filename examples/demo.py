@@ -55,7 +55,9 @@ def main(model: Path) -> int:
     for name, r in ref.items():
         c = compare(name, got[name], r, tol=1e-4)
         ok &= c.ok
-        table.add_row(name, str(list(c.shape)), f"{c.error:.2e}", "PASS" if c.ok else f"FAIL {c.reason}")
+        table.add_row(
+            name, str(list(c.shape)), f"{c.error:.2e}", "PASS" if c.ok else f"FAIL {c.reason}"
+        )
     console.print(table)
     console.print("error = max|flowc - onnxruntime| / max|onnxruntime|, must be <= 1e-4")
     return 0 if ok else 1

@@ -38,7 +38,9 @@ def parse_dims(text: str, what: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
-        raise InputError(f"{what}: {text!r} is not a shape", hint="write dims as 1x3x224x224") from None
+        raise InputError(
+            f"{what}: {text!r} is not a shape", hint="write dims as 1x3x224x224"
+        ) from None
     if any(d < 0 for d in dims):
         raise InputError(f"{what}: {text!r} has a negative dimension")
     return dims
@@ -49,7 +51,9 @@ def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     for item in items:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
-            raise InputError(f"--shape {item!r}: expected NAME=DIMS", hint="e.g. --shape input=1x3x224x224")
+            raise InputError(
+                f"--shape {item!r}: expected NAME=DIMS", hint="e.g. --shape input=1x3x224x224"
+            )
         shapes[name] = parse_dims(dims, f"--shape {name}")
     return shapes
 
@@ -74,7 +78,11 @@ def model_options(fn: F) -> F:
         "--dim", "dims", multiple=True, metavar="SYMBOL=N", help="Value of a symbolic dimension."
     )(fn)
     fn = click.option(
-        "--shape", "shapes", multiple=True, metavar="NAME=DIMS", help="Whole shape of an input, e.g. x=1x3x224x224."
+        "--shape",
+        "shapes",
+        multiple=True,
+        metavar="NAME=DIMS",
+        help="Whole shape of an input, e.g. x=1x3x224x224.",
     )(fn)
     return click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(fn)
 
@@ -117,7 +125,11 @@ def cli() -> None:
 
 @cli.command()
 @model_options
-@click.option("--print-ir", is_flag=True, help="Write the IR (DSL text) to stdout; the summary goes to stderr.")
+@click.option(
+    "--print-ir",
+    is_flag=True,
+    help="Write the IR (DSL text) to stdout; the summary goes to stderr.",
+)
 def inspect(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_ir: bool) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs."""
     from flowc.ir.graph import is_splat
@@ -167,7 +179,7 @@ def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
     for i, ch in enumerate(item):
         if ch == "=" and item[:i] in names:
             return item[:i], item[i + 1 :]
-    name, sep, path = item.partition("=")
+    name, sep, _ = item.partition("=")
     if not sep:
         raise InputError(f"--input {item!r}: expected NAME=PATH.npy")
     raise InputError(
@@ -207,9 +219,17 @@ def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
 @cli.command(name="eval")
 @model_options
 @click.option("--input", "inputs", multiple=True, metavar="NAME=PATH.npy", help="An input array.")
-@click.option("--random-inputs", is_flag=True, help="Fill inputs not given with seeded random data.")
+@click.option(
+    "--random-inputs", is_flag=True, help="Fill inputs not given with seeded random data."
+)
 @click.option("--seed", default=0, show_default=True, help="Seed for --random-inputs.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="OUT.npz, keyed by output name.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="OUT.npz, keyed by output name.",
+)
 def eval_cmd(
     model: Path,
     shapes: tuple[str, ...],
@@ -220,7 +240,8 @@ def eval_cmd(
     output: Path,
 ) -> None:
     """Evaluate MODEL with flowc's NumPy reference; write the outputs to OUT.npz."""
-    from flowc.interpreter import evaluate, random_inputs as make_random
+    from flowc.interpreter import evaluate
+    from flowc.interpreter import random_inputs as make_random
 
     if not output.name.endswith(".npz"):
         raise InputError(f"-o {output}: the output file must end in .npz")
@@ -250,7 +271,11 @@ def eval_cmd(
         table.add_column(col)
     for name, a in results.items():
         num = a.dtype.kind in "biuf" and a.size > 0
-        stats = [f"{a.min():.6g}", f"{a.max():.6g}", f"{a.astype(np.float64).mean():.6g}"] if num else ["", "", ""]
+        stats = (
+            [f"{a.min():.6g}", f"{a.max():.6g}", f"{a.astype(np.float64).mean():.6g}"]
+            if num
+            else ["", "", ""]
+        )
         table.add_row(escape(name), str(list(a.shape)), str(a.dtype), *stats)
     out.print(table)
     out.print(f"wrote {output}")
@@ -271,7 +296,9 @@ def ops() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False)
+        cli.main(
+            args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False
+        )
     except FlowcError as e:
         err.print(f"[bold red]error:[/] {escape(e.message)}")
         if e.hint:
@@ -289,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if os.environ.get("FLOWC_DEBUG"):
             traceback.print_exc()
         err.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}")
-        err.print("  this is a bug in flowc; rerun with FLOWC_DEBUG=1 for the traceback", markup=False)
+        err.print(
+            "  this is a bug in flowc; rerun with FLOWC_DEBUG=1 for the traceback", markup=False
+        )
         sys.exit(70)
 
 

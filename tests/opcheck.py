@@ -37,10 +37,16 @@ def make_op_model(
         if i in const_inputs:
             inits.append(numpy_helper.from_array(a, name))
         else:
-            vis.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
+            vis.append(
+                helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
+                )
+            )
             feeds[name] = a
     out_names = [f"out{i}" for i in range(num_outputs)]
-    node = helper.make_node(op_type, in_names, out_names, name=f"{op_type.lower()}_0", **dict(attrs or {}))
+    node = helper.make_node(
+        op_type, in_names, out_names, name=f"{op_type.lower()}_0", **dict(attrs or {})
+    )
     outs = [helper.make_empty_tensor_value_info(n) for n in out_names]
     graph = helper.make_graph([node], f"test_{op_type}", vis, outs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -70,5 +76,7 @@ def check_op(
     got = evaluate(graph, feeds)
     for name, r in ref.items():
         c = compare(name, got[name], r, tol)
-        assert c.ok, f"{op_type} (opset {opset}, attrs {dict(attrs or {})}): {name}: {c.reason or f'error {c.error:.3g} > {tol}'}"
+        assert c.ok, (
+            f"{op_type} (opset {opset}, attrs {dict(attrs or {})}): {name}: {c.reason or f'error {c.error:.3g} > {tol}'}"
+        )
     return got

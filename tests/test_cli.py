@@ -46,7 +46,9 @@ def test_inspect_summarizes_a_model() -> None:
 def test_inspect_print_ir_writes_dsl_to_stdout() -> None:
     r = flowc("inspect", str(SHARED_MODELS / "gpt2_tiny.onnx"), "--print-ir")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("graph gpt2_tiny(input_ids: i64[1, 32]) -> (logits: f32[1, 32, 1000]) {")
+    assert r.stdout.startswith(
+        "graph gpt2_tiny(input_ids: i64[1, 32]) -> (logits: f32[1, 32, 1000]) {"
+    )
     assert r.stdout.rstrip().endswith("return logits\n}".rstrip())
     assert "gpt2_tiny.onnx" in r.stderr  # the summary goes to stderr
     from lark import Lark
@@ -130,7 +132,9 @@ def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("b", "c", "d")],
     )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    )
     p = tmp_path / "u.onnx"
     onnx.save(m, str(p))
     r = flowc("inspect", str(p))
@@ -144,7 +148,9 @@ def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
 
 def test_missing_dynamic_dim_names_input_and_symbol() -> None:
     r = flowc("inspect", str(SHARED_MODELS / "bert_tiny.onnx"))
-    assert_clean_error(r, "input 'input_ids' has a dynamic dimension 0 ('batch') with no value", "--dim batch=N")
+    assert_clean_error(
+        r, "input 'input_ids' has a dynamic dimension 0 ('batch') with no value", "--dim batch=N"
+    )
 
 
 def test_bad_shape_options() -> None:
@@ -152,20 +158,33 @@ def test_bad_shape_options() -> None:
     assert_clean_error(flowc("inspect", model, "--shape", "y=8x64"), "no input named 'y'", "'x'")
     assert_clean_error(flowc("inspect", model, "--shape", "x=8xq"), "is not a shape")
     assert_clean_error(flowc("inspect", model, "--shape", "x=4x64"), "dim 0 is fixed to 8")
-    assert_clean_error(flowc("inspect", model, "--dim", "batch=2"), "no symbolic dimension named 'batch'")
+    assert_clean_error(
+        flowc("inspect", model, "--dim", "batch=2"), "no symbolic dimension named 'batch'"
+    )
 
 
 def test_eval_input_errors(tmp_path: Path) -> None:
     model = str(SHARED_MODELS / "mlp.onnx")
     out = str(tmp_path / "o.npz")
-    assert_clean_error(flowc("eval", model, "-o", out), "input 'x' (f32[8, 64]) is not given", "--random-inputs")
+    assert_clean_error(
+        flowc("eval", model, "-o", out), "input 'x' (f32[8, 64]) is not given", "--random-inputs"
+    )
     wrong = tmp_path / "x.npy"
     np.save(wrong, np.zeros((8, 65), np.float32))
-    assert_clean_error(flowc("eval", model, "--input", f"x={wrong}", "-o", out), "expected shape [8, 64], got [8, 65]")
+    assert_clean_error(
+        flowc("eval", model, "--input", f"x={wrong}", "-o", out),
+        "expected shape [8, 64], got [8, 65]",
+    )
     np.save(wrong, np.zeros((8, 64), np.float64))
-    assert_clean_error(flowc("eval", model, "--input", f"x={wrong}", "-o", out), "expected dtype f32, got float64")
-    assert_clean_error(flowc("eval", model, "--input", f"z={wrong}", "-o", out), "no input named 'z'")
-    assert_clean_error(flowc("eval", model, "--input", "x=/nonexistent.npy", "-o", out), "no such file")
+    assert_clean_error(
+        flowc("eval", model, "--input", f"x={wrong}", "-o", out), "expected dtype f32, got float64"
+    )
+    assert_clean_error(
+        flowc("eval", model, "--input", f"z={wrong}", "-o", out), "no input named 'z'"
+    )
+    assert_clean_error(
+        flowc("eval", model, "--input", "x=/nonexistent.npy", "-o", out), "no such file"
+    )
     assert not Path(out).exists()
 
 
@@ -174,7 +193,9 @@ def test_usage_errors_exit_2() -> None:
     assert r.returncode == 2 and "Missing option '-o'" in r.stderr
 
 
-@pytest.mark.parametrize("args", [["--help"], ["inspect", "--help"], ["eval", "--help"], ["--version"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["inspect", "--help"], ["eval", "--help"], ["--version"]]
+)
 def test_help(args: list[str]) -> None:
     r = flowc(*args)
     assert r.returncode == 0 and r.stdout

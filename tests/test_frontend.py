@@ -16,8 +16,20 @@ from flowc.harness.ort import run_onnxruntime
 from flowc.interpreter import evaluate
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[str], inits=(), opset: int = 17) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
-    g = helper.make_graph(nodes, "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outputs], initializer=list(inits))
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[str],
+    inits=(),
+    opset: int = 17,
+) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        inputs,
+        [helper.make_empty_tensor_value_info(o) for o in outputs],
+        initializer=list(inits),
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
@@ -30,7 +42,14 @@ def test_external_data_initializers(tmp_path: Path) -> None:
         [numpy_helper.from_array(w, "w")],
     )
     path = tmp_path / "ext.onnx"
-    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.bin", size_threshold=0)
+    onnx.save(
+        m,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.bin",
+        size_threshold=0,
+    )
     assert (tmp_path / "ext.bin").stat().st_size == w.nbytes
     x = np.ones((4, 64), np.float32)
     got = evaluate(import_onnx(path), {"x": x})["y"]
@@ -54,7 +73,9 @@ def test_shape_subgraph_folds_to_constants() -> None:
         numpy_helper.from_array(np.array([0], np.int64), "axes"),
         numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
     ]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])], ["y"], inits)
+    m = _model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4])], ["y"], inits
+    )
     g = import_model(m, ImportOptions(dims={"n": 5}))
     assert g.op_counts() == {"Reshape": 1}
     assert g.outputs[0].type.shape == (5, 12)
@@ -69,7 +90,9 @@ def test_identity_and_dropout_vanish_but_output_names_stay() -> None:
         helper.make_node("Identity", ["d"], ["y"]),
         helper.make_node("Identity", ["x"], ["x_copy"]),
     ]
-    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], ["y", "x_copy"])
+    m = _model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], ["y", "x_copy"]
+    )
     g = import_model(m)
     g.verify()
     assert [o.name for o in g.outputs] == ["y", "x_copy"]
@@ -101,7 +124,11 @@ def test_local_functions_are_inlined() -> None:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8])],
     )
-    m = helper.make_model(g, functions=[fn], opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.fns", 1)])
+    m = helper.make_model(
+        g,
+        functions=[fn],
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("my.fns", 1)],
+    )
     x = np.linspace(-3, 3, 8).astype(np.float32)
     ref = run_onnxruntime(m, {"x": x})["y"]
     import tempfile

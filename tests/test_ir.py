@@ -86,7 +86,9 @@ def _tiny_graph() -> Graph:
     x = g.add_input("x", TensorType((2, 3), DType.F32))
     w = g.add_constant("w", np.ones((3,), np.float32))
     n = g.add_node("Add", [x, w], [TensorType((2, 3), DType.F32)], name="add0", output_names=["y"])
-    r = g.add_node("Relu", [n.outputs[0]], [TensorType((2, 3), DType.F32)], name="relu0", output_names=["/z:0"])
+    r = g.add_node(
+        "Relu", [n.outputs[0]], [TensorType((2, 3), DType.F32)], name="relu0", output_names=["/z:0"]
+    )
     g.outputs = [r.outputs[0]]
     return g
 
@@ -98,14 +100,18 @@ def test_verify_accepts_a_good_graph() -> None:
 def test_verify_names_the_node_for_a_wrong_type() -> None:
     g = _tiny_graph()
     g.nodes[1].outputs[0].type = TensorType((3, 2), DType.F32)
-    with pytest.raises(VerifyError, match=r"node #1 Relu 'relu0': output '/z:0' has type f32\[3, 2\]"):
+    with pytest.raises(
+        VerifyError, match=r"node #1 Relu 'relu0': output '/z:0' has type f32\[3, 2\]"
+    ):
         g.verify()
 
 
 def test_verify_catches_order_and_dangling_uses() -> None:
     g = _tiny_graph()
     g.nodes.reverse()
-    with pytest.raises(VerifyError, match="node #0 Relu 'relu0': input 0 .* used before it is defined"):
+    with pytest.raises(
+        VerifyError, match=r"node #0 Relu 'relu0': input 0 .* used before it is defined"
+    ):
         g.verify()
     g = _tiny_graph()
     ghost = Value("ghost", TensorType((2, 3), DType.F32))
@@ -180,7 +186,7 @@ def test_printer_constants_and_attributes(parser: Lark) -> None:
     g.verify()
     text = str(g)
     assert 'param big: f32[4, 4] = load("big")' in text
-    assert "param \"fill\": f32[4, 4] = fill(0.02)" in text
+    assert 'param "fill": f32[4, 4] = fill(0.02)' in text
     assert "const s: f32[] = inf" in text
     assert '"B": f32[4, 4] = leaky_relu(c, alpha=0.1)' in text
     parser.parse(text)
@@ -188,7 +194,13 @@ def test_printer_constants_and_attributes(parser: Lark) -> None:
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("x", "x"), ("/h.0/attn/Gemm_output_0", '"/h.0/attn/Gemm_output_0"'), ('a"b\n', '"a\\"b\\n"'), ("graph", '"graph"'), ("B", '"B"')],
+    [
+        ("x", "x"),
+        ("/h.0/attn/Gemm_output_0", '"/h.0/attn/Gemm_output_0"'),
+        ('a"b\n', '"a\\"b\\n"'),
+        ("graph", '"graph"'),
+        ("B", '"B"'),
+    ],
 )
 def test_identifiers_are_escaped(name: str, expected: str) -> None:
     assert ident(name) == expected

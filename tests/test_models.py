@@ -15,8 +15,8 @@ from onnx import numpy_helper
 from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
 from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import run_onnxruntime
-from flowc.ir.graph import is_splat
 from flowc.interpreter import evaluate
+from flowc.ir.graph import is_splat
 
 TOL = 1e-4
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -59,7 +59,9 @@ def test_shared_model_matches_pytorch_and_onnxruntime(name: str) -> None:
 
 def test_dynamic_dims_by_symbol_give_the_same_graph() -> None:
     feeds, expected = _shared_io("bert_tiny")
-    graph = import_onnx(SHARED_MODELS / "bert_tiny.onnx", ImportOptions(dims={"batch": 2, "seq": 32}))
+    graph = import_onnx(
+        SHARED_MODELS / "bert_tiny.onnx", ImportOptions(dims={"batch": 2, "seq": 32})
+    )
     # Shape subgraphs fold away once the dims are known: no Shape/Gather-of-shape remains.
     assert "Shape" not in graph.op_counts() and "Range" not in graph.op_counts()
     got = evaluate(graph, feeds)
@@ -126,10 +128,11 @@ def _with_random_weights(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
 def test_light_model_with_random_weights_matches_onnxruntime(name: str) -> None:
     model = _with_random_weights(onnx.load(str(LIGHT_DIR / f"{name}.onnx")), seed=len(name))
     rng = np.random.default_rng(1)
-    feeds = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in _light_input(model).items()}
+    feeds = {
+        k: rng.standard_normal(v.shape).astype(np.float32) for k, v in _light_input(model).items()
+    }
     ref = run_onnxruntime(model, feeds)
     graph = import_model(model)
     got = evaluate(graph, feeds)
     for out, r in ref.items():
         assert max_rel_error(got[out], r) <= TOL, out
-

@@ -13,7 +13,18 @@ from conftest import REPO
 
 def test_wheel_carries_the_data_dirs_and_finds_them(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
         check=True,
         capture_output=True,
     )
@@ -24,7 +35,11 @@ def test_wheel_carries_the_data_dirs_and_finds_them(tmp_path: Path) -> None:
         assert "flowc = flowc.cli:main" in z.read(entry_points).decode()
         site = tmp_path / "site"
         z.extractall(site)
-    for f in ("flowc/_data/grammar/flow.lark", "flowc/_data/templates/README.md", "flowc/_data/runtime_cpp/README.md"):
+    for f in (
+        "flowc/_data/grammar/flow.lark",
+        "flowc/_data/templates/README.md",
+        "flowc/_data/runtime_cpp/README.md",
+    ):
         assert f in names, f
     probe = (
         "import flowc, flowc.resources as r; "

@@ -69,7 +69,9 @@ class OnnxNode:
 
     def const(self, suffix: str, array: Any, dtype: Any = None) -> Value:
         """A new constant value named after this node."""
-        return self.builder.constant(f"{self.name or self.op_type}/{suffix}", np.asarray(array, dtype=dtype))
+        return self.builder.constant(
+            f"{self.name or self.op_type}/{suffix}", np.asarray(array, dtype=dtype)
+        )
 
     def attr_to_input(self, attr: str, index: int, dtype: Any = np.int64) -> None:
         """Move a list attribute of an old opset into input ``index`` (the newer form)."""
@@ -107,7 +109,9 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
             hint="the file may be truncated or not an ONNX protobuf",
         ) from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
-        raise ModelLoadError(f"{p}: the file parses but holds no ONNX graph", hint="is it an ONNX model?")
+        raise ModelLoadError(
+            f"{p}: the file parses but holds no ONNX graph", hint="is it an ONNX model?"
+        )
     try:
         from onnx.external_data_helper import load_external_data_for_model
 
@@ -158,7 +162,9 @@ def _check_supported(model: onnx.ModelProto, opset: int) -> None:
 def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
-        raise ModelLoadError(f"input {vi.name!r} is not a tensor (sequences and maps are not supported)")
+        raise ModelLoadError(
+            f"input {vi.name!r} is not a tensor (sequences and maps are not supported)"
+        )
     try:
         dtype = DType.from_onnx(tt.elem_type)
     except ValueError as e:
@@ -193,8 +199,13 @@ def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
             sym = d.dim_param if d.HasField("dim_param") else "?"
             raise InputError(
                 f"input {vi.name!r} has a dynamic dimension {k} ({sym!r}) with no value",
-                hint=(f"fix it with --dim {sym}=N or " if d.HasField("dim_param") else "fix it with ")
-                + f"--shape {vi.name}=" + "x".join("N" if i == k else str(x.dim_value or "N") for i, x in enumerate(tt.shape.dim)),
+                hint=(
+                    f"fix it with --dim {sym}=N or " if d.HasField("dim_param") else "fix it with "
+                )
+                + f"--shape {vi.name}="
+                + "x".join(
+                    "N" if i == k else str(x.dim_value or "N") for i, x in enumerate(tt.shape.dim)
+                ),
             )
     return TensorType(tuple(dims), dtype)
 
@@ -263,7 +274,9 @@ def _topo_order(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[on
     return ordered
 
 
-def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name: str = "") -> Graph:
+def import_model(
+    model: onnx.ModelProto, opts: ImportOptions | None = None, name: str = ""
+) -> Graph:
     opts = opts or ImportOptions()
     opset = _opset_of(model)
     _check_supported(model, opset)
@@ -287,13 +300,18 @@ def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name
                 hint="its inputs are: " + ", ".join(repr(k) for k in sorted(known)),
             )
     symbols = {
-        d.dim_param for vi in real_inputs for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")
+        d.dim_param
+        for vi in real_inputs
+        for d in vi.type.tensor_type.shape.dim
+        if d.HasField("dim_param")
     }
     for s in opts.dims:
         if s not in symbols:
             raise InputError(
                 f"--dim {s}: the model has no symbolic dimension named {s!r}",
-                hint=("its symbols are: " + ", ".join(sorted(symbols))) if symbols else "its inputs have static shapes",
+                hint=("its symbols are: " + ", ".join(sorted(symbols)))
+                if symbols
+                else "its inputs have static shapes",
             )
     for vi in real_inputs:
         env[vi.name] = graph.add_input(vi.name, _input_type(vi, opts))
@@ -312,7 +330,9 @@ def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name
         except FlowcError as e:
             if not isinstance(e, ShapeError) or (node.name and node.name in e.message):
                 raise
-            raise ShapeError(f"while importing node {node.name or node.op_type!r}: {e.message}", e.hint) from None
+            raise ShapeError(
+                f"while importing node {node.name or node.op_type!r}: {e.message}", e.hint
+            ) from None
 
     for vo in og.output:
         if vo.name not in env:
@@ -332,7 +352,11 @@ def import_model(model: onnx.ModelProto, opts: ImportOptions | None = None, name
 
 def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Value:
     """Give an output value the output's name: rename an inner value, else add an Identity."""
-    inner = v.producer is not None and v not in graph.outputs and name not in {x.name for x in graph.values()}
+    inner = (
+        v.producer is not None
+        and v not in graph.outputs
+        and name not in {x.name for x in graph.values()}
+    )
     if inner:
         v.name = name
         graph._names.add(name)
@@ -342,7 +366,9 @@ def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Va
     return builder.emit("Identity", [v], name=name, output_names=[name])[0]
 
 
-def _convert_node(builder: GraphBuilder, node: onnx.NodeProto, opset: int, env: dict[str, Value]) -> None:
+def _convert_node(
+    builder: GraphBuilder, node: onnx.NodeProto, opset: int, env: dict[str, Value]
+) -> None:
     opdef = find_op(node.op_type)
     assert opdef is not None
     inputs: list[Value | None] = [env[i] if i else None for i in node.input]
@@ -358,7 +384,9 @@ def _convert_node(builder: GraphBuilder, node: onnx.NodeProto, opset: int, env: 
             onode.inputs,
             onode.attrs,
             name=node.name,
-            output_names=[n or f"{node.name or node.op_type}:unused{i}" for i, n in enumerate(out_names)],
+            output_names=[
+                n or f"{node.name or node.op_type}:unused{i}" for i, n in enumerate(out_names)
+            ],
         )
     for n, v in zip(out_names, outs, strict=False):
         if n:

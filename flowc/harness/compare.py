@@ -55,8 +55,12 @@ def max_rel_error(got: np.ndarray, ref: np.ndarray, floor: float = ABS_FLOOR) ->
 def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: float = 1e-4) -> Comparison:
     g, r = np.asarray(got), np.asarray(ref)
     if g.shape != r.shape:
-        return Comparison(name, tuple(r.shape), float("inf"), False, f"shape {list(g.shape)} != {list(r.shape)}")
+        return Comparison(
+            name, tuple(r.shape), float("inf"), False, f"shape {list(g.shape)} != {list(r.shape)}"
+        )
     if g.dtype != r.dtype:
-        return Comparison(name, tuple(r.shape), float("inf"), False, f"dtype {g.dtype} != {r.dtype}")
+        return Comparison(
+            name, tuple(r.shape), float("inf"), False, f"dtype {g.dtype} != {r.dtype}"
+        )
     err = max_rel_error(g, r)
     return Comparison(name, tuple(r.shape), err, err <= tol)

@@ -11,7 +11,9 @@ import onnx
 from flowc.errors import FlowcError
 
 
-def run_onnxruntime(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_onnxruntime(
+    model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     try:
         import onnxruntime as ort
     except ImportError:

@@ -95,7 +95,9 @@ class GraphBuilder:
         where = f"{op} node {name!r}" if name else f"{op} node"
         if not lo <= len(ins) <= hi:
             raise ShapeError(f"{where}: takes {lo}..{hi} inputs, got {len(ins)}")
-        n_out = num_outputs if num_outputs is not None else len(output_names or []) or opdef.outputs[0]
+        n_out = (
+            num_outputs if num_outputs is not None else len(output_names or []) or opdef.outputs[0]
+        )
         types = self.infer(op, ins, frozen, n_out, name)
         names = output_names or [f"{name or op.lower()}:{i}" for i in range(len(types))]
         if self.fold:
@@ -110,4 +112,3 @@ class GraphBuilder:
                 return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
         return node.outputs
-

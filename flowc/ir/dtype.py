@@ -7,8 +7,10 @@ float4/6 and the 2/4-bit integer types) and a short name used by the printer and
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import ml_dtypes
+import numpy
 import numpy as np
 
 
@@ -51,8 +53,9 @@ class DType(enum.Enum):
         return int(self.value[1])
 
     @property
-    def np(self) -> np.dtype:
-        return self.value[2]  # type: ignore[no-any-return]
+    def np(self) -> numpy.dtype[Any]:
+        dt: numpy.dtype[Any] = self.value[2]
+        return dt
 
     @property
     def itemsize(self) -> int:
@@ -79,10 +82,12 @@ class DType(enum.Enum):
         try:
             return _BY_ONNX[code]
         except KeyError:
-            raise ValueError(f"ONNX element type {code} is not supported (strings are not)") from None
+            raise ValueError(
+                f"ONNX element type {code} is not supported (strings are not)"
+            ) from None
 
     @staticmethod
-    def from_numpy(dt: np.dtype | type) -> DType:
+    def from_numpy(dt: numpy.dtype[Any] | type) -> DType:
         try:
             return _BY_NP[np.dtype(dt)]
         except KeyError:

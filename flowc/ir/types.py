@@ -121,7 +121,9 @@ class NdSbp:
             )
         for p in self.parts:
             if p.kind == "S" and p.axis is not None and p.axis >= ttype.rank:
-                raise ValueError(f"placement {self} splits axis {p.axis} of a rank-{ttype.rank} tensor")
+                raise ValueError(
+                    f"placement {self} splits axis {p.axis} of a rank-{ttype.rank} tensor"
+                )
 
     def __str__(self) -> str:
         if len(self.parts) == 1:

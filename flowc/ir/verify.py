@@ -27,7 +27,9 @@ def verify_graph(g: Graph) -> None:
             raise VerifyError(f"{where}: value {v.name!r} has no tensor type")
         if v.sbp is not None:
             if g.mesh is None:
-                raise VerifyError(f"{where}: value {v.name!r} has placement {v.sbp} but the graph has no mesh")
+                raise VerifyError(
+                    f"{where}: value {v.name!r} has placement {v.sbp} but the graph has no mesh"
+                )
             try:
                 v.sbp.check(v.type, g.mesh)
             except ValueError as e:
@@ -73,9 +75,13 @@ def verify_graph(g: Graph) -> None:
             raise VerifyError(f"{where}: type inference fails: {e}") from None
         for o, t in zip(n.outputs, expected, strict=False):
             if o.type != t:
-                raise VerifyError(f"{where}: output {o.name!r} has type {o.type} but the op gives {t}")
+                raise VerifyError(
+                    f"{where}: output {o.name!r} has type {o.type} but the op gives {t}"
+                )
         if len(expected) != len(n.outputs):
-            raise VerifyError(f"{where}: has {len(n.outputs)} outputs, the op gives {len(expected)}")
+            raise VerifyError(
+                f"{where}: has {len(n.outputs)} outputs, the op gives {len(expected)}"
+            )
 
     for o in g.outputs:
         if o not in defined:

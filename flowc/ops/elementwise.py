@@ -21,6 +21,7 @@ from flowc.ops.registry import (
     broadcast_shapes,
     defop,
     elementwise_flops,
+    first,
     same_as_input,
 )
 
@@ -79,7 +80,9 @@ unary("Erf", _f(erf), float_only=True, cost=8)
 unary("Tanh", _f(np.tanh), float_only=True, cost=4)
 unary("Sigmoid", _f(lambda x: 1 / (1 + np.exp(-x))), float_only=True, cost=4)
 unary("Relu", _f(lambda x: np.maximum(x, np.zeros((), x.dtype))))
-unary("LeakyRelu", lambda x, a: _sel(x, x >= 0, x, x * a["alpha"]), {"alpha": 0.01}, float_only=True)
+unary(
+    "LeakyRelu", lambda x, a: _sel(x, x >= 0, x, x * a["alpha"]), {"alpha": 0.01}, float_only=True
+)
 unary(
     "Elu",
     lambda x, a: _sel(x, x > 0, x, a["alpha"] * (np.exp(x) - 1)),
@@ -119,9 +122,17 @@ unary(
 unary("HardSwish", _f(lambda x: x * np.clip(x / 6 + 0.5, 0, 1)), float_only=True)
 unary("Softplus", _f(lambda x: np.logaddexp(np.zeros((), x.dtype), x)), float_only=True, cost=4)
 unary("Softsign", _f(lambda x: x / (1 + np.abs(x))), float_only=True)
-unary("Mish", _f(lambda x: x * np.tanh(np.logaddexp(np.zeros((), x.dtype), x))), float_only=True, cost=8)
 unary(
-    "ThresholdedRelu", lambda x, a: _sel(x, x > a["alpha"], x, np.zeros_like(x)), {"alpha": 1.0}, float_only=True
+    "Mish",
+    _f(lambda x: x * np.tanh(np.logaddexp(np.zeros((), x.dtype), x))),
+    float_only=True,
+    cost=8,
+)
+unary(
+    "ThresholdedRelu",
+    lambda x, a: _sel(x, x > a["alpha"], x, np.zeros_like(x)),
+    {"alpha": 1.0},
+    float_only=True,
 )
 unary(
     "Shrink",
@@ -156,7 +167,9 @@ for _name, _fn in [
 # -- binary and variadic with broadcasting -------------------------------------------------------
 
 
-def _binary_infer(out_bool: bool = False, same_dtype: bool = True) -> Callable[[InferCtx], list[TensorType]]:
+def _binary_infer(
+    out_bool: bool = False, same_dtype: bool = True
+) -> Callable[[InferCtx], list[TensorType]]:
     def infer(ctx: InferCtx) -> list[TensorType]:
         a, b = ctx.type(0), ctx.type(1)
         if same_dtype and a.dtype != b.dtype:
@@ -238,7 +251,9 @@ binary(
     "BitShift",
     np.left_shift,
     attrs={"direction": "LEFT"},
-    fn_attrs=lambda a, b, at: np.left_shift(a, b) if at["direction"] == "LEFT" else np.right_shift(a, b),
+    fn_attrs=lambda a, b, at: (
+        np.left_shift(a, b) if at["direction"] == "LEFT" else np.right_shift(a, b)
+    ),
 )
 unary("BitwiseNot", _f(np.invert))
 
@@ -259,10 +274,19 @@ def variadic(name: str, fn: Callable[[Sequence[np.ndarray]], np.ndarray]) -> Non
         with np.errstate(all="ignore"):
             return np.asarray(fn(arrays)).astype(arrays[0].dtype, copy=False)
 
-    defop(name, FAMILY, infer=_variadic_infer, reference=ref, inputs=(1, 1 << 30), flops=elementwise_flops(1))
+    defop(
+        name,
+        FAMILY,
+        infer=_variadic_infer,
+        reference=ref,
+        inputs=(1, 1 << 30),
+        flops=elementwise_flops(1),
+    )
 
 
-def _fold(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
+def _fold(
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray],
+) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
     def run(xs: Sequence[np.ndarray]) -> np.ndarray:
         acc = xs[0]
         for x in xs[1:]:
@@ -291,8 +315,20 @@ def _not_infer(ctx: InferCtx) -> list[TensorType]:
     return [ctx.type(0)]
 
 
-defop("Not", FAMILY, infer=_not_infer, reference=lambda xs, a: np.logical_not(xs[0]), flops=elementwise_flops(1))
-defop("IsNaN", FAMILY, infer=_bool_out, reference=lambda xs, a: np.isnan(xs[0]), flops=elementwise_flops(1))
+defop(
+    "Not",
+    FAMILY,
+    infer=_not_infer,
+    reference=lambda xs, a: np.logical_not(first(xs)),
+    flops=elementwise_flops(1),
+)
+defop(
+    "IsNaN",
+    FAMILY,
+    infer=_bool_out,
+    reference=lambda xs, a: np.isnan(first(xs)),
+    flops=elementwise_flops(1),
+)
 
 
 def _isinf(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -318,7 +354,9 @@ def _where_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"condition must be bool, got {ctx.dtype(0)}")
     if ctx.dtype(1) != ctx.dtype(2):
         raise ctx.fail(f"branches have different element types: {ctx.dtype(1)} and {ctx.dtype(2)}")
-    return [TensorType(broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)), ctx.dtype(1))]
+    return [
+        TensorType(broadcast_shapes(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)), ctx.dtype(1))
+    ]
 
 
 defop(

@@ -1,1 +1,322 @@
-"""(being written)"""
+"""Normalizations: BatchNormalization (inference form), LayerNormalization,
+InstanceNormalization, GroupNormalization, LRN and MeanVarianceNormalization.
+
+Statistics are taken in float64 and the result is cast back, so float32 outputs stay well
+within onnxruntime's rounding. BatchNormalization only ever sees inference: flowc compiles
+deployed graphs, and a node asking for training statistics is rejected with a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from flowc.errors import ShapeError
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.conv import compute_dtype
+from flowc.ops.registry import InferCtx, broadcast_shapes, defop, elementwise_flops, ints
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.graph import Value
+
+FAMILY = "norm"
+
+
+def _float_input(ctx: InferCtx, min_rank: int = 2) -> TensorType:
+    x = ctx.type(0)
+    if not x.dtype.is_float:
+        raise ctx.fail(f"needs a floating-point input, got {x.dtype}")
+    if x.rank < min_rank:
+        what = "N x C" if min_rank == 2 else "N x C x spatial..."
+        raise ctx.fail(f"input must be {what}, got shape {list(x.shape)}")
+    return x
+
+
+def _per_channel(ctx: InferCtx, idx: Sequence[int], channels: int, names: Sequence[str]) -> None:
+    for i, name in zip(idx, names, strict=True):
+        if ctx.shape(i) != (channels,):
+            raise ctx.fail(
+                f"{name} must have shape [{channels}] (one per channel), got {list(ctx.shape(i))}"
+            )
+        if not ctx.dtype(i).is_float:
+            raise ctx.fail(f"{name} must be floating-point, got {ctx.dtype(i)}")
+
+
+def _channel_view(v: np.ndarray, rank: int) -> np.ndarray:
+    """A per-channel vector shaped to broadcast against an N x C x ... tensor."""
+    return v.astype(np.float64).reshape(-1, *([1] * (rank - 2)))
+
+
+def _req(xs: list[np.ndarray | None], i: int) -> np.ndarray:
+    x = xs[i]
+    assert x is not None
+    return x
+
+
+# -- BatchNormalization ---------------------------------------------------------------------------
+
+
+def _batchnorm_infer(ctx: InferCtx) -> list[TensorType]:
+    if ctx.attr("training_mode"):
+        raise ctx.fail(
+            "training_mode=1 is not supported: flowc compiles inference graphs; export the "
+            "model in evaluation mode"
+        )
+    if ctx.num_outputs > 1:
+        raise ctx.fail("only the inference form (one output, Y) is supported")
+    x = _float_input(ctx)
+    _per_channel(ctx, range(1, 5), x.shape[1], ("scale", "B", "input_mean", "input_var"))
+    return [x]
+
+
+def _batchnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    scale, bias, mean, var = (_channel_view(_req(xs, i), x.ndim) for i in range(1, 5))
+    # Fold the statistics once (in float64), then one pass over x in its own precision.
+    inv = scale / np.sqrt(var + a["epsilon"])
+    ct = compute_dtype(x.dtype)
+    y = (x.astype(ct, copy=False) - mean.astype(ct)) * inv.astype(ct) + bias.astype(ct)
+    return y.astype(x.dtype, copy=False)
+
+
+def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
+    # spatial (opsets < 9), is_test and consumed_inputs (opsets < 7) describe training or a
+    # per-element layout; with per-channel statistics in inference they change nothing.
+    for attr in ("spatial", "is_test", "consumed_inputs"):
+        n.attrs.pop(attr, None)
+    if len(n.output_names) == 1:
+        return None
+    if any(n.output_names[1:]):
+        raise ShapeError(
+            f"BatchNormalization node {n.name!r}: outputs {n.output_names[1:]} are "
+            "training-mode statistics; flowc supports the inference form (Y only)",
+            hint="export the model in evaluation mode",
+        )
+    return n.emit("BatchNormalization", n.inputs, n.attrs, output_names=n.output_names[:1])
+
+
+defop(
+    "BatchNormalization",
+    FAMILY,
+    infer=_batchnorm_infer,
+    reference=_batchnorm_ref,
+    attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
+    inputs=5,
+    flops=elementwise_flops(2),
+    onnx_import=_batchnorm_import,
+)
+
+
+# -- LayerNormalization ---------------------------------------------------------------------------
+
+
+def _layernorm_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 1)
+    axis = ctx.axis(int(ctx.attr("axis")), x.rank)
+    norm = x.shape[axis:]
+    for i, name in ((1, "Scale"), (2, "B")):
+        if ctx.has(i) and broadcast_shapes(ctx, ctx.shape(i), norm) != norm:
+            raise ctx.fail(
+                f"{name} of shape {list(ctx.shape(i))} does not broadcast to the normalized "
+                f"shape {list(norm)} (axis {axis})"
+            )
+    try:
+        stash = DType.from_onnx(int(ctx.attr("stash_type")))
+    except ValueError as e:
+        raise ctx.fail(f"bad stash_type: {e}") from None
+    if ctx.num_outputs > 3:
+        raise ctx.fail(f"has at most 3 outputs (Y, Mean, InvStdDev), got {ctx.num_outputs}")
+    stats = TensorType((*x.shape[:axis], *([1] * (x.rank - axis))), stash)
+    return [x, stats, stats][: max(ctx.num_outputs, 1)]
+
+
+def _layernorm_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    x = _req(xs, 0)
+    axis = int(a["axis"]) % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=axes, keepdims=True)
+    centered = x64 - mean
+    inv = 1.0 / np.sqrt((centered * centered).mean(axis=axes, keepdims=True) + a["epsilon"])
+    y = centered * inv * _req(xs, 1).astype(np.float64)
+    if len(xs) > 2 and xs[2] is not None:
+        y = y + xs[2].astype(np.float64)
+    stash = DType.from_onnx(int(a["stash_type"])).np
+    return [y.astype(x.dtype), mean.astype(stash), inv.astype(stash)]
+
+
+defop(
+    "LayerNormalization",
+    FAMILY,
+    infer=_layernorm_infer,
+    reference=_layernorm_ref,
+    attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1},
+    inputs=(2, 3),
+    outputs=(1, 3),
+    flops=elementwise_flops(8),
+)
+
+
+# -- InstanceNormalization and GroupNormalization -------------------------------------------------
+
+
+def _normalize(x: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) over ``axes``, in float64."""
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=axes, keepdims=True)
+    var = (centered * centered).mean(axis=axes, keepdims=True)
+    return centered / np.sqrt(var + eps)
+
+
+def _instancenorm_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 3)
+    _per_channel(ctx, (1, 2), x.shape[1], ("scale", "B"))
+    return [x]
+
+
+def _instancenorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    y = _normalize(x, tuple(range(2, x.ndim)), a["epsilon"])
+    y = y * _channel_view(_req(xs, 1), x.ndim) + _channel_view(_req(xs, 2), x.ndim)
+    return y.astype(x.dtype)
+
+
+defop(
+    "InstanceNormalization",
+    FAMILY,
+    infer=_instancenorm_infer,
+    reference=_instancenorm_ref,
+    attrs={"epsilon": 1e-5},
+    inputs=3,
+    flops=elementwise_flops(6),
+)
+
+
+def _groupnorm_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 3)
+    if "num_groups" not in ctx.attrs:
+        raise ctx.fail("the num_groups attribute is required")
+    groups = int(ctx.attr("num_groups"))
+    if groups < 1 or x.shape[1] % groups:
+        raise ctx.fail(f"num_groups {groups} must divide the {x.shape[1]} channels")
+    _per_channel(ctx, (1, 2), x.shape[1], ("scale", "bias"))
+    return [x]
+
+
+def _groupnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    n, c = x.shape[:2]
+    g = int(a["num_groups"])
+    grouped = x.reshape(n, g, c // g, -1)
+    y = _normalize(grouped, (2, 3), a["epsilon"]).reshape(x.shape)
+    y = y * _channel_view(_req(xs, 1), x.ndim) + _channel_view(_req(xs, 2), x.ndim)
+    return y.astype(x.dtype)
+
+
+def _groupnorm_import(n: OnnxNode) -> None:
+    if n.opset >= 21:
+        return
+    # Opset 18 gives scale and bias per group; the canonical (opset 21) form is per channel,
+    # each channel taking its group's value.
+    x = n.input(0)
+    assert x is not None
+    groups = int(n.attrs.get("num_groups", 0))
+    channels = x.type.shape[1] if x.type.rank > 1 else 0
+    if groups < 1 or channels % groups:
+        raise ShapeError(
+            f"GroupNormalization node {n.name!r}: num_groups {groups} must divide the "
+            f"{channels} channels"
+        )
+    index = n.const("group_of_channel", np.repeat(np.arange(groups), channels // groups))
+    for i, name in ((1, "scale"), (2, "bias")):
+        v = n.input(i)
+        assert v is not None
+        if v.type.shape != (groups,):
+            raise ShapeError(
+                f"GroupNormalization node {n.name!r}: opset {n.opset} wants {name} of shape "
+                f"[{groups}] (one per group), got {list(v.type.shape)}"
+            )
+        if v.const is not None:
+            n.set_input(i, n.const(name, np.repeat(v.const, channels // groups)))
+        else:
+            n.set_input(i, n.emit("Gather", [v, index], {"axis": 0}, suffix=name)[0])
+
+
+defop(
+    "GroupNormalization",
+    FAMILY,
+    infer=_groupnorm_infer,
+    reference=_groupnorm_ref,
+    attrs={"epsilon": 1e-5, "num_groups": None, "stash_type": 1},
+    inputs=3,
+    flops=elementwise_flops(6),
+    onnx_import=_groupnorm_import,
+)
+
+
+# -- LRN and MeanVarianceNormalization ----------------------------------------------------------
+
+
+def _lrn_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 3)
+    if "size" not in ctx.attrs:
+        raise ctx.fail("the size attribute is required")
+    if int(ctx.attr("size")) < 1:
+        raise ctx.fail(f"size must be positive, got {ctx.attr('size')}")
+    return [x]
+
+
+def _lrn_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    size = int(a["size"])
+    x64 = x.astype(np.float64)
+    # The window over channels runs from c - floor((size-1)/2) to c + ceil((size-1)/2).
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    padded = np.pad(x64 * x64, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
+    square_sum = sliding_window_view(padded, size, axis=1).sum(axis=-1)
+    y = x64 / (a["bias"] + a["alpha"] / size * square_sum) ** a["beta"]
+    return y.astype(x.dtype)
+
+
+defop(
+    "LRN",
+    FAMILY,
+    infer=_lrn_infer,
+    reference=_lrn_ref,
+    attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None},
+    flops=elementwise_flops(8),
+)
+
+
+def _mvn_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 1)
+    axes = [ctx.axis(ax, x.rank, "axes entry") for ax in ints(ctx.attr("axes"))]
+    if len(set(axes)) != len(axes):
+        raise ctx.fail(f"axes {list(ctx.attr('axes'))} repeat an axis")
+    return [x]
+
+
+def _mvn_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    axes = tuple(int(ax) % x.ndim for ax in a["axes"])
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=axes, keepdims=True)
+    std = np.sqrt((centered * centered).mean(axis=axes, keepdims=True))
+    # ONNX adds its epsilon (1e-9) to the standard deviation, not to the variance.
+    return (centered / (std + 1e-9)).astype(x.dtype)
+
+
+defop(
+    "MeanVarianceNormalization",
+    FAMILY,
+    infer=_mvn_infer,
+    reference=_mvn_ref,
+    attrs={"axes": (0, 2, 3)},
+    flops=elementwise_flops(6),
+)

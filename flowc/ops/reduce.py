@@ -6,10 +6,14 @@ reduce every axis unless ``noop_with_empty_axes`` is set; then the reduction run
 empty set of axes, so each element is reduced alone (ReduceL1 gives |x|, ReduceSumSquare
 x², ReduceLogSum log x), which is what onnxruntime computes.
 
+Reducing an empty set gives ONNX's identities (0 for sums, 1 for Prod, -inf or the type's
+minimum for Max, LogSum and LogSumExp, +inf or the maximum for Min); the mean of nothing,
+undefined in ONNX, is onnxruntime's 0.
+
 Float reductions accumulate in float64 and round once at the end. Integer reductions
 follow onnxruntime's CPU kernels: Sum, Prod, L1 and SumSquare accumulate in the input type
 (wrapping as C does), Mean divides an int64 sum with truncation, L2 and LogSum go through
-float64, and every float-to-int result truncates toward zero.
+float64, LogSumExp sums truncated exponentials, and float results truncate toward zero.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ def _check_numeric(ctx: InferCtx, allow_bool: bool = False) -> DType:
 
 
 def _float_to_int(r: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """Truncate float64 results toward zero; -inf and NaN (log 0, log of a negative sum) give
-    the type's minimum, as the C cast in onnxruntime's kernels does on x86."""
+    """Truncate float64 results toward zero. -inf and NaN (log 0, log of a negative sum) give
+    the type's minimum, as the C cast in onnxruntime's kernels does on x86; values above the
+    range (an L2 norm past the int64 maximum) saturate instead of wrapping."""
     info = np.iinfo(dt)
     bad_low = np.isnan(r) | (r <= float(info.min))
     bad_high = r >= float(info.max)

@@ -272,6 +272,14 @@ def elementwise_flops(per_element: int = 1) -> FlopsFn:
     return flops
 
 
+def first(xs: Sequence[np.ndarray | None]) -> np.ndarray:
+    """The first (required) input of a reference call."""
+    x = xs[0]
+    if x is None:
+        raise ValueError("input 0 is required")
+    return x
+
+
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 

@@ -41,7 +41,8 @@ class PassManager:
             from flowc.errors import FlowcError
 
             raise FlowcError(
-                f"unknown pass(es): {', '.join(unknown)}", hint="passes: " + ", ".join(sorted(PASSES))
+                f"unknown pass(es): {', '.join(unknown)}",
+                hint="passes: " + ", ".join(sorted(PASSES)),
             )
         for name in self.pipeline:
             t0 = time.perf_counter()
