@@ -191,7 +191,7 @@ def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
         )
     dims = []
     for k, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value") and d.dim_value > 0:
+        if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param in opts.dims:
             dims.append(int(opts.dims[d.dim_param]))

@@ -98,6 +98,9 @@ class GraphBuilder:
         n_out = (
             num_outputs if num_outputs is not None else len(output_names or []) or opdef.outputs[0]
         )
+        olo, ohi = opdef.outputs
+        if not olo <= n_out <= ohi:
+            raise ShapeError(f"{where}: has {olo}..{ohi} outputs, got {n_out}")
         types = self.infer(op, ins, frozen, n_out, name)
         names = output_names or [f"{name or op.lower()}:{i}" for i in range(len(types))]
         if self.fold:

@@ -220,12 +220,13 @@ def _conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
     win = window_view(x.astype(ct, copy=False), geo, 0)  # (N, C, *out, *kernel)
     win = win.reshape(n, g, cg, *geo.out, *geo.kernel)
-    # One copy into im2col layout (G, N*P, Cg*K): the product is then one BLAS call per group.
-    order = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
-    cols = win.transpose(order).reshape(g, n * p, cg * k)
-    wmat = w.astype(ct, copy=False).reshape(g, mg, cg * k).transpose(0, 2, 1)
-    y = np.matmul(cols, wmat)  # (G, N*P, Mg)
-    y = y.reshape(g, n, p, mg).transpose(1, 0, 3, 2).reshape(n, m, *geo.out)
+    # One copy into im2col layout (G, Cg*K, N*P), then one BLAS product per group. Taking the
+    # weights on the left copies whole output rows at a time and, for N = 1, leaves the
+    # result already in N x C x spatial order.
+    order = (1, 2, *range(3 + nd, 3 + 2 * nd), 0, *range(3, 3 + nd))
+    cols = win.transpose(order).reshape(g, cg * k, n * p)
+    y = np.matmul(w.astype(ct, copy=False).reshape(g, mg, cg * k), cols)  # (G, Mg, N*P)
+    y = y.reshape(m, n, p).transpose(1, 0, 2).reshape(n, m, *geo.out)
     if b is not None:
         y = y + b.astype(ct).reshape(m, *([1] * nd))
     return np.ascontiguousarray(y, dtype=x.dtype)
@@ -301,8 +302,6 @@ def _transpose_geometry(
         shape = tuple(n * s for n, s in zip(spatial, strides, strict=True))
     if shape is not None:
         shape = tuple(int(v) for v in shape)
-        if len(shape) == nd + 2:
-            shape = shape[2:]
         if len(shape) != nd or any(v < 1 for v in shape):
             raise ValueError(f"output_shape {list(shape)} must give {nd} positive sizes")
         # An output larger than the full result is zero beyond it (total padding 0).

@@ -1,1 +1,405 @@
-"""(being written)"""
+"""Indexing ops: Gather, GatherElements, GatherND, ScatterElements, ScatterND, Trilu, TopK,
+OneHot and EyeLike.
+
+Negative indices count from the end of their axis. An index outside [-n, n) is an error
+(onnxruntime rejects it too); the reference raises IndexError naming the axis and the range.
+NonZero is not supported: its output shape depends on the data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, defop
+
+if TYPE_CHECKING:
+    from flowc.frontend.onnx import OnnxNode
+
+FAMILY = "index"
+
+
+def _in(xs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
+    x = xs[i] if i < len(xs) else None
+    assert x is not None, f"input {i} is missing"
+    return x
+
+
+def _int_indices(ctx: InferCtx, i: int, what: str = "indices") -> TensorType:
+    t = ctx.type(i)
+    if t.dtype not in (DType.I32, DType.I64):
+        raise ctx.fail(f"{what} must be int32 or int64, got {t.dtype}")
+    return t
+
+
+def _wrap(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
+    """Indices in [-dim, dim) as non-negative int64; anything else is an IndexError."""
+    i = idx.astype(np.int64)
+    if i.size and (i.min() < -dim or i.max() >= dim):
+        bad = i[(i < -dim) | (i >= dim)].reshape(-1)[0]
+        raise IndexError(f"{what} {bad} is out of range [{-dim}, {dim - 1}]")
+    return np.where(i < 0, i + dim, i)
+
+
+# -- Gather family -----------------------------------------------------------------------------
+
+
+def _gather_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    ind = _int_indices(ctx, 1)
+    if x.rank == 0:
+        raise ctx.fail("cannot gather from a scalar")
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    return [x.with_shape(x.shape[:axis] + ind.shape + x.shape[axis + 1 :])]
+
+
+def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _in(xs, 0)
+    axis = a["axis"] % x.ndim
+    return np.take(x, _wrap(_in(xs, 1), x.shape[axis], f"index on axis {axis}"), axis=axis)
+
+
+defop("Gather", FAMILY, infer=_gather_infer, reference=_gather_ref, attrs={"axis": 0}, inputs=2)
+
+
+def _gather_elements_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    ind = _int_indices(ctx, 1)
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    if ind.rank != x.rank or any(
+        i > d for k, (i, d) in enumerate(zip(ind.shape, x.shape, strict=True)) if k != axis
+    ):
+        raise ctx.fail(
+            f"indices of shape {list(ind.shape)} must have the data's rank and fit inside "
+            f"the data's shape {list(x.shape)} outside axis {axis}"
+        )
+    return [x.with_shape(ind.shape)]
+
+
+def _gather_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ind = _in(xs, 0), _in(xs, 1)
+    axis = a["axis"] % x.ndim
+    # Indices may be smaller than the data on the other axes: read the matching corner.
+    corner = tuple(slice(None) if k == axis else slice(0, n) for k, n in enumerate(ind.shape))
+    i = _wrap(ind, x.shape[axis], f"index on axis {axis}")
+    return np.take_along_axis(x[corner], i, axis=axis)
+
+
+defop(
+    "GatherElements",
+    FAMILY,
+    infer=_gather_elements_infer,
+    reference=_gather_elements_ref,
+    attrs={"axis": 0},
+    inputs=2,
+)
+
+
+def _gather_nd_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    ind = _int_indices(ctx, 1)
+    b = ctx.attr("batch_dims")
+    if ind.rank < 1 or x.rank < 1:
+        raise ctx.fail("data and indices must have rank >= 1")
+    if not 0 <= b < min(x.rank, ind.rank):
+        raise ctx.fail(f"batch_dims {b} must be in [0, {min(x.rank, ind.rank) - 1}]")
+    if x.shape[:b] != ind.shape[:b]:
+        raise ctx.fail(
+            f"the first {b} (batch) dims of data {list(x.shape)} and indices "
+            f"{list(ind.shape)} differ"
+        )
+    m = ind.shape[-1]
+    if m > x.rank - b:
+        raise ctx.fail(
+            f"indices' last dim {m} exceeds the data's rank {x.rank} minus batch_dims {b}"
+        )
+    return [x.with_shape(ind.shape[:-1] + x.shape[b + m :])]
+
+
+def _gather_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ind = _in(xs, 0), _in(xs, 1)
+    b = a["batch_dims"]
+    m = ind.shape[-1]
+    batch = int(np.prod(x.shape[:b], dtype=np.int64))
+    rows = int(np.prod(ind.shape[b:-1], dtype=np.int64))
+    data = x.reshape((batch, *x.shape[b:]))
+    flat = ind.reshape(batch, rows, m)
+    cols = [_wrap(flat[..., k], x.shape[b + k], f"index on axis {b + k}") for k in range(m)]
+    key = (np.arange(batch)[:, None], *cols)
+    return data[key].reshape(ind.shape[:-1] + x.shape[b + m :])
+
+
+defop(
+    "GatherND",
+    FAMILY,
+    infer=_gather_nd_infer,
+    reference=_gather_nd_ref,
+    attrs={"batch_dims": 0},
+    inputs=2,
+)
+
+
+# -- Scatter family ----------------------------------------------------------------------------
+
+_REDUCTIONS: dict[str, Callable[..., None] | None] = {
+    "none": None,
+    "add": np.add.at,
+    "mul": np.multiply.at,
+    "max": np.maximum.at,
+    "min": np.minimum.at,
+}
+
+
+def _check_reduction(ctx: InferCtx) -> None:
+    r = ctx.attr("reduction")
+    if r not in _REDUCTIONS:
+        raise ctx.fail(f"reduction {r!r} is not one of {', '.join(_REDUCTIONS)}")
+
+
+def _scatter(out: np.ndarray, key: tuple[np.ndarray, ...], upd: np.ndarray, reduction: str) -> None:
+    at = _REDUCTIONS[reduction]
+    if at is None:
+        # With repeated indices the last update wins, as in onnxruntime.
+        out[key] = upd
+    else:
+        at(out, key, upd)
+
+
+def _scatter_elements_infer(ctx: InferCtx) -> list[TensorType]:
+    x, upd = ctx.type(0), ctx.type(2)
+    ind = _int_indices(ctx, 1)
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    _check_reduction(ctx)
+    if upd.dtype != x.dtype:
+        raise ctx.fail(f"updates are {upd.dtype} but the data is {x.dtype}")
+    if ind.shape != upd.shape:
+        raise ctx.fail(f"indices {list(ind.shape)} and updates {list(upd.shape)} differ in shape")
+    if ind.rank != x.rank or any(
+        i > d for k, (i, d) in enumerate(zip(ind.shape, x.shape, strict=True)) if k != axis
+    ):
+        raise ctx.fail(
+            f"indices of shape {list(ind.shape)} must have the data's rank and fit inside "
+            f"the data's shape {list(x.shape)} outside axis {axis}"
+        )
+    return [x]
+
+
+def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ind, upd = _in(xs, 0), _in(xs, 1), _in(xs, 2)
+    axis = a["axis"] % x.ndim
+    key: list[np.ndarray] = list(np.indices(ind.shape, sparse=True))
+    key[axis] = _wrap(ind, x.shape[axis], f"index on axis {axis}")
+    out = np.array(x, copy=True)
+    _scatter(out, tuple(key), upd, a["reduction"])
+    return out
+
+
+defop(
+    "ScatterElements",
+    FAMILY,
+    infer=_scatter_elements_infer,
+    reference=_scatter_elements_ref,
+    attrs={"axis": 0, "reduction": "none"},
+    inputs=3,
+    flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
+)
+
+
+def _scatter_nd_infer(ctx: InferCtx) -> list[TensorType]:
+    x, upd = ctx.type(0), ctx.type(2)
+    ind = _int_indices(ctx, 1)
+    _check_reduction(ctx)
+    if upd.dtype != x.dtype:
+        raise ctx.fail(f"updates are {upd.dtype} but the data is {x.dtype}")
+    if ind.rank < 1 or ind.shape[-1] > x.rank:
+        raise ctx.fail(
+            f"indices of shape {list(ind.shape)} need rank >= 1 and a last dim <= the "
+            f"data's rank {x.rank}"
+        )
+    want = ind.shape[:-1] + x.shape[ind.shape[-1] :]
+    if upd.shape != want:
+        raise ctx.fail(f"updates must have shape {list(want)}, got {list(upd.shape)}")
+    return [x]
+
+
+def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ind, upd = _in(xs, 0), _in(xs, 1), _in(xs, 2)
+    m = ind.shape[-1]
+    flat = ind.reshape(-1, m)
+    key = tuple(_wrap(flat[:, k], x.shape[k], f"index on axis {k}") for k in range(m))
+    out = np.array(x, copy=True)
+    _scatter(out, key, upd.reshape((flat.shape[0], *x.shape[m:])), a["reduction"])
+    return out
+
+
+defop(
+    "ScatterND",
+    FAMILY,
+    infer=_scatter_nd_infer,
+    reference=_scatter_nd_ref,
+    attrs={"reduction": "none"},
+    inputs=3,
+    flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
+)
+
+
+# -- Trilu, TopK, OneHot, EyeLike --------------------------------------------------------------
+
+
+def _trilu_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    if x.rank < 2:
+        raise ctx.fail(f"needs rank >= 2, got shape {list(x.shape)}")
+    if ctx.has(1) and (ctx.type(1).numel != 1 or ctx.dtype(1) != DType.I64):
+        raise ctx.fail(f"k must be one int64 value, got {ctx.type(1)}")
+    return [x]
+
+
+def _trilu_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _in(xs, 0)
+    k = int(xs[1].reshape(-1)[0]) if len(xs) > 1 and xs[1] is not None else 0
+    return np.triu(x, k) if a["upper"] else np.tril(x, k)
+
+
+defop(
+    "Trilu",
+    FAMILY,
+    infer=_trilu_infer,
+    reference=_trilu_ref,
+    attrs={"upper": 1},
+    inputs=(1, 2),
+)
+
+
+def _topk_k(ctx: InferCtx) -> int:
+    k = ctx.const(1, "k")
+    if k.size != 1 or k.dtype != np.int64:
+        raise ctx.fail(f"k must hold one int64 value, got {ctx.type(1)}")
+    return int(k.reshape(-1)[0])
+
+
+def _topk_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    if x.rank == 0:
+        raise ctx.fail("needs an input of rank >= 1")
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    k = _topk_k(ctx)
+    if not 0 <= k <= x.shape[axis]:
+        raise ctx.fail(f"k = {k} is out of range for axis {axis} of shape {list(x.shape)}")
+    shape = list(x.shape)
+    shape[axis] = k
+    return [x.with_shape(shape), TensorType(tuple(shape), DType.I64)][: ctx.num_outputs]
+
+
+def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    x = _in(xs, 0)
+    k = int(_in(xs, 1).reshape(-1)[0])
+    axis = a["axis"] % x.ndim
+    v = np.moveaxis(x, axis, -1)
+    n = v.shape[-1]
+    if a["largest"]:
+        # Descending with ties to the lower index: a stable ascending sort of the reversed
+        # row, read backwards. Negating would break on unsigned and minimum integers.
+        order = n - 1 - np.argsort(v[..., ::-1], axis=-1, kind="stable")[..., ::-1]
+    else:
+        order = np.argsort(v, axis=-1, kind="stable")
+    # sorted=0 leaves the order unspecified; sorted output is one valid order.
+    idx = order[..., :k]
+    values = np.take_along_axis(v, idx, axis=-1)
+    return [np.moveaxis(values, -1, axis), np.moveaxis(idx, -1, axis).astype(np.int64)]
+
+
+def _topk_import(n: OnnxNode) -> None:
+    if n.opset < 10 and "k" in n.attrs:
+        n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
+
+
+defop(
+    "TopK",
+    FAMILY,
+    infer=_topk_infer,
+    reference=_topk_ref,
+    attrs={"axis": -1, "largest": 1, "sorted": 1},
+    inputs=2,
+    outputs=(1, 2),
+    flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
+    onnx_import=_topk_import,
+)
+
+
+def _onehot_depth(depth: np.ndarray) -> int:
+    return int(depth.reshape(-1)[0])
+
+
+def _onehot_infer(ctx: InferCtx) -> list[TensorType]:
+    ind, values = ctx.type(0), ctx.type(2)
+    depth_arr = ctx.const(1, "depth")
+    if depth_arr.size != 1:
+        raise ctx.fail(f"depth must be one value, got shape {list(depth_arr.shape)}")
+    depth = _onehot_depth(depth_arr)
+    if depth < 1:
+        raise ctx.fail(f"depth must be positive, got {depth}")
+    if values.numel != 2 or values.rank != 1:
+        raise ctx.fail(f"values must be a 1-D [off, on] pair, got shape {list(values.shape)}")
+    rank = ind.rank + 1
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    shape = list(ind.shape)
+    shape.insert(axis, depth)
+    return [TensorType(tuple(shape), values.dtype)]
+
+
+def _onehot_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    ind, values = _in(xs, 0), _in(xs, 2)
+    depth = _onehot_depth(_in(xs, 1))
+    axis = a["axis"] % (ind.ndim + 1)
+    i = ind.astype(np.int64)  # float indices truncate, as onnxruntime casts them
+    i = np.where(i < 0, i + depth, i)  # still out of range: an all-off row
+    hot = np.moveaxis(i[..., None] == np.arange(depth), -1, axis)
+    return np.where(hot, values[1], values[0]).astype(values.dtype)
+
+
+defop(
+    "OneHot",
+    FAMILY,
+    infer=_onehot_infer,
+    reference=_onehot_ref,
+    attrs={"axis": -1},
+    inputs=3,
+)
+
+
+def _eyelike_dtype(x: np.ndarray | TensorType, a: Attrs) -> DType:
+    if a.get("dtype") is not None:
+        return DType.from_onnx(int(a["dtype"]))
+    return x.dtype if isinstance(x, TensorType) else DType.from_numpy(x.dtype)
+
+
+def _eyelike_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    if x.rank != 2:
+        raise ctx.fail(f"needs a 2-D input, got shape {list(x.shape)}")
+    try:
+        dtype = _eyelike_dtype(x, ctx.attrs)
+    except ValueError as e:
+        raise ctx.fail(f"bad 'dtype' attribute: {e}") from None
+    return [x.with_dtype(dtype)]
+
+
+def _eyelike_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _in(xs, 0)
+    rows, cols = x.shape
+    return np.eye(rows, cols, k=a["k"], dtype=_eyelike_dtype(x, a).np)
+
+
+defop(
+    "EyeLike",
+    FAMILY,
+    infer=_eyelike_infer,
+    reference=_eyelike_ref,
+    attrs={"dtype": None, "k": 0},
+)

@@ -103,7 +103,7 @@ def _gemm_infer(ctx: InferCtx) -> list[TensorType]:
         )
     if ctx.has(2):
         c = ctx.shape(2)
-        if len(c) > 2 or broadcast_shapes(ctx, c, (m, n)) != (m, n):
+        if len(c) > 2 or any(d not in (1, t) for d, t in zip(c[::-1], (n, m), strict=False)):
             raise ctx.fail(f"C of shape {list(c)} does not broadcast to [{m}, {n}]")
     return [TensorType((m, n), dt)]
 

@@ -19,7 +19,7 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
 from flowc.ops.conv import compute_dtype
-from flowc.ops.registry import InferCtx, broadcast_shapes, defop, elementwise_flops, ints
+from flowc.ops.registry import InferCtx, defop, elementwise_flops, ints
 
 if TYPE_CHECKING:
     from flowc.frontend.onnx import OnnxNode
@@ -51,6 +51,13 @@ def _per_channel(ctx: InferCtx, idx: Sequence[int], channels: int, names: Sequen
 def _channel_view(v: np.ndarray, rank: int) -> np.ndarray:
     """A per-channel vector shaped to broadcast against an N x C x ... tensor."""
     return v.astype(np.float64).reshape(-1, *([1] * (rank - 2)))
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts one way (NumPy rules) to ``target``."""
+    return len(shape) <= len(target) and all(
+        d in (1, t) for d, t in zip(shape[::-1], target[::-1], strict=False)
+    )
 
 
 def _req(xs: list[np.ndarray | None], i: int) -> np.ndarray:
@@ -121,7 +128,7 @@ def _layernorm_infer(ctx: InferCtx) -> list[TensorType]:
     axis = ctx.axis(int(ctx.attr("axis")), x.rank)
     norm = x.shape[axis:]
     for i, name in ((1, "Scale"), (2, "B")):
-        if ctx.has(i) and broadcast_shapes(ctx, ctx.shape(i), norm) != norm:
+        if ctx.has(i) and not _broadcasts_to(ctx.shape(i), norm):
             raise ctx.fail(
                 f"{name} of shape {list(ctx.shape(i))} does not broadcast to the normalized "
                 f"shape {list(norm)} (axis {axis})"

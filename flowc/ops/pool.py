@@ -87,6 +87,8 @@ def _maxpool_infer(ctx: InferCtx) -> list[TensorType]:
     geo = _window_infer(ctx, lambda dt: dt in _MAXPOOL_TYPES)
     if ctx.attr("storage_order") not in (0, 1):
         raise ctx.fail(f"storage_order must be 0 or 1, got {ctx.attr('storage_order')}")
+    if ctx.num_outputs > 2:
+        raise ctx.fail(f"has at most 2 outputs (Y, Indices), got {ctx.num_outputs}")
     x = ctx.type(0)
     y = x.with_shape((*x.shape[:2], *geo.out))
     return [y, y.with_dtype(DType.I64)][: max(ctx.num_outputs, 1)]

@@ -27,7 +27,7 @@ import numpy as np
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, ints
+from flowc.ops.registry import InferCtx, defop, first, ints
 
 if TYPE_CHECKING:
     from flowc.frontend.onnx import OnnxNode
@@ -169,8 +169,7 @@ def _reduce_axes(ctx: InferCtx, rank: int) -> Axes:
 
 def _ref_axes(xs: list[np.ndarray | None], a: Attrs) -> Axes:
     """The reference's view of the axes (already validated by inference)."""
-    x = xs[0]
-    assert x is not None
+    x = first(xs)
     given = ints(xs[1]) if len(xs) > 1 and xs[1] is not None else []
     if not given:
         return () if a["noop_with_empty_axes"] else tuple(range(x.ndim))
@@ -187,8 +186,7 @@ def reduction(name: str, kernel: Kernel, allow_bool: bool = False, new_since: in
         return [TensorType(tuple(out), dt)]
 
     def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-        x = xs[0]
-        assert x is not None
+        x = first(xs)
         axes = _ref_axes(xs, a)
         with np.errstate(all="ignore"):
             r = kernel(x, axes)
@@ -244,8 +242,7 @@ def arg_reduction(name: str, largest: bool) -> None:
         return [TensorType(tuple(out), DType.I64)]
 
     def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-        x = xs[0]
-        assert x is not None
+        x = first(xs)
         axis = int(a["axis"]) % x.ndim
         pick = np.argmax if largest else np.argmin
         if a["select_last_index"]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, elementwise_flops
+from flowc.ops.registry import InferCtx, defop, elementwise_flops, first
 
 if TYPE_CHECKING:
     from flowc.frontend.onnx import OnnxNode
@@ -60,8 +60,7 @@ def _hardmax(x: np.ndarray, axis: int) -> np.ndarray:
 
 def _reference(kernel: Kernel) -> Callable[[list[np.ndarray | None], Attrs], np.ndarray]:
     def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-        x = xs[0]
-        assert x is not None
+        x = first(xs)
         axis = int(a["axis"]) % x.ndim
         if x.shape[axis] == 0:
             # Nothing to normalize (and NumPy cannot take the max of an empty axis).
