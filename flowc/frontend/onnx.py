@@ -81,7 +81,7 @@ class OnnxNode:
     def emit(
         self,
         op: str,
-        inputs: list[Value | None],
+        inputs: Sequence[Value | None],
         attrs: Mapping[str, Any] | None = None,
         suffix: str = "",
         output_names: list[str] | None = None,

@@ -7,7 +7,7 @@ them are static.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,7 @@ class GraphBuilder:
     def emit(
         self,
         op: str,
-        inputs: list[Value | None],
+        inputs: Sequence[Value | None],
         attrs: Mapping[str, Any] | None = None,
         *,
         name: str = "",

@@ -87,10 +87,9 @@ def _coerce_2d(n: OnnxNode) -> list[Value] | None:
         # One trailing dim: both semantics agree. Empty: the output is empty either way.
         return None
     rows, cols = math.prod(shape[:axis]), math.prod(shape[axis:])
-    flat = n.emit("Reshape", [x, n.const("rows_shape", [rows, cols], np.int64)], suffix="flatten")[
-        0
-    ]
-    y = n.emit(n.op_type, [flat], {**n.attrs, "axis": 1})[0]
+    rows_shape = n.const("rows_shape", [rows, cols], np.int64)
+    (flat,) = n.emit("Reshape", [x, rows_shape], suffix="flatten")
+    (y,) = n.emit(n.op_type, [flat], {**n.attrs, "axis": 1})
     return n.emit(
         "Reshape",
         [y, n.const("shape", list(shape), np.int64)],
