@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from flowc import __version__
-from flowc.errors import FlowcError, InputError
+from flowc.errors import FlowcError, FlowcWarning, InputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -294,7 +295,25 @@ def ops() -> None:
     out.print(f"{sum(len(v) for v in families.values())} ops")
 
 
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    if issubclass(category, FlowcWarning):
+        err.print(f"[bold yellow]warning:[/] {escape(str(message))}")
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    warnings.showwarning = _show_warning
     try:
         cli.main(
             args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False

@@ -40,3 +40,7 @@ class VerifyError(FlowcError):
     """The IR is malformed; raised by Graph.verify()."""
 
     exit_code = 1
+
+
+class FlowcWarning(UserWarning):
+    """Something flowc did on the user's behalf that changes results; printed as ``warning:``."""

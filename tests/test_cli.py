@@ -37,8 +37,8 @@ def test_inspect_summarizes_a_model() -> None:
     assert "input" in r.stdout and "x" in r.stdout and "f32[8, 64]" in r.stdout
     assert "f32[8, 10]" in r.stdout
     assert "Gemm" in r.stdout and "Softmax" in r.stdout
-    # Linear(64, 128) + Linear(128, 10): (64*128 + 128 + 128*10 + 10) float32 parameters.
-    params = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    # Linear(64, 256) + Linear(256, 10): (64*256 + 256 + 256*10 + 10) float32 parameters.
+    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
     assert f"4 tensors, {params / 1024:.2f} KiB" in r.stdout
     assert "estimated FLOPs" in r.stdout
 

@@ -31,6 +31,26 @@ def _shared_io(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
     return ins, outs
 
 
+def _in_eval_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """gpt2_tiny was exported with Dropout training_mode=true (its stored PyTorch outputs are
+    from eval mode), so onnxruntime drops at random on it; flowc treats Dropout as identity
+    with a warning. The onnxruntime reference runs the same model with training_mode false."""
+    for t in model.graph.initializer:
+        for node in model.graph.node:
+            if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2] == t.name:
+                t.CopyFrom(numpy_helper.from_array(np.array(False), t.name))
+    return model
+
+
+def test_training_mode_dropout_is_identity_with_one_warning() -> None:
+    from flowc.errors import FlowcWarning
+
+    with pytest.warns(FlowcWarning, match=r"training_mode=true.*\(5 node\(s\), first: ") as rec:
+        graph = import_onnx(SHARED_MODELS / "gpt2_tiny.onnx")
+    assert len([w for w in rec if issubclass(w.category, FlowcWarning)]) == 1
+    assert "Dropout" not in graph.op_counts()
+
+
 def _shapes_of(feeds: dict[str, np.ndarray]) -> ImportOptions:
     return ImportOptions(shapes={k: v.shape for k, v in feeds.items()})
 
@@ -42,6 +62,7 @@ def test_shared_models_are_present() -> None:
     assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
 
 
+@pytest.mark.filterwarnings("ignore::flowc.errors.FlowcWarning")  # gpt2's Dropout, tested below
 @pytest.mark.parametrize("name", SHARED)
 def test_shared_model_matches_pytorch_and_onnxruntime(name: str) -> None:
     feeds, expected = _shared_io(name)
@@ -49,7 +70,7 @@ def test_shared_model_matches_pytorch_and_onnxruntime(name: str) -> None:
     graph = import_onnx(path, _shapes_of(feeds))
     graph.verify()
     got = evaluate(graph, feeds)
-    ref = run_onnxruntime(str(path), feeds)
+    ref = run_onnxruntime(_in_eval_mode(onnx.load(str(path))), feeds)
     assert set(got) == set(ref) == set(expected)
     for out in expected:
         assert got[out].dtype == ref[out].dtype and got[out].shape == ref[out].shape
@@ -90,8 +111,10 @@ def test_light_model_matches_its_expected_output(name: str) -> None:
     graph = import_model(model)
     graph.verify()
     # The weights are ConstantOfShape fills: they must stay splats, not 100s of MB of data.
-    fills = [c for c in graph.constants if c.const is not None and is_splat(c.const)]
-    assert fills and sum(c.const.nbytes for c in fills if c.const is not None) < 1 << 20
+    held = [c.const for c in graph.constants if c.const is not None]
+    assert any(is_splat(a) for a in held)
+    # nbytes of a splat is its logical size; what it holds is one element.
+    assert sum(a.nbytes for a in held if not is_splat(a)) < 1 << 20
     got = evaluate(graph, feeds)
     for i, vo in enumerate(model.graph.output):
         expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"{name}_output_{i}.pb")))

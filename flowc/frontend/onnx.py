@@ -347,6 +347,7 @@ def import_model(
             )
         graph.outputs.append(v)
     graph.remove_unused()
+    builder.flush_warnings()
     return graph
 
 

@@ -7,12 +7,13 @@ them are static.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from flowc.errors import FlowcError, ShapeError
+from flowc.errors import FlowcError, FlowcWarning, ShapeError
 from flowc.ir.graph import Attrs, Graph, Value, compact_constant, make_splat
 from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, OpDef, get_op
@@ -56,6 +57,18 @@ class GraphBuilder:
     def __init__(self, graph: Graph, fold: bool = True) -> None:
         self.graph = graph
         self.fold = fold
+        # message -> names of the nodes it concerns; reported once per message by flush_warnings
+        self._warnings: dict[str, list[str]] = {}
+
+    def warn(self, message: str, node_name: str) -> None:
+        """Note a FlowcWarning about a node; the same message for many nodes prints once."""
+        self._warnings.setdefault(message, []).append(node_name)
+
+    def flush_warnings(self) -> None:
+        for message, nodes in self._warnings.items():
+            where = f"{len(nodes)} node(s), first: {nodes[0]!r}"
+            warnings.warn(FlowcWarning(f"{message} ({where})"), stacklevel=2)
+        self._warnings.clear()
 
     def constant(self, name: str, array: np.ndarray) -> Value:
         return self.graph.add_constant(name, compact_constant(np.asarray(array)))

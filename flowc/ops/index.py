@@ -61,7 +61,8 @@ def _gather_infer(ctx: InferCtx) -> list[TensorType]:
 def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = _in(xs, 0)
     axis = a["axis"] % x.ndim
-    return np.take(x, _wrap(_in(xs, 1), x.shape[axis], f"index on axis {axis}"), axis=axis)
+    i = _wrap(_in(xs, 1), x.shape[axis], f"index on axis {axis}")
+    return np.asarray(np.take(x, i, axis=axis))  # a 0-d result would be a NumPy scalar
 
 
 defop("Gather", FAMILY, infer=_gather_infer, reference=_gather_ref, attrs={"axis": 0}, inputs=2)

@@ -160,8 +160,8 @@ class OpDef:
 
     def evaluate(self, inputs: list[np.ndarray | None], attrs: Attrs) -> list[np.ndarray]:
         out = self.reference(inputs, attrs.merged(self.attrs))
-        if isinstance(out, np.ndarray):
-            return [out]
+        if isinstance(out, (np.ndarray, np.generic)):
+            return [np.asarray(out)]
         return [np.asarray(o) for o in out]
 
 

@@ -77,12 +77,6 @@ def _move(
     return fn(x)
 
 
-def _move_attr_input(n: OnnxNode, attr: str, index: int, dtype: Any) -> None:
-    """Older opsets give a scalar as an attribute; newer ones take it as an input."""
-    if attr in n.attrs:
-        n.set_input(index, n.const(attr, n.attrs.pop(attr), dtype))
-
-
 # -- Reshape, Flatten, Transpose, Squeeze, Unsqueeze -------------------------------------------
 
 
@@ -115,9 +109,10 @@ def _reshape_target(
     if infer_at is not None and known != 0 and total % known == 0:
         out[infer_at] = total // known
     elif infer_at is not None or known != total:
+        resolved = [-1 if k == infer_at else d for k, d in enumerate(out)]
         raise fail(
             f"cannot reshape the input of shape {list(in_shape)} ({total} elements) "
-            f"to {list(shape)}" + (f" (= {out})" if list(out) != list(shape) else "")
+            f"to {list(shape)}" + (f" (= {resolved})" if resolved != list(shape) else "")
         )
     return tuple(out)
 
@@ -356,10 +351,11 @@ def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     x = _in(xs, 0)
     axis = a["axis"] % x.ndim
     split = _opt(xs, 1)
-    n = a.get("num_outputs")
-    sizes = _split_sizes(
-        ValueError, x.shape[axis], None if split is None else ints(split), n, n or 0
-    )
+    if split is not None:
+        sizes = ints(split)
+    else:
+        n = a["num_outputs"]
+        sizes = _split_sizes(ValueError, x.shape[axis], None, n, n)
     return np.split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis)
 
 
@@ -436,14 +432,11 @@ def _slice_plan(
     return tuple(slices), tuple(out)
 
 
-_SLICE_INPUTS = ((1, "starts"), (2, "ends"), (3, "axes"), (4, "steps"))
-
-
 def _slice_infer(ctx: InferCtx) -> list[TensorType]:
-    args = [_const_ints(ctx, i, what) if ctx.has(i) else None for i, what in _SLICE_INPUTS]
-    starts, ends = args[0], args[1]
-    assert starts is not None and ends is not None
-    _, shape = _slice_plan(ctx.fail, ctx.shape(0), starts, ends, args[2], args[3])
+    starts, ends = _const_ints(ctx, 1, "starts"), _const_ints(ctx, 2, "ends")
+    axes = _const_ints(ctx, 3, "axes") if ctx.has(3) else None
+    steps = _const_ints(ctx, 4, "steps") if ctx.has(4) else None
+    _, shape = _slice_plan(ctx.fail, ctx.shape(0), starts, ends, axes, steps)
     return [ctx.type(0).with_shape(shape)]
 
 
@@ -595,7 +588,7 @@ def _pad_import(n: OnnxNode) -> None:
         n.attr_to_input("pads", 1)
         x = n.input(0)
         assert x is not None
-        _move_attr_input(n, "value", 2, x.type.dtype.np)
+        n.attr_to_input("value", 2, x.type.dtype.np)
 
 
 defop(
@@ -639,6 +632,13 @@ def _fill_value(a: Mapping[str, Any]) -> np.ndarray:
     return np.zeros(1, np.float32) if v is None else np.asarray(v)
 
 
+def _dtype(ctx: InferCtx, dt: np.dtype) -> DType:
+    try:
+        return DType.from_numpy(dt)
+    except ValueError as e:
+        raise ctx.fail(str(e)) from None
+
+
 def _const_of_shape_infer(ctx: InferCtx) -> list[TensorType]:
     shape = _const_ints(ctx, 0, "shape")
     if any(d < 0 for d in shape):
@@ -646,7 +646,7 @@ def _const_of_shape_infer(ctx: InferCtx) -> list[TensorType]:
     value = _fill_value(ctx.attrs)
     if value.size != 1:
         raise ctx.fail(f"'value' must hold one element, got shape {list(value.shape)}")
-    return [TensorType(tuple(shape), DType.from_numpy(value.dtype))]
+    return [TensorType(tuple(shape), _dtype(ctx, value.dtype))]
 
 
 def _const_of_shape_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -684,11 +684,7 @@ def _constant_value(fail: Fail, a: Mapping[str, Any]) -> np.ndarray:
 
 def _constant_infer(ctx: InferCtx) -> list[TensorType]:
     v = _constant_value(ctx.fail, ctx.attrs)
-    try:
-        dtype = DType.from_numpy(v.dtype)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
-    return [TensorType(v.shape, dtype)]
+    return [TensorType(v.shape, _dtype(ctx, v.dtype))]
 
 
 defop(
@@ -760,8 +756,6 @@ defop(
 
 
 def _dropout_infer(ctx: InferCtx) -> list[TensorType]:
-    if ctx.has(2) and bool(ctx.const(2, "training_mode").reshape(-1)[0]):
-        raise ctx.fail("training_mode is true: random dropout is not supported (inference only)")
     x = ctx.type(0)
     return [x, x.with_dtype(DType.BOOL)][: ctx.num_outputs]
 
@@ -775,14 +769,27 @@ def _dropout_import(n: OnnxNode) -> list[Value]:
     x = n.input(0)
     assert x is not None
     training = n.input(2)
-    if training is not None and (training.const is None or bool(training.const.reshape(-1)[0])):
+    if training is not None and training.const is None:
         raise ShapeError(
-            f"Dropout node {n.name!r}: training_mode must be a constant false; random dropout "
-            "is not supported (flowc compiles inference graphs)"
+            f"Dropout node {n.name!r}: training_mode is computed at run time; flowc compiles "
+            "inference graphs and needs it to be a constant",
+            hint="export the model in inference mode (PyTorch: model.eval() before exporting)",
+        )
+    if training is not None and training.const is not None and bool(training.const.reshape(-1)[0]):
+        # Exporters write training_mode=true when the model was not put in eval mode; random
+        # dropout has no place in a compiled inference program, so it is dropped, loudly.
+        n.builder.warn(
+            "Dropout has training_mode=true; flowc compiles for inference and treats it as "
+            "identity (onnxruntime would drop values at random). Export the model after "
+            "model.eval() to silence this",
+            n.name,
         )
     outs = [x]
     if len(n.output_names) > 1 and n.output_names[1]:
-        outs.append(n.const("mask", make_splat(True, x.type.shape, np.dtype(np.bool_))))
+        # Nothing is dropped at inference: the mask is all ones (bool since opset 10, before
+        # that the input's type). onnxruntime returns zeros for opsets 7-11; the spec says ones.
+        dtype = np.dtype(np.bool_) if n.opset >= 10 else x.type.dtype.np
+        outs.append(n.const("mask", make_splat(1, x.type.shape, dtype)))
     return outs
 
 
@@ -1064,37 +1071,24 @@ def _legacy_resize(n: OnnxNode, scales: Value | None) -> list[Value]:
     is separable, so the result is the same)."""
     x = n.input(0)
     mode = n.attrs.get("mode", "nearest")
-    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric"}
-    s = (
-        None
-        if scales is None or scales.const is None
-        else np.asarray(scales.const, np.float32).reshape(-1)
-    )
+
+    def resize(inp: Value | None, sc: Value | None, nearest: str, **kw: Any) -> list[Value]:
+        attrs = {
+            "mode": mode,
+            "coordinate_transformation_mode": "asymmetric",
+            "nearest_mode": nearest,
+        }
+        return n.emit("Resize", [inp, None, sc], attrs, **kw)
+
+    s = None if scales is None or scales.const is None else np.asarray(scales.const, np.float32)
     if mode != "nearest" or s is None or not (s < 1).any():
-        return n.emit(
-            "Resize",
-            [x, None, scales],
-            {**attrs, "nearest_mode": "floor"},
-            output_names=n.output_names,
-        )
+        return resize(x, scales, "floor", output_names=n.output_names)
     if not (s > 1).any():
-        return n.emit(
-            "Resize",
-            [x, None, scales],
-            {**attrs, "nearest_mode": "ceil"},
-            output_names=n.output_names,
-        )
+        return resize(x, scales, "ceil", output_names=n.output_names)
     down = n.const("scales_down", np.where(s < 1, s, 1), np.float32)
     up = n.const("scales_up", np.where(s < 1, 1, s), np.float32)
-    (shrunk,) = n.emit(
-        "Resize", [x, None, down], {**attrs, "nearest_mode": "ceil"}, suffix="shrink"
-    )
-    return n.emit(
-        "Resize",
-        [shrunk, None, up],
-        {**attrs, "nearest_mode": "floor"},
-        output_names=n.output_names,
-    )
+    (shrunk,) = resize(x, down, "ceil", suffix="shrink")
+    return resize(shrunk, up, "floor", output_names=n.output_names)
 
 
 def _resize_import(n: OnnxNode) -> list[Value] | None:
@@ -1130,14 +1124,12 @@ defop(
 # Upsample (opsets 7-9) imports as Resize; as an op of its own (the DSL's form: X and a scales
 # input, every scale >= 1) it is Resize with asymmetric coordinates and truncating nearest.
 def _upsample_attrs(a: Mapping[str, Any]) -> Attrs:
-    return Attrs(
-        {
-            **_RESIZE_DEFAULTS,
-            "mode": a["mode"],
-            "coordinate_transformation_mode": "asymmetric",
-            "nearest_mode": "floor",
-        }
-    )
+    legacy = {
+        "mode": a["mode"],
+        "coordinate_transformation_mode": "asymmetric",
+        "nearest_mode": "floor",
+    }
+    return Attrs(legacy).merged(_RESIZE_DEFAULTS)
 
 
 def _upsample_infer(ctx: InferCtx) -> list[TensorType]:
