@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
@@ -103,7 +104,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise ModelLoadError(f"{p}: is a directory, expected an .onnx file")
     try:
         model = onnx.load(str(p), load_external_data=False)
-    except Exception as e:
+    except (DecodeError, ValueError, OSError, RuntimeError) as e:
         raise ModelLoadError(
             f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).strip() or 'parse error'})",
             hint="the file may be truncated or not an ONNX protobuf",
@@ -318,7 +319,7 @@ def import_model(
     for t in og.initializer:
         try:
             arr = numpy_helper.to_array(t)
-        except Exception as e:
+        except (ValueError, TypeError, OSError) as e:
             raise ModelLoadError(f"initializer {t.name!r} cannot be read: {e}") from None
         env[t.name] = builder.constant(t.name, arr)
     for sp in og.sparse_initializer:

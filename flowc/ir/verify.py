@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowc.errors import VerifyError
+from flowc.errors import FlowcError, VerifyError
 from flowc.ir.graph import Graph, Value
 from flowc.ir.types import TensorType
 
@@ -71,7 +71,7 @@ def verify_graph(g: Graph) -> None:
             define(o, where)
         try:
             expected = opdef.infer_types(n)
-        except Exception as e:
+        except (FlowcError, ValueError, KeyError, IndexError, TypeError) as e:
             raise VerifyError(f"{where}: type inference fails: {e}") from None
         for o, t in zip(n.outputs, expected, strict=False):
             if o.type != t:
