@@ -148,3 +148,34 @@ def test_declared_output_type_is_checked() -> None:
     )  # fmt: skip
     with pytest.raises(ShapeError, match="declares i64 but the graph computes f32"):
         import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_folding_does_not_blow_up_constants() -> None:
+    # Expand of a 4 KiB row to 4 MiB stays a node; a small result and a fill still fold.
+    row = np.arange(1024, dtype=np.float32)
+    nodes = [
+        helper.make_node("Expand", ["row", "big"], ["e"]),
+        helper.make_node("Expand", ["row", "small"], ["f"]),
+        helper.make_node("ConstantOfShape", ["big"], ["z"]),
+        helper.make_node("Add", ["x", "e"], ["y1"]),
+        helper.make_node("Add", ["x", "z"], ["y2"]),
+        helper.make_node("Add", ["f", "f"], ["y3"]),
+    ]
+    inits = [
+        numpy_helper.from_array(row, "row"),
+        numpy_helper.from_array(np.array([1024, 1024], np.int64), "big"),
+        numpy_helper.from_array(np.array([4, 1024], np.int64), "small"),
+    ]
+    m = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 1024])],
+        ["y1", "y2", "y3"],
+        inits,
+    )
+    g = import_model(m)
+    assert g.op_counts() == {"Add": 2, "Expand": 1}
+    x = np.ones((1024, 1024), np.float32)
+    out = evaluate(g, {"x": x})
+    assert np.array_equal(out["y1"], x + row) and np.array_equal(
+        out["y3"], np.tile(2 * row, (4, 1))
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flowc.errors import FlowcError, FlowcWarning, ShapeError
-from flowc.ir.graph import Attrs, Graph, Value, compact_constant, make_splat
+from flowc.ir.graph import Attrs, Graph, Value, compact_constant, is_splat, make_splat
 from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, OpDef, get_op
 
@@ -33,6 +33,23 @@ def fold_inputs(opdef: OpDef, inputs: list[Value | None]) -> list[np.ndarray | N
         else:
             return None
     return arrays
+
+
+# Folding may turn a few bytes into many (Expand, Tile, a Gather that repeats a table row per
+# token): past this size a folded result must not be much bigger than what it came from, or
+# the weights file grows for no gain; the node stays and computes it at run time.
+FOLD_GROWTH_FREE_BYTES = 64 * 1024
+
+
+def held_bytes(a: np.ndarray) -> int:
+    """Bytes an array really holds: one element for a splat."""
+    return a.itemsize if is_splat(a) else a.nbytes
+
+
+def worth_folding(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> bool:
+    out_bytes = sum(held_bytes(compact_constant(o)) for o in outputs)
+    in_bytes = sum(held_bytes(i) for i in inputs if i is not None)
+    return out_bytes <= max(FOLD_GROWTH_FREE_BYTES, 2 * in_bytes)
 
 
 def evaluate_node(
@@ -125,6 +142,7 @@ class GraphBuilder:
                     raise
                 except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
                     raise ShapeError(f"{where}: constant folding failed: {e}") from None
-                return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
+                if worth_folding(arrays, outs):
+                    return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
         return node.outputs

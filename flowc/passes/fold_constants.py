@@ -6,7 +6,7 @@ any other way (the DSL, rewrites by later passes), through the same builder code
 
 from __future__ import annotations
 
-from flowc.ir.builder import evaluate_node, fold_inputs
+from flowc.ir.builder import evaluate_node, fold_inputs, worth_folding
 from flowc.ir.graph import Graph, compact_constant
 from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
@@ -23,6 +23,9 @@ def fold_constants(graph: Graph) -> Graph:
             continue
         where = f"{node.op} node {node.name!r}"
         outs = evaluate_node(opdef, arrays, node.attrs, [o.type for o in node.outputs], where)
+        if not worth_folding(arrays, outs):
+            kept.append(node)
+            continue
         for o, a in zip(node.outputs, outs, strict=False):
             o.producer = None
             o.const = compact_constant(a)
