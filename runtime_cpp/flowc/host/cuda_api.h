@@ -281,9 +281,8 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_
   if (!start->timing || !end->timing || start->recorded == 0 || end->recorded == 0) {
     return set_error(cudaErrorInvalidResourceHandle);
   }
-  if (start->completed < start->recorded || end->completed < end->recorded) {
-    return set_error(cudaErrorNotReady);
-  }
+  // "Not ready" is a state, not an error: CUDA does not make it the last error either.
+  if (start->completed < start->recorded || end->completed < end->recorded) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
   return cudaSuccess;
 }
