@@ -11,6 +11,7 @@ import sys
 import tempfile
 import traceback
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -202,16 +203,38 @@ def _read_npy(path: str, name: str) -> np.ndarray:
     return a
 
 
-def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write to a temporary file beside ``path``, then rename: never a half-written file."""
+def check_output_path(path: Path) -> Path:
+    """Fail before any work when the output cannot be written."""
     path = path.resolve()
+    if not path.name.endswith(".npz"):
+        raise InputError(f"-o {path}: the output file must end in .npz")
     if not path.parent.is_dir():
         raise InputError(f"-o {path}: directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if not os.access(path.parent, os.W_OK) or path.is_dir():
+        raise InputError(f"-o {path}: cannot write there")
+    return path
+
+
+def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An .npz keyed by name, written to a temporary file beside ``path`` and then renamed, so
+    there is never a half-written file. Written member by member (not np.savez(**arrays)) so
+    any output name works as a key."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise InputError(f"-o {path}: cannot write there ({e.strerror})") from None
+    try:
+        with (
+            os.fdopen(fd, "wb") as f,
+            zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z,
+        ):
+            for name, a in arrays.items():
+                with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"-o {path}: writing failed ({e.strerror or e})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -244,8 +267,7 @@ def eval_cmd(
     from flowc.interpreter import evaluate
     from flowc.interpreter import random_inputs as make_random
 
-    if not output.name.endswith(".npz"):
-        raise InputError(f"-o {output}: the output file must end in .npz")
+    output = check_output_path(output)
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
     feeds = {}

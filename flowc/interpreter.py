@@ -31,10 +31,14 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
         a = np.asarray(feeds[v.name])
         if tuple(a.shape) != v.type.shape:
             raise InputError(
-                f"input {v.name!r}: expected shape {list(v.type.shape)}, got {list(a.shape)}"
+                f"input {v.name!r}: expected shape {list(v.type.shape)}, got {list(a.shape)}",
+                hint="the model's dynamic dims are fixed by --shape/--dim; give matching values",
             )
         if a.dtype != v.type.dtype.np:
-            raise InputError(f"input {v.name!r}: expected dtype {v.type.dtype}, got {a.dtype}")
+            raise InputError(
+                f"input {v.name!r}: expected dtype {v.type.dtype}, got {a.dtype}",
+                hint=f"save the array as {v.type.dtype.np} (numpy: a.astype(np.{v.type.dtype.np.name}))",
+            )
         out[v.name] = a
     return out
 

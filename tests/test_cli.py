@@ -25,7 +25,7 @@ def flowc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
 def assert_clean_error(r: subprocess.CompletedProcess[str], *fragments: str) -> None:
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
-    assert r.stderr.startswith("error: "), r.stderr
+    assert "\nerror: " in "\n" + r.stderr, r.stderr
     for f in fragments:
         assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
 
@@ -142,7 +142,7 @@ def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
         r,
         "2 unsupported op type(s)",
         "NonZero: 2 node(s), opset 17, first: nz_first",
-        "com.example.FancyOp: 1 node(s), domain 'com.example', first: fancy",
+        "com.example.FancyOp: 1 node(s), domain 'com.example' opset 1, first: fancy",
     )
 
 
@@ -199,3 +199,65 @@ def test_usage_errors_exit_2() -> None:
 def test_help(args: list[str]) -> None:
     r = flowc(*args)
     assert r.returncode == 0 and r.stdout
+
+
+def _relu_model(tmp_path: Path, out_name: str, opset: int = 17) -> Path:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], [out_name])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info(out_name, TensorProto.FLOAT, [3])],
+    )
+    p = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(p))
+    return p
+
+
+def test_any_output_name_is_an_npz_key(tmp_path: Path) -> None:
+    model = _relu_model(tmp_path, "file")
+    r = flowc("eval", str(model), "--random-inputs", "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 0, r.stderr
+    assert list(np.load(tmp_path / "o.npz").files) == ["file"]
+
+
+def test_unwritable_output_fails_before_work(tmp_path: Path) -> None:
+    model = _relu_model(tmp_path, "y")
+    assert_clean_error(
+        flowc("eval", str(model), "--random-inputs", "-o", "/proc/o.npz"), "cannot write there"
+    )
+    assert_clean_error(
+        flowc("eval", str(model), "--random-inputs", "-o", str(tmp_path / "no" / "o.npz")),
+        "does not exist",
+    )
+
+
+def test_newer_opset_than_onnx_knows(tmp_path: Path) -> None:
+    model = _relu_model(tmp_path, "y", opset=onnx.defs.onnx_opset_version() + 1)
+    assert_clean_error(flowc("inspect", str(model)), "knows opsets up to")
+
+
+def test_bad_input_data_is_a_user_error(tmp_path: Path) -> None:
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.full((1, 32), 10**6, np.int64))
+    r = flowc(
+        "eval",
+        str(SHARED_MODELS / "gpt2_tiny.onnx"),
+        "--input",
+        f"input_ids={ids}",
+        "-o",
+        str(tmp_path / "o.npz"),
+    )
+    assert_clean_error(r, "Gather node", "out of range")
+
+
+def test_symbols_bind_across_inputs() -> None:
+    model = str(SHARED_MODELS / "bert_tiny.onnx")
+    r = flowc("inspect", model, "--shape", "input_ids=2x32")
+    assert r.returncode == 0 and "i64[2, 32]" in r.stdout  # attention_mask shares batch and seq
+    assert_clean_error(
+        flowc("inspect", model, "--shape", "input_ids=2x32", "--dim", "batch=4"),
+        "symbol 'batch' is 2 from --shape input_ids but 4 from --dim batch",
+    )
+    assert_clean_error(
+        flowc("inspect", model, "--dim", "batch=1"), "('seq') with no value", "--dim seq=N"
+    )

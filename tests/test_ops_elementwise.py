@@ -255,3 +255,27 @@ def test_errors_name_the_node() -> None:
         ShapeError, match="Sqrt node 'sqrt_0': needs a floating-point input, got i64"
     ):
         import_model(m)
+
+
+def test_saturating_float8_casts() -> None:
+    # onnxruntime cannot hand float8 arrays to NumPy; the spec's saturation rule is the reference:
+    # out-of-range values (infinities included) clip to the largest finite value, except that
+    # E5M2, which has infinities, keeps them.
+    import ml_dtypes
+
+    from flowc.ir.graph import Attrs
+    from flowc.ops.registry import get_op
+
+    x = np.array([np.inf, -np.inf, 1e6, -1e6, 1.5, np.nan], np.float32)
+    for code, dt in [
+        (17, ml_dtypes.float8_e4m3fn),
+        (18, ml_dtypes.float8_e4m3fnuz),
+        (19, ml_dtypes.float8_e5m2),
+        (20, ml_dtypes.float8_e5m2fnuz),
+    ]:
+        (y,) = get_op("Cast").evaluate([x], Attrs({"to": code}))
+        big = float(ml_dtypes.finfo(dt).max)
+        inf = np.inf if dt is ml_dtypes.float8_e5m2 else big
+        assert y.dtype == dt
+        assert y.astype(np.float32)[:5].tolist() == [inf, -inf, big, -big, 1.5]
+        assert np.isnan(y.astype(np.float32)[5])

@@ -139,6 +139,14 @@ def _opset_of(model: onnx.ModelProto) -> int:
 
 
 def _check_supported(model: onnx.ModelProto, opset: int) -> None:
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ModelLoadError(
+            f"the model uses ONNX opset {opset}; the installed onnx {onnx.__version__} knows "
+            f"opsets up to {newest}",
+            hint="upgrade the onnx package, or export the model with an older opset",
+        )
+    domain_versions = {o.domain: int(o.version) for o in model.opset_import}
     missing: dict[tuple[str, str], list[Any]] = {}
     counts: Counter[tuple[str, str]] = Counter()
     for node in model.graph.node:
@@ -152,7 +160,11 @@ def _check_supported(model: onnx.ModelProto, opset: int) -> None:
     lines = []
     for (domain, op), first in sorted(missing.items()):
         dom = f"{domain}." if domain not in ONNX_DOMAINS else ""
-        ver = f"opset {opset}" if domain in ONNX_DOMAINS else f"domain {domain!r}"
+        ver = (
+            f"opset {opset}"
+            if domain in ONNX_DOMAINS
+            else f"domain {domain!r} opset {domain_versions.get(domain, '?')}"
+        )
         lines.append(f"  {dom}{op}: {counts[(domain, op)]} node(s), {ver}, first: {first[0]}")
     raise UnsupportedOpError(
         f"the model uses {len(missing)} unsupported op type(s):\n" + "\n".join(lines),
@@ -160,55 +172,97 @@ def _check_supported(model: onnx.ModelProto, opset: int) -> None:
     )
 
 
-def _input_type(vi: onnx.ValueInfoProto, opts: ImportOptions) -> TensorType:
-    tt = vi.type.tensor_type
+def _input_dtype(vi: onnx.ValueInfoProto) -> DType:
     if not vi.type.HasField("tensor_type"):
         raise ModelLoadError(
             f"input {vi.name!r} is not a tensor (sequences and maps are not supported)"
         )
     try:
-        dtype = DType.from_onnx(tt.elem_type)
+        return DType.from_onnx(vi.type.tensor_type.elem_type)
     except ValueError as e:
         raise ModelLoadError(f"input {vi.name!r}: {e}") from None
-    if vi.name in opts.shapes:
+
+
+def _bind_symbols(inputs: Sequence[onnx.ValueInfoProto], opts: ImportOptions) -> dict[str, int]:
+    """Symbol values from --dim, and from the --shape of any input declared with that symbol;
+    a symbol given two different values is an error naming both sources."""
+    bound: dict[str, tuple[int, str]] = {k: (int(v), f"--dim {k}") for k, v in opts.dims.items()}
+    for vi in inputs:
+        if vi.name not in opts.shapes:
+            continue
         given = [int(d) for d in opts.shapes[vi.name]]
-        if tt.HasField("shape"):
-            model_dims = list(tt.shape.dim)
-            if len(model_dims) != len(given):
-                raise InputError(
-                    f"--shape {vi.name}: the model declares rank {len(model_dims)}, "
-                    f"got {len(given)} dims ({'x'.join(map(str, given))})"
-                )
-            for k, (d, g) in enumerate(zip(model_dims, given, strict=True)):
-                if d.HasField("dim_value") and d.dim_value != g:
-                    raise InputError(
-                        f"--shape {vi.name}: dim {k} is fixed to {d.dim_value} by the model, got {g}"
-                    )
-        return TensorType(tuple(given), dtype)
-    if not tt.HasField("shape"):
-        raise InputError(
-            f"input {vi.name!r} has no declared shape",
-            hint=f"give it with --shape {vi.name}=D0xD1x...",
-        )
-    dims = []
-    for k, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param in opts.dims:
-            dims.append(int(opts.dims[d.dim_param]))
-        else:
-            sym = d.dim_param if d.HasField("dim_param") else "?"
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        model_dims = list(tt.shape.dim)
+        if len(model_dims) != len(given):
             raise InputError(
-                f"input {vi.name!r} has a dynamic dimension {k} ({sym!r}) with no value",
-                hint=(
-                    f"fix it with --dim {sym}=N or " if d.HasField("dim_param") else "fix it with "
-                )
-                + f"--shape {vi.name}="
-                + "x".join(
-                    "N" if i == k else str(x.dim_value or "N") for i, x in enumerate(tt.shape.dim)
-                ),
+                f"--shape {vi.name}: the model declares rank {len(model_dims)}, "
+                f"got {len(given)} dims ({'x'.join(map(str, given))})"
             )
-    return TensorType(tuple(dims), dtype)
+        for k, (d, g) in enumerate(zip(model_dims, given, strict=True)):
+            if d.HasField("dim_value") and d.dim_value != g:
+                raise InputError(
+                    f"--shape {vi.name}: dim {k} is fixed to {d.dim_value} by the model, got {g}"
+                )
+            if d.HasField("dim_param") and d.dim_param:
+                prev = bound.get(d.dim_param)
+                if prev is not None and prev[0] != g:
+                    raise InputError(
+                        f"symbol {d.dim_param!r} is {g} from --shape {vi.name} but {prev[0]} "
+                        f"from {prev[1]}",
+                        hint="inputs that share a symbolic dimension must agree on its value",
+                    )
+                bound.setdefault(d.dim_param, (g, f"--shape {vi.name}"))
+    return {k: v for k, (v, _) in bound.items()}
+
+
+def _input_types(
+    inputs: Sequence[onnx.ValueInfoProto], opts: ImportOptions
+) -> dict[str, TensorType]:
+    symbols = _bind_symbols(inputs, opts)
+    types: dict[str, TensorType] = {}
+    missing: list[str] = []
+    missing_syms: list[str] = []
+    hints: list[str] = []
+    for vi in inputs:
+        dtype = _input_dtype(vi)
+        tt = vi.type.tensor_type
+        if vi.name in opts.shapes:
+            types[vi.name] = TensorType(tuple(int(d) for d in opts.shapes[vi.name]), dtype)
+            continue
+        if not tt.HasField("shape"):
+            missing.append(f"input {vi.name!r} has no declared shape")
+            hints.append(f"--shape {vi.name}=D0xD1x...")
+            continue
+        dims = []
+        for k, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.HasField("dim_param") and d.dim_param in symbols:
+                dims.append(symbols[d.dim_param])
+            else:
+                sym = d.dim_param if d.HasField("dim_param") else "?"
+                missing.append(
+                    f"input {vi.name!r} has a dynamic dimension {k} ({sym!r}) with no value"
+                )
+                if d.HasField("dim_param") and d.dim_param:
+                    if sym not in missing_syms:
+                        missing_syms.append(sym)
+                        hints.append(f"--dim {sym}=N")
+                else:
+                    hints.append(f"--shape {vi.name}=D0xD1x...")
+                dims.append(-1)
+        if -1 not in dims:
+            types[vi.name] = TensorType(tuple(dims), dtype)
+    if missing:
+        more = (
+            f" (and {len(missing) - 1} more: " + "; ".join(missing[1:]) + ")"
+            if len(missing) > 1
+            else ""
+        )
+        raise InputError(missing[0] + more, hint="fix with " + " ".join(dict.fromkeys(hints)))
+    return types
 
 
 def _f32(x: float) -> float:
@@ -314,8 +368,9 @@ def import_model(
                 if symbols
                 else "its inputs have static shapes",
             )
+    input_types = _input_types(real_inputs, opts)
     for vi in real_inputs:
-        env[vi.name] = graph.add_input(vi.name, _input_type(vi, opts))
+        env[vi.name] = graph.add_input(vi.name, input_types[vi.name])
     for t in og.initializer:
         try:
             arr = numpy_helper.to_array(t)

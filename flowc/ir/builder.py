@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flowc.errors import FlowcError, FlowcWarning, ShapeError
+from flowc.errors import FlowcWarning, InputError, ShapeError
 from flowc.ir.graph import Attrs, Graph, Value, compact_constant, is_splat, make_splat
 from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, OpDef, get_op
@@ -52,11 +52,18 @@ def worth_folding(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndar
     return out_bytes <= max(FOLD_GROWTH_FREE_BYTES, 2 * in_bytes)
 
 
+# What a reference raises when the data does not fit the op (an index out of range, ...).
+DATA_ERRORS = (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError)
+
+
 def evaluate_node(
     opdef: OpDef, arrays: list[np.ndarray | None], attrs: Attrs, types: list[TensorType], where: str
 ) -> list[np.ndarray]:
     """Run the reference and check it produced the inferred types."""
-    outs = opdef.evaluate(arrays, attrs)
+    try:
+        outs = opdef.evaluate(arrays, attrs)
+    except DATA_ERRORS as e:
+        raise InputError(f"{where}: {e}", hint="check the input data given to the model") from None
     if len(outs) < len(types):
         raise ShapeError(f"{where}: reference gave {len(outs)} outputs, expected {len(types)}")
     result = []
@@ -132,16 +139,15 @@ class GraphBuilder:
         if not olo <= n_out <= ohi:
             raise ShapeError(f"{where}: has {olo}..{ohi} outputs, got {n_out}")
         types = self.infer(op, ins, frozen, n_out, name)
-        names = output_names or [f"{name or op.lower()}:{i}" for i in range(len(types))]
+        names = output_names or [f"{name or op}:{i}" for i in range(len(types))]
         if self.fold:
             arrays = fold_inputs(opdef, ins)
             if arrays is not None:
                 try:
                     outs = evaluate_node(opdef, arrays, frozen, types, where)
-                except FlowcError:
-                    raise
-                except (ValueError, IndexError, TypeError, ZeroDivisionError, OverflowError) as e:
-                    raise ShapeError(f"{where}: constant folding failed: {e}") from None
+                except InputError as e:
+                    # Constants are the model's own data: a failure here is the model's fault.
+                    raise ShapeError(f"constant folding failed: {e.message}") from None
                 if worth_folding(arrays, outs):
                     return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 
 from flowc.ir.dtype import DType
@@ -428,9 +429,11 @@ def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1) -> np.ndarray:
             return np.trunc(x.astype(np.float64)).astype(dt.np)
     with np.errstate(all="ignore"):
         if saturate and dt.is_float and dt.itemsize == 1 and x.dtype.kind == "f":
-            info = np.finfo(dt.np) if hasattr(np, "finfo") else None
-            if info is not None:
-                x = np.where(np.isinf(x), x, np.clip(x, float(info.min), float(info.max)))
+            # Saturating casts clip to the type's range; only E5M2 has infinities to keep.
+            info = ml_dtypes.finfo(dt.np)
+            lo, hi = float(info.min), float(info.max)
+            clipped = np.clip(x, lo, hi)
+            x = np.where(np.isinf(x), x, clipped) if dt == DType.F8E5M2 else clipped
         return x.astype(dt.np)
 
 

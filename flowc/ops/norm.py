@@ -93,8 +93,14 @@ def _batchnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
-    # spatial (opsets < 9), is_test and consumed_inputs (opsets < 7) describe training or a
-    # per-element layout; with per-channel statistics in inference they change nothing.
+    # is_test and consumed_inputs (opsets < 7) describe training bookkeeping; spatial=1 (the
+    # default before opset 9) is the per-channel form every later opset uses.
+    if int(n.attrs.get("spatial", 1)) == 0:
+        raise ShapeError(
+            f"BatchNormalization node {n.name!r}: spatial=0 (statistics per element, not per "
+            "channel) is not supported",
+            hint="re-export the model with opset 9 or newer",
+        )
     for attr in ("spatial", "is_test", "consumed_inputs"):
         n.attrs.pop(attr, None)
     if len(n.output_names) == 1:

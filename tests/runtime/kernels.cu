@@ -1,5 +1,6 @@
 // Kernel tests for the device layer: each runs the kernel and checks it against a plain C++
 // reference. Usage: kernels [NAME ...] (default: all). Prints "PASS name" or "FAIL name: why".
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
