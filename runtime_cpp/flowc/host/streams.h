@@ -178,6 +178,19 @@ inline cudaError_t check_launch(const void* kernel, dim3 grid, dim3 block, size_
   return cudaSuccess;
 }
 
+// Queue host work on a stream, in order with its kernels (what cudaLaunchHostFunc does; the
+// library wrappers use it for their CPU backends).
+inline cudaError_t enqueue_host(cudaStream_t stream, std::function<void()> fn) {
+  Engine& E = engine();
+  std::lock_guard<std::recursive_mutex> lock(E.mu);
+  Stream* s = E.resolve(stream);
+  if (!E.known(s)) return set_error(cudaErrorInvalidResourceHandle);
+  Op op;
+  op.host = std::move(fn);
+  E.enqueue(s, std::move(op));
+  return cudaSuccess;
+}
+
 template <auto Kernel, class... Args>
 inline void launch(const char* name, dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                    Args&&... args) {

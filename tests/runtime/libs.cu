@@ -1,0 +1,171 @@
+// The GEMM and convolution wrappers against naive double-precision references, over odd sizes,
+// transposes, alpha/beta, batches with strides, groups, strides, padding and dilation.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "flowc/conv.h"
+#include "flowc/gemm.h"
+
+static unsigned state = 2024u;
+static float frand() {
+  state = state * 1664525u + 1013904223u;
+  return (float)((state >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f;
+}
+
+static float* to_device(const std::vector<float>& h) {
+  float* d = nullptr;
+  FLOWC_CHECK(cudaMalloc(&d, h.size() * sizeof(float) + 4));
+  FLOWC_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return d;
+}
+
+static std::vector<float> to_host(const float* d, size_t n) {
+  std::vector<float> h(n);
+  FLOWC_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+static double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num = std::fmax(num, std::fabs(got[i] - want[i]));
+    den = std::fmax(den, std::fabs(want[i]));
+  }
+  return num / den;
+}
+
+static int failures = 0;
+
+static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) {
+  const int64_t rows_a = d.trans_a ? d.k : d.m, rows_b = d.trans_b ? d.n : d.k;
+  std::vector<float> A(d.stride_a * (d.batch - 1) + rows_a * d.lda), B(d.stride_b * (d.batch - 1) + rows_b * d.ldb),
+      C(d.stride_c * (d.batch - 1) + d.m * d.ldc);
+  for (auto& v : A) v = frand();
+  for (auto& v : B) v = frand();
+  for (auto& v : C) v = frand();
+  std::vector<double> want(C.begin(), C.end());
+  for (int64_t bi = 0; bi < d.batch; ++bi) {
+    for (int64_t i = 0; i < d.m; ++i) {
+      for (int64_t j = 0; j < d.n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < d.k; ++p) {
+          double a = d.trans_a ? A[bi * d.stride_a + p * d.lda + i] : A[bi * d.stride_a + i * d.lda + p];
+          double b = d.trans_b ? B[bi * d.stride_b + j * d.ldb + p] : B[bi * d.stride_b + p * d.ldb + j];
+          acc += a * b;
+        }
+        double& c = want[bi * d.stride_c + i * d.ldc + j];
+        c = d.alpha * acc + d.beta * c;
+      }
+    }
+  }
+  float *dA = to_device(A), *dB = to_device(B), *dC = to_device(C);
+  flowc::Status st = flowc::gemm(h, d, dA, dB, dC, s);
+  FLOWC_CHECK(cudaStreamSynchronize(s));
+  double err = st.ok() ? rel_error(to_host(dC, C.size()), want) : 1.0;
+  bool ok = st.ok() && err < 1e-5;
+  std::printf("%s gemm m=%lld n=%lld k=%lld ta=%d tb=%d batch=%lld alpha=%g beta=%g err=%.2e %s\n", ok ? "PASS" : "FAIL",
+              (long long)d.m, (long long)d.n, (long long)d.k, d.trans_a, d.trans_b, (long long)d.batch, d.alpha, d.beta,
+              err, st.message().c_str());
+  failures += ok ? 0 : 1;
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(dC);
+}
+
+static void check_conv(flowc::ConvHandle& h, cudaStream_t s, flowc::ConvDesc d) {
+  const int64_t oh = d.out_h(), ow = d.out_w(), cg = d.c / d.groups, kg = d.k / d.groups;
+  std::vector<float> X(d.n * d.c * d.h * d.w), W(d.k * cg * d.r * d.s);
+  for (auto& v : X) v = frand();
+  for (auto& v : W) v = frand();
+  std::vector<double> want(d.n * d.k * oh * ow, 0.0);
+  for (int64_t img = 0; img < d.n; ++img)
+    for (int64_t o = 0; o < d.k; ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t x = 0; x < ow; ++x) {
+          double acc = 0;
+          const int64_t g = o / kg;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t i = 0; i < d.r; ++i)
+              for (int64_t j = 0; j < d.s; ++j) {
+                int64_t iy = y * d.stride_h - d.pad_h + i * d.dil_h, ix = x * d.stride_w - d.pad_w + j * d.dil_w;
+                if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
+                acc += (double)X[((img * d.c + g * cg + ci) * d.h + iy) * d.w + ix] * W[((o * cg + ci) * d.r + i) * d.s + j];
+              }
+          want[((img * d.k + o) * oh + y) * ow + x] = acc;
+        }
+  float *dX = to_device(X), *dW = to_device(W), *dY = nullptr;
+  FLOWC_CHECK(cudaMalloc(&dY, want.size() * sizeof(float)));
+  flowc::Status st = flowc::conv2d_forward(h, d, dX, dW, dY, s);
+  FLOWC_CHECK(cudaStreamSynchronize(s));
+  double err = st.ok() ? rel_error(to_host(dY, want.size()), want) : 1.0;
+  bool ok = st.ok() && err < 1e-5;
+  std::printf("%s conv n=%lld c=%lld %lldx%lld k=%lld %lldx%lld groups=%lld stride=%lld,%lld pad=%lld,%lld dil=%lld,%lld err=%.2e %s\n",
+              ok ? "PASS" : "FAIL", (long long)d.n, (long long)d.c, (long long)d.h, (long long)d.w, (long long)d.k,
+              (long long)d.r, (long long)d.s, (long long)d.groups, (long long)d.stride_h, (long long)d.stride_w,
+              (long long)d.pad_h, (long long)d.pad_w, (long long)d.dil_h, (long long)d.dil_w, err, st.message().c_str());
+  failures += ok ? 0 : 1;
+  cudaFree(dX);
+  cudaFree(dW);
+  cudaFree(dY);
+}
+
+int main() {
+  cudaStream_t s;
+  FLOWC_CHECK(cudaStreamCreate(&s));
+  flowc::BlasHandle blas;
+  flowc::Status st = flowc::create_blas(&blas);
+  if (!st.ok()) { std::printf("FAIL create_blas: %s\n", st.message().c_str()); return 1; }
+  const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {64, 64, 64}, {129, 3, 31}};
+  for (auto& mnk : sizes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        flowc::GemmDesc d = flowc::packed_gemm(mnk[0], mnk[1], mnk[2], ta, tb);
+        check_gemm(blas, s, d);
+      }
+  flowc::GemmDesc d = flowc::packed_gemm(9, 11, 7, false, true, 3);
+  d.alpha = 0.5f;
+  d.beta = -2.0f;
+  check_gemm(blas, s, d);
+  d = flowc::packed_gemm(5, 6, 7, true, false, 4);
+  d.lda += 3;  // padded rows and gaps between batch items
+  d.ldb += 1;
+  d.ldc += 2;
+  d.stride_a = d.k * d.lda + 5;
+  d.stride_b = d.k * d.ldb + 1;
+  d.stride_c = d.m * d.ldc + 7;
+  d.beta = 1.0f;
+  check_gemm(blas, s, d);
+  flowc::GemmDesc bad = flowc::packed_gemm(4, 4, 4);
+  bad.lda = 2;
+  bool rejected = !flowc::gemm(blas, bad, nullptr, nullptr, nullptr, s).ok();
+  std::printf("%s gemm rejects a short leading dimension\n", rejected ? "PASS" : "FAIL");
+  failures += rejected ? 0 : 1;
+
+  flowc::ConvHandle conv;
+  st = flowc::create_conv(&conv);
+  if (!st.ok()) { std::printf("FAIL create_conv: %s\n", st.message().c_str()); return 1; }
+  auto cd = [](int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t sk, int64_t g, int64_t stride,
+               int64_t pad, int64_t dil) {
+    flowc::ConvDesc d;
+    d.n = n; d.c = c; d.h = h; d.w = w; d.k = k; d.r = r; d.s = sk; d.groups = g;
+    d.stride_h = d.stride_w = stride; d.pad_h = d.pad_w = pad; d.dil_h = d.dil_w = dil;
+    return d;
+  };
+  check_conv(conv, s, cd(1, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1));
+  check_conv(conv, s, cd(2, 4, 13, 7, 6, 3, 2, 2, 2, 1, 1));
+  check_conv(conv, s, cd(1, 8, 10, 10, 8, 3, 3, 8, 1, 2, 2));   // depthwise, dilated
+  check_conv(conv, s, cd(3, 6, 15, 17, 9, 5, 5, 3, 3, 2, 1));
+  check_conv(conv, s, cd(1, 5, 1, 1, 7, 1, 1, 1, 1, 0, 1));     // 1x1 on 1x1
+  flowc::ConvDesc cbad = cd(1, 5, 8, 8, 6, 3, 3, 2, 1, 0, 1);
+  rejected = !flowc::conv2d_forward(conv, cbad, nullptr, nullptr, nullptr, s).ok();
+  std::printf("%s conv rejects channels that do not divide by groups\n", rejected ? "PASS" : "FAIL");
+  failures += rejected ? 0 : 1;
+
+  flowc::destroy_conv(&conv);
+  flowc::destroy_blas(&blas);
+  FLOWC_CHECK(cudaStreamDestroy(s));
+  std::printf("%d failures\n", failures);
+  return failures == 0 ? 0 : 1;
+}
