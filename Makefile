@@ -1,4 +1,5 @@
-# flowc: `make demo` and `make test` do all set-up (a .venv beside this file) on a fresh machine.
+# flowc: `make demo` and `make test` do all set-up (a .venv beside this file, and the system
+# libraries generated programs link) on a fresh machine.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -7,10 +8,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JOBS   ?= 2
 DEMO_MODEL ?= examples/models/resnet_tiny.onnx
+# Debian packages the host builds link (OpenBLAS, Boost.Context) and multi-rank runs use (OpenMPI).
+APT_PKGS := g++ clang-format libopenblas-dev libboost-context-dev libopenmpi-dev openmpi-bin
+CXX_SOURCES = $(shell find runtime_cpp tests/runtime bench -name '*.h' -o -name '*.cu' 2>/dev/null)
 
-.PHONY: setup test lint typecheck pytest demo wheel-check clean
+.PHONY: setup sysdeps test lint typecheck pytest demo bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) sysdeps
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,9 +23,25 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+# System packages through apt when missing; CUDA libraries from NVIDIA's wheels when the
+# machine has no CUDA toolkit libraries of its own.
+sysdeps: $(STAMP)
+	@if command -v dpkg >/dev/null 2>&1; then \
+	  missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing$$missing (apt)"; \
+	    if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo=sudo; fi; \
+	    $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	else echo "note: not a Debian system; install OpenBLAS, Boost.Context and OpenMPI by hand"; fi
+	@wheels="$$($(BIN)/python -m flowc.toolchain wheels)"; \
+	if [ -n "$$wheels" ]; then echo "installing $$wheels (CUDA libraries as wheels)"; \
+	  $(BIN)/python -m pip install -q $$wheels; fi
+
 lint: setup
-	$(BIN)/ruff check flowc tests examples
-	$(BIN)/ruff format --check flowc tests examples
+	$(BIN)/ruff check flowc tests examples bench
+	$(BIN)/ruff format --check flowc tests examples bench
+	clang-format --dry-run --Werror $(CXX_SOURCES)
 
 typecheck: setup
 	$(BIN)/mypy
@@ -33,6 +53,10 @@ test: lint typecheck pytest
 
 demo: setup
 	$(BIN)/python examples/demo.py $(DEMO_MODEL)
+
+# Emulator throughput and barrier rate (figures, not pass/fail); see bench/README.md.
+bench: setup
+	$(BIN)/python bench/run_runtime_bench.py
 
 clean:
 	rm -rf $(VENV) build dist demo_out .pytest_cache .mypy_cache .ruff_cache

@@ -68,9 +68,13 @@ def _wheel_roots() -> list[Path]:
 
 
 def _find_lib(name: str, header: str, wheel_dir: str) -> CudaLib | None:
-    system_libdirs = [h / sub for h in _cuda_homes() for sub in ("lib64", "lib", "targets/x86_64-linux/lib")]
+    system_libdirs = [
+        h / sub for h in _cuda_homes() for sub in ("lib64", "lib", "targets/x86_64-linux/lib")
+    ]
     system_libdirs += [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"), Path("/usr/lib")]
-    system_incdirs = [h / sub for h in _cuda_homes() for sub in ("include", "targets/x86_64-linux/include")]
+    system_incdirs = [
+        h / sub for h in _cuda_homes() for sub in ("include", "targets/x86_64-linux/include")
+    ]
     system_incdirs += [Path("/usr/include"), Path("/usr/include/x86_64-linux-gnu")]
     inc = next((d for d in system_incdirs if (d / header).is_file()), None)
     lib = next((d for d in system_libdirs if (d / f"lib{name}.so").exists()), None)
@@ -87,7 +91,9 @@ def _find_lib(name: str, header: str, wheel_dir: str) -> CudaLib | None:
 def find_cuda() -> CudaToolkit:
     nvcc_path = shutil.which("nvcc")
     if nvcc_path is None:
-        nvcc_path = next((str(h / "bin" / "nvcc") for h in _cuda_homes() if (h / "bin" / "nvcc").is_file()), None)
+        nvcc_path = next(
+            (str(h / "bin" / "nvcc") for h in _cuda_homes() if (h / "bin" / "nvcc").is_file()), None
+        )
     tk = CudaToolkit(Path(nvcc_path) if nvcc_path else None)
     for name, (header, wheel_dir) in CUDA_LIBS.items():
         found = _find_lib(name, header, wheel_dir)
@@ -96,7 +102,9 @@ def find_cuda() -> CudaToolkit:
     return tk
 
 
-def host_compile_command(sources: list[Path], out: Path, *, extra: list[str] | None = None) -> list[str]:
+def host_compile_command(
+    sources: list[Path], out: Path, *, extra: list[str] | None = None
+) -> list[str]:
     cmd = ["g++", *HOST_FLAGS, "-I", str(runtime_dir())]
     for s in sources:
         cmd += ["-x", "c++", str(s)]
@@ -108,7 +116,15 @@ def cuda_compile_command(
 ) -> list[str]:
     if tk.nvcc is None:
         raise FileNotFoundError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    cmd = [str(tk.nvcc), "-std=c++17", f"-arch={arch}", "-O2", "-Xcompiler=-Wall", "-I", str(runtime_dir())]
+    cmd = [
+        str(tk.nvcc),
+        "-std=c++17",
+        f"-arch={arch}",
+        "-O2",
+        "-Xcompiler=-Wall",
+        "-I",
+        str(runtime_dir()),
+    ]
     for name in libs:
         cmd += ["-I", str(tk.libs[name].include_dir)]
     for s in sources:
@@ -117,3 +133,24 @@ def cuda_compile_command(
     for name in libs:
         cmd += tk.libs[name].link_flags()
     return cmd
+
+
+WHEELS = {"cublasLt": "nvidia-cublas", "cudnn": "nvidia-cudnn-cu13", "nccl": "nvidia-nccl-cu13"}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m flowc.toolchain [wheels]`: report what was found; with `wheels`, print the pip
+    packages that would supply the missing CUDA libraries (used by `make setup`)."""
+    tk = find_cuda()
+    if argv[:1] == ["wheels"]:
+        print(" ".join(WHEELS[n] for n in CUDA_LIBS if n not in tk.libs))
+        return 0
+    print(f"nvcc: {tk.nvcc or 'not found'}")
+    for name in CUDA_LIBS:
+        lib = tk.libs.get(name)
+        print(f"{name}: {lib.lib_dir / lib.file if lib else 'not found'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -39,7 +39,8 @@ inline Status validate(const ConvDesc& d) {
   if (d.stride_h < 1 || d.stride_w < 1 || d.dil_h < 1 || d.dil_w < 1 || d.pad_h < 0 || d.pad_w < 0) {
     return InvalidArgument("conv2d: strides and dilations must be >= 1, pads >= 0");
   }
-  if (d.out_h() < 1 || d.out_w() < 1) return InvalidArgument("conv2d: the kernel does not fit the padded input");
+  if (d.out_h() < 1 || d.out_w() < 1)
+    return InvalidArgument("conv2d: the kernel does not fit the padded input");
   return Status::Ok();
 }
 
@@ -136,28 +137,31 @@ struct CudnnCall {
 inline Status conv2d_forward(ConvHandle& h, const ConvDesc& d, const void* x, const void* w, void* y,
                              cudaStream_t stream) {
   if (Status s = validate(d); !s.ok()) return s;
-  const cudnnDataType_t t =
-      d.type == DataType::kF16 ? CUDNN_DATA_HALF : (d.type == DataType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT);
+  const cudnnDataType_t t = d.type == DataType::kF16
+                                ? CUDNN_DATA_HALF
+                                : (d.type == DataType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT);
   const auto i = [](int64_t v) { return static_cast<int>(v); };
   CudnnCall call;
   bool ok = cudnnCreateTensorDescriptor(&call.x) == CUDNN_STATUS_SUCCESS &&
             cudnnCreateTensorDescriptor(&call.y) == CUDNN_STATUS_SUCCESS &&
             cudnnCreateFilterDescriptor(&call.w) == CUDNN_STATUS_SUCCESS &&
             cudnnCreateConvolutionDescriptor(&call.conv) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(call.x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetFilter4dDescriptor(call.w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r), i(d.s)) ==
+  ok = ok && cudnnSetTensor4dDescriptor(call.x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
                  CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetFilter4dDescriptor(call.w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
+                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
   ok = ok && cudnnSetConvolution2dDescriptor(call.conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
                                              i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
                                              CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
   ok = ok && cudnnSetConvolutionGroupCount(call.conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(call.y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()), i(d.out_w())) ==
-                 CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(call.y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
+                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
   if (!ok) return LibraryError("conv2d: cuDNN rejected a descriptor");
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int found = 0;
   if (cudnnGetConvolutionForwardAlgorithm_v7(h.cudnn, call.x, call.w, call.conv, call.y,
-                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf) != CUDNN_STATUS_SUCCESS) {
+                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
+                                             perf) != CUDNN_STATUS_SUCCESS) {
     return LibraryError("conv2d: cudnnGetConvolutionForwardAlgorithm_v7 failed");
   }
   int pick = -1;
@@ -165,11 +169,14 @@ inline Status conv2d_forward(ConvHandle& h, const ConvDesc& d, const void* x, co
     if (perf[a].status == CUDNN_STATUS_SUCCESS && perf[a].memory <= h.workspace_bytes) pick = a;
   }
   if (pick < 0) return NotSupported("conv2d: no cuDNN algorithm fits the workspace");
-  if (cudnnSetStream(h.cudnn, stream) != CUDNN_STATUS_SUCCESS) return LibraryError("conv2d: cudnnSetStream failed");
+  if (cudnnSetStream(h.cudnn, stream) != CUDNN_STATUS_SUCCESS)
+    return LibraryError("conv2d: cudnnSetStream failed");
   const float alpha = 1.0f, beta = 0.0f;
-  const cudnnStatus_t st = cudnnConvolutionForward(h.cudnn, &alpha, call.x, x, call.w, w, call.conv, perf[pick].algo,
-                                                   h.workspace, h.workspace_bytes, &beta, call.y, y);
-  if (st != CUDNN_STATUS_SUCCESS) return LibraryError(std::string("cudnnConvolutionForward: ") + cudnnGetErrorString(st));
+  const cudnnStatus_t st =
+      cudnnConvolutionForward(h.cudnn, &alpha, call.x, x, call.w, w, call.conv, perf[pick].algo, h.workspace,
+                              h.workspace_bytes, &beta, call.y, y);
+  if (st != CUDNN_STATUS_SUCCESS)
+    return LibraryError(std::string("cudnnConvolutionForward: ") + cudnnGetErrorString(st));
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@
 
 #define FLOWC_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__)
-#define FLOWC_DYNAMIC_SHARED(T, name)                                \
+#define FLOWC_DYNAMIC_SHARED(T, name)                                 \
   extern __shared__ __align__(16) unsigned char flowc_dynamic_smem[]; \
   T* name = reinterpret_cast<T*>(flowc_dynamic_smem)
 #define FLOWC_TARGET_NAME "cuda"
@@ -35,12 +35,12 @@
 
 // For drivers and tests: report file:line and CUDA's error string, then exit non-zero.
 // Library code returns a status instead and never exits the process.
-#define FLOWC_CHECK(call)                                                                  \
-  do {                                                                                     \
-    cudaError_t flowc_check_err_ = (call);                                                 \
-    if (flowc_check_err_ != cudaSuccess) {                                                 \
-      std::fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,       \
+#define FLOWC_CHECK(call)                                                                     \
+  do {                                                                                        \
+    cudaError_t flowc_check_err_ = (call);                                                    \
+    if (flowc_check_err_ != cudaSuccess) {                                                    \
+      std::fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,          \
                    cudaGetErrorString(flowc_check_err_), cudaGetErrorName(flowc_check_err_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)

@@ -59,9 +59,9 @@ inline Status validate(const GemmDesc& d) {
   const int64_t min_lda = d.trans_a ? d.m : d.k;
   const int64_t min_ldb = d.trans_b ? d.k : d.n;
   if (d.lda < min_lda || d.ldb < min_ldb || d.ldc < d.n) {
-    return InvalidArgument("gemm: a leading dimension is smaller than its row (lda >= " +
-                           std::to_string(min_lda) + ", ldb >= " + std::to_string(min_ldb) +
-                           ", ldc >= " + std::to_string(d.n) + ")");
+    return InvalidArgument(
+        "gemm: a leading dimension is smaller than its row (lda >= " + std::to_string(min_lda) +
+        ", ldb >= " + std::to_string(min_ldb) + ", ldc >= " + std::to_string(d.n) + ")");
   }
   return Status::Ok();
 }
@@ -85,10 +85,10 @@ inline Status gemm(BlasHandle&, const GemmDesc& d, const void* a, const void* b,
   cudaError_t e = sim::enqueue_host(stream, [desc, A, B, C] {
     for (int64_t i = 0; i < desc.batch; ++i) {
       cblas_sgemm(CblasRowMajor, desc.trans_a ? CblasTrans : CblasNoTrans,
-                  desc.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(desc.m), static_cast<int>(desc.n),
-                  static_cast<int>(desc.k), desc.alpha, A + i * desc.stride_a, static_cast<int>(desc.lda),
-                  B + i * desc.stride_b, static_cast<int>(desc.ldb), desc.beta, C + i * desc.stride_c,
-                  static_cast<int>(desc.ldc));
+                  desc.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(desc.m),
+                  static_cast<int>(desc.n), static_cast<int>(desc.k), desc.alpha, A + i * desc.stride_a,
+                  static_cast<int>(desc.lda), B + i * desc.stride_b, static_cast<int>(desc.ldb), desc.beta,
+                  C + i * desc.stride_c, static_cast<int>(desc.ldc));
     }
   });
   return e == cudaSuccess ? Status::Ok() : InvalidArgument(std::string("gemm: ") + cudaGetErrorString(e));
@@ -120,9 +120,12 @@ inline void destroy_blas(BlasHandle* h) {
 
 inline cudaDataType_t cuda_type(DataType t) {
   switch (t) {
-    case DataType::kF16: return CUDA_R_16F;
-    case DataType::kBF16: return CUDA_R_16BF;
-    case DataType::kF32: break;
+    case DataType::kF16:
+      return CUDA_R_16F;
+    case DataType::kBF16:
+      return CUDA_R_16BF;
+    case DataType::kF32:
+      break;
   }
   return CUDA_R_32F;
 }
@@ -169,13 +172,14 @@ inline Status gemm(BlasHandle& h, const GemmDesc& d, const void* a, const void* 
   const cublasOperation_t op_second = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first));
   cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second));
-  const bool ok = lt_layout(&call.a, t, d.trans_b ? d.k : d.n, d.trans_b ? d.n : d.k, d.ldb, d.batch, d.stride_b) &&
-                  lt_layout(&call.b, t, d.trans_a ? d.m : d.k, d.trans_a ? d.k : d.m, d.lda, d.batch, d.stride_a) &&
-                  lt_layout(&call.c, t, d.n, d.m, d.ldc, d.batch, d.stride_c);
+  const bool ok =
+      lt_layout(&call.a, t, d.trans_b ? d.k : d.n, d.trans_b ? d.n : d.k, d.ldb, d.batch, d.stride_b) &&
+      lt_layout(&call.b, t, d.trans_a ? d.m : d.k, d.trans_a ? d.k : d.m, d.lda, d.batch, d.stride_a) &&
+      lt_layout(&call.c, t, d.n, d.m, d.ldc, d.batch, d.stride_c);
   if (!ok) return LibraryError("gemm: cuBLASLt rejected a matrix layout");
   cublasLtMatmulPreferenceCreate(&call.pref);
-  cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &h.workspace_bytes,
-                                       sizeof(h.workspace_bytes));
+  cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &h.workspace_bytes, sizeof(h.workspace_bytes));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (cublasLtMatmulAlgoGetHeuristic(h.lt, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result,
@@ -183,9 +187,10 @@ inline Status gemm(BlasHandle& h, const GemmDesc& d, const void* a, const void* 
       found == 0) {
     return NotSupported("gemm: cuBLASLt has no algorithm for this problem");
   }
-  const cublasStatus_t st = cublasLtMatmul(h.lt, call.op, &d.alpha, b, call.a, a, call.b, &d.beta, c, call.c, c,
-                                           call.c, &result.algo, h.workspace, h.workspace_bytes, stream);
-  if (st != CUBLAS_STATUS_SUCCESS) return LibraryError("cublasLtMatmul failed with status " + std::to_string(st));
+  const cublasStatus_t st = cublasLtMatmul(h.lt, call.op, &d.alpha, b, call.a, a, call.b, &d.beta, c, call.c,
+                                           c, call.c, &result.algo, h.workspace, h.workspace_bytes, stream);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return LibraryError("cublasLtMatmul failed with status " + std::to_string(st));
   return Status::Ok();
 }
 

@@ -6,7 +6,13 @@
 
 namespace flowc {
 
-enum class StatusCode { kOk = 0, kInvalidArgument = 1, kNotSupported = 2, kLibraryError = 3, kOutOfMemory = 4 };
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument = 1,
+  kNotSupported = 2,
+  kLibraryError = 3,
+  kOutOfMemory = 4
+};
 
 class Status {
  public:

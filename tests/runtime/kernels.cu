@@ -150,7 +150,9 @@ struct DeviceBuffer {
   size_t n = 0;
   explicit DeviceBuffer(size_t count) : n(count) { FLOWC_CHECK(cudaMalloc(&p, count * sizeof(T))); }
   ~DeviceBuffer() { cudaFree(p); }
-  void upload(const std::vector<T>& h) { FLOWC_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  void upload(const std::vector<T>& h) {
+    FLOWC_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
   std::vector<T> download() const {
     std::vector<T> h(n);
     FLOWC_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -158,19 +160,25 @@ struct DeviceBuffer {
   }
 };
 
-static bool close(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1.0 + std::fabs(want)); }
+static bool close(double got, double want, double tol) {
+  return std::fabs(got - want) <= tol * (1.0 + std::fabs(want));
+}
 
 static std::string test_vector_add() {
   const int n = 100003;
   std::vector<float> a(n), b(n);
-  for (int i = 0; i < n; ++i) { a[i] = frand(); b[i] = frand(); }
+  for (int i = 0; i < n; ++i) {
+    a[i] = frand();
+    b[i] = frand();
+  }
   DeviceBuffer<float> da(n), db(n), dc(n);
   da.upload(a);
   db.upload(b);
   FLOWC_LAUNCH(vector_add, dim3((n + 255) / 256), dim3(256), 0, nullptr, da.p, db.p, dc.p, n);
   FLOWC_CHECK(cudaGetLastError());
   auto c = dc.download();
-  for (int i = 0; i < n; ++i) if (c[i] != a[i] + b[i]) return "mismatch at " + std::to_string(i);
+  for (int i = 0; i < n; ++i)
+    if (c[i] != a[i] + b[i]) return "mismatch at " + std::to_string(i);
   return "";
 }
 
@@ -187,21 +195,26 @@ static std::string check_block_sums(Launcher launch, int n, int threads) {
   for (int b = 0; b < blocks; ++b) {
     double want = 0;
     for (int i = b * threads; i < std::min(n, (b + 1) * threads); ++i) want += x[i];
-    if (!close(out[b], want, 1e-4)) return "block " + std::to_string(b) + ": " + std::to_string(out[b]) + " != " + std::to_string(want);
+    if (!close(out[b], want, 1e-4))
+      return "block " + std::to_string(b) + ": " + std::to_string(out[b]) + " != " + std::to_string(want);
   }
   return "";
 }
 
 static std::string test_block_reduction() {
-  return check_block_sums([](float* x, float* o, int n, int blocks, int threads) {
-    FLOWC_LAUNCH(block_sum, dim3(blocks), dim3(threads), 0, nullptr, x, o, n);
-  }, 256 * 37 + 11, 256);
+  return check_block_sums(
+      [](float* x, float* o, int n, int blocks, int threads) {
+        FLOWC_LAUNCH(block_sum, dim3(blocks), dim3(threads), 0, nullptr, x, o, n);
+      },
+      256 * 37 + 11, 256);
 }
 
 static std::string test_warp_reduction() {
-  return check_block_sums([](float* x, float* o, int n, int blocks, int threads) {
-    FLOWC_LAUNCH(warp_shuffle_sum, dim3(blocks), dim3(threads), 0, nullptr, x, o, n);
-  }, 512 * 19 + 5, 512);
+  return check_block_sums(
+      [](float* x, float* o, int n, int blocks, int threads) {
+        FLOWC_LAUNCH(warp_shuffle_sum, dim3(blocks), dim3(threads), 0, nullptr, x, o, n);
+      },
+      512 * 19 + 5, 512);
 }
 
 static std::string test_warp_intrinsics() {
@@ -213,12 +226,17 @@ static std::string test_warp_intrinsics() {
   auto out = dout.download();
   int total = 0;
   unsigned ballot = 0;
-  for (int i = 0; i < 32; ++i) { total += x[i]; if (x[i] > 0) ballot |= 1u << i; }
+  for (int i = 0; i < 32; ++i) {
+    total += x[i];
+    if (x[i] > 0) ballot |= 1u << i;
+  }
   for (int l = 0; l < 32; ++l) {
     const int* o = &out[l * 7];
     int want[7] = {x[0], total, l == 0 ? x[0] : x[l - 1], x[l & ~7], (int)ballot, 0, 1};
     for (int k = 0; k < 7; ++k) {
-      if (o[k] != want[k]) return "lane " + std::to_string(l) + " item " + std::to_string(k) + ": " + std::to_string(o[k]) + " != " + std::to_string(want[k]);
+      if (o[k] != want[k])
+        return "lane " + std::to_string(l) + " item " + std::to_string(k) + ": " + std::to_string(o[k]) +
+               " != " + std::to_string(want[k]);
     }
   }
   return "";
@@ -235,7 +253,8 @@ static std::string test_transpose() {
   auto out = dout.download();
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c)
-      if (out[c * rows + r] != in[r * cols + c]) return "mismatch at " + std::to_string(r) + "," + std::to_string(c);
+      if (out[c * rows + r] != in[r * cols + c])
+        return "mismatch at " + std::to_string(r) + "," + std::to_string(c);
   return "";
 }
 
@@ -254,7 +273,8 @@ static std::string test_softmax() {
     for (int c = 0; c < cols; ++c) s += std::exp(x[r * cols + c] - m);
     for (int c = 0; c < cols; ++c) {
       double want = std::exp(x[r * cols + c] - m) / s;
-      if (std::fabs(y[r * cols + c] - want) > 1e-6) return "row " + std::to_string(r) + " col " + std::to_string(c);
+      if (std::fabs(y[r * cols + c] - want) > 1e-6)
+        return "row " + std::to_string(r) + " col " + std::to_string(c);
     }
   }
   return "";
@@ -264,14 +284,18 @@ static std::string test_histogram() {
   const int n = 1 << 18;
   std::vector<unsigned char> data(n);
   std::vector<unsigned> want(256, 0);
-  for (int i = 0; i < n; ++i) { data[i] = (unsigned char)((i * 2654435761u) >> 13); want[data[i]]++; }
+  for (int i = 0; i < n; ++i) {
+    data[i] = (unsigned char)((i * 2654435761u) >> 13);
+    want[data[i]]++;
+  }
   DeviceBuffer<unsigned char> dd(n);
   DeviceBuffer<unsigned> dbins(256);
   dd.upload(data);
   FLOWC_CHECK(cudaMemset(dbins.p, 0, 256 * sizeof(unsigned)));
   FLOWC_LAUNCH(histogram, dim3(64), dim3(256), 0, nullptr, dd.p, n, dbins.p);
   auto bins = dbins.download();
-  for (int b = 0; b < 256; ++b) if (bins[b] != want[b]) return "bin " + std::to_string(b);
+  for (int b = 0; b < 256; ++b)
+    if (bins[b] != want[b]) return "bin " + std::to_string(b);
   const int m = 5000;
   std::vector<int> x(m);
   for (int i = 0; i < m; ++i) x[i] = (int)((i * 7919) % 10007) - 5000;
@@ -295,9 +319,9 @@ struct Test {
 
 int main(int argc, char** argv) {
   const Test tests[] = {
-      {"vector_add", test_vector_add},       {"block_reduction", test_block_reduction},
+      {"vector_add", test_vector_add},         {"block_reduction", test_block_reduction},
       {"warp_reduction", test_warp_reduction}, {"warp_intrinsics", test_warp_intrinsics},
-      {"transpose", test_transpose},         {"softmax", test_softmax},
+      {"transpose", test_transpose},           {"softmax", test_softmax},
       {"histogram", test_histogram},
   };
   int failed = 0, ran = 0;

@@ -40,8 +40,8 @@ static int failures = 0;
 
 static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) {
   const int64_t rows_a = d.trans_a ? d.k : d.m, rows_b = d.trans_b ? d.n : d.k;
-  std::vector<float> A(d.stride_a * (d.batch - 1) + rows_a * d.lda), B(d.stride_b * (d.batch - 1) + rows_b * d.ldb),
-      C(d.stride_c * (d.batch - 1) + d.m * d.ldc);
+  std::vector<float> A(d.stride_a * (d.batch - 1) + rows_a * d.lda),
+      B(d.stride_b * (d.batch - 1) + rows_b * d.ldb), C(d.stride_c * (d.batch - 1) + d.m * d.ldc);
   for (auto& v : A) v = frand();
   for (auto& v : B) v = frand();
   for (auto& v : C) v = frand();
@@ -65,9 +65,9 @@ static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) 
   FLOWC_CHECK(cudaStreamSynchronize(s));
   double err = st.ok() ? rel_error(to_host(dC, C.size()), want) : 1.0;
   bool ok = st.ok() && err < 1e-5;
-  std::printf("%s gemm m=%lld n=%lld k=%lld ta=%d tb=%d batch=%lld alpha=%g beta=%g err=%.2e %s\n", ok ? "PASS" : "FAIL",
-              (long long)d.m, (long long)d.n, (long long)d.k, d.trans_a, d.trans_b, (long long)d.batch, d.alpha, d.beta,
-              err, st.message().c_str());
+  std::printf("%s gemm m=%lld n=%lld k=%lld ta=%d tb=%d batch=%lld alpha=%g beta=%g err=%.2e %s\n",
+              ok ? "PASS" : "FAIL", (long long)d.m, (long long)d.n, (long long)d.k, d.trans_a, d.trans_b,
+              (long long)d.batch, d.alpha, d.beta, err, st.message().c_str());
   failures += ok ? 0 : 1;
   cudaFree(dA);
   cudaFree(dB);
@@ -89,9 +89,11 @@ static void check_conv(flowc::ConvHandle& h, cudaStream_t s, flowc::ConvDesc d) 
           for (int64_t ci = 0; ci < cg; ++ci)
             for (int64_t i = 0; i < d.r; ++i)
               for (int64_t j = 0; j < d.s; ++j) {
-                int64_t iy = y * d.stride_h - d.pad_h + i * d.dil_h, ix = x * d.stride_w - d.pad_w + j * d.dil_w;
+                int64_t iy = y * d.stride_h - d.pad_h + i * d.dil_h,
+                        ix = x * d.stride_w - d.pad_w + j * d.dil_w;
                 if (iy < 0 || iy >= d.h || ix < 0 || ix >= d.w) continue;
-                acc += (double)X[((img * d.c + g * cg + ci) * d.h + iy) * d.w + ix] * W[((o * cg + ci) * d.r + i) * d.s + j];
+                acc += (double)X[((img * d.c + g * cg + ci) * d.h + iy) * d.w + ix] *
+                       W[((o * cg + ci) * d.r + i) * d.s + j];
               }
           want[((img * d.k + o) * oh + y) * ow + x] = acc;
         }
@@ -101,10 +103,13 @@ static void check_conv(flowc::ConvHandle& h, cudaStream_t s, flowc::ConvDesc d) 
   FLOWC_CHECK(cudaStreamSynchronize(s));
   double err = st.ok() ? rel_error(to_host(dY, want.size()), want) : 1.0;
   bool ok = st.ok() && err < 1e-5;
-  std::printf("%s conv n=%lld c=%lld %lldx%lld k=%lld %lldx%lld groups=%lld stride=%lld,%lld pad=%lld,%lld dil=%lld,%lld err=%.2e %s\n",
-              ok ? "PASS" : "FAIL", (long long)d.n, (long long)d.c, (long long)d.h, (long long)d.w, (long long)d.k,
-              (long long)d.r, (long long)d.s, (long long)d.groups, (long long)d.stride_h, (long long)d.stride_w,
-              (long long)d.pad_h, (long long)d.pad_w, (long long)d.dil_h, (long long)d.dil_w, err, st.message().c_str());
+  std::printf(
+      "%s conv n=%lld c=%lld %lldx%lld k=%lld %lldx%lld groups=%lld stride=%lld,%lld pad=%lld,%lld "
+      "dil=%lld,%lld err=%.2e %s\n",
+      ok ? "PASS" : "FAIL", (long long)d.n, (long long)d.c, (long long)d.h, (long long)d.w, (long long)d.k,
+      (long long)d.r, (long long)d.s, (long long)d.groups, (long long)d.stride_h, (long long)d.stride_w,
+      (long long)d.pad_h, (long long)d.pad_w, (long long)d.dil_h, (long long)d.dil_w, err,
+      st.message().c_str());
   failures += ok ? 0 : 1;
   cudaFree(dX);
   cudaFree(dW);
@@ -116,7 +121,10 @@ int main() {
   FLOWC_CHECK(cudaStreamCreate(&s));
   flowc::BlasHandle blas;
   flowc::Status st = flowc::create_blas(&blas);
-  if (!st.ok()) { std::printf("FAIL create_blas: %s\n", st.message().c_str()); return 1; }
+  if (!st.ok()) {
+    std::printf("FAIL create_blas: %s\n", st.message().c_str());
+    return 1;
+  }
   const int sizes[][3] = {{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {64, 64, 64}, {129, 3, 31}};
   for (auto& mnk : sizes)
     for (int ta = 0; ta < 2; ++ta)
@@ -145,19 +153,31 @@ int main() {
 
   flowc::ConvHandle conv;
   st = flowc::create_conv(&conv);
-  if (!st.ok()) { std::printf("FAIL create_conv: %s\n", st.message().c_str()); return 1; }
-  auto cd = [](int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t sk, int64_t g, int64_t stride,
-               int64_t pad, int64_t dil) {
+  if (!st.ok()) {
+    std::printf("FAIL create_conv: %s\n", st.message().c_str());
+    return 1;
+  }
+  auto cd = [](int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t r, int64_t sk, int64_t g,
+               int64_t stride, int64_t pad, int64_t dil) {
     flowc::ConvDesc d;
-    d.n = n; d.c = c; d.h = h; d.w = w; d.k = k; d.r = r; d.s = sk; d.groups = g;
-    d.stride_h = d.stride_w = stride; d.pad_h = d.pad_w = pad; d.dil_h = d.dil_w = dil;
+    d.n = n;
+    d.c = c;
+    d.h = h;
+    d.w = w;
+    d.k = k;
+    d.r = r;
+    d.s = sk;
+    d.groups = g;
+    d.stride_h = d.stride_w = stride;
+    d.pad_h = d.pad_w = pad;
+    d.dil_h = d.dil_w = dil;
     return d;
   };
   check_conv(conv, s, cd(1, 3, 9, 11, 5, 3, 3, 1, 1, 1, 1));
   check_conv(conv, s, cd(2, 4, 13, 7, 6, 3, 2, 2, 2, 1, 1));
-  check_conv(conv, s, cd(1, 8, 10, 10, 8, 3, 3, 8, 1, 2, 2));   // depthwise, dilated
+  check_conv(conv, s, cd(1, 8, 10, 10, 8, 3, 3, 8, 1, 2, 2));  // depthwise, dilated
   check_conv(conv, s, cd(3, 6, 15, 17, 9, 5, 5, 3, 3, 2, 1));
-  check_conv(conv, s, cd(1, 5, 1, 1, 7, 1, 1, 1, 1, 0, 1));     // 1x1 on 1x1
+  check_conv(conv, s, cd(1, 5, 1, 1, 7, 1, 1, 1, 1, 0, 1));  // 1x1 on 1x1
   flowc::ConvDesc cbad = cd(1, 5, 8, 8, 6, 3, 3, 2, 1, 0, 1);
   rejected = !flowc::conv2d_forward(conv, cbad, nullptr, nullptr, nullptr, s).ok();
   std::printf("%s conv rejects channels that do not divide by groups\n", rejected ? "PASS" : "FAIL");

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   FLOWC_CHECK(cudaStreamWaitEvent(s2, done, 0));
   FLOWC_LAUNCH(add_one, dim3(n / 256), dim3(256), 0, s2, d, n);  // 11
   float ms = -1;
-  expect(cudaEventElapsedTime(&ms, start, done) == cudaErrorNotReady, "elapsed time before completion is not ready");
+  expect(cudaEventElapsedTime(&ms, start, done) == cudaErrorNotReady,
+         "elapsed time before completion is not ready");
   FLOWC_CHECK(cudaGetLastError());
   FLOWC_CHECK(cudaEventSynchronize(done));
   FLOWC_CHECK(cudaEventElapsedTime(&ms, start, done));
@@ -94,9 +95,9 @@ int main(int argc, char** argv) {
   expect(all11, "event orders streams");
 
   // The legacy default stream orders with blocking streams both ways.
-  FLOWC_LAUNCH(add_one, dim3(n / 256), dim3(256), 0, s1, d, n);       // 12
+  FLOWC_LAUNCH(add_one, dim3(n / 256), dim3(256), 0, s1, d, n);         // 12
   FLOWC_LAUNCH(times_two, dim3(n / 256), dim3(256), 0, nullptr, d, n);  // 24
-  FLOWC_LAUNCH(add_one, dim3(n / 256), dim3(256), 0, s2, d, n);       // 25
+  FLOWC_LAUNCH(add_one, dim3(n / 256), dim3(256), 0, s2, d, n);         // 25
   FLOWC_CHECK(cudaDeviceSynchronize());
   FLOWC_CHECK(cudaMemcpy(got.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
   bool all25 = true;
@@ -128,8 +129,10 @@ int main(int argc, char** argv) {
   FLOWC_CHECK(cudaMalloc(&out, 1024 * sizeof(float)));
   const size_t big = 64 * 1024;
   FLOWC_LAUNCH(big_shared, dim3(1), dim3(1024), big, s1, out);
-  expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "64 KiB dynamic shared memory without opting in");
-  expect(cudaFuncSetAttribute(big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 300 * 1024) == cudaErrorInvalidValue,
+  expect(cudaGetLastError() == cudaErrorInvalidConfiguration,
+         "64 KiB dynamic shared memory without opting in");
+  expect(cudaFuncSetAttribute(big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 300 * 1024) ==
+             cudaErrorInvalidValue,
          "more than 227 KiB cannot be opted in");
   expect(cudaGetLastError() == cudaErrorInvalidValue, "a failed call is the last error");
   FLOWC_CHECK(cudaFuncSetAttribute(big_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big));
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
   FLOWC_CHECK(cudaMemcpy(hout.data(), out, 1024 * sizeof(float), cudaMemcpyDeviceToHost));
   expect(hout[0] == 1023.0f && hout[1023] == 0.0f, "64 KiB dynamic shared memory after opting in");
   expect(std::string(cudaGetErrorString(cudaErrorInvalidValue)) == "invalid argument", "error strings");
-  expect(cudaStreamDestroy(nullptr) == cudaErrorInvalidResourceHandle, "the default stream cannot be destroyed");
+  expect(cudaStreamDestroy(nullptr) == cudaErrorInvalidResourceHandle,
+         "the default stream cannot be destroyed");
   cudaGetLastError();
 
   FLOWC_CHECK(cudaEventDestroy(start));

@@ -21,32 +21,52 @@ inline auto locked(F f) {
 
 inline const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+      return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
   }
   return "unrecognized error code";
 }
 
 inline const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
   }
   return "cudaErrorUnknown";
 }
@@ -98,7 +118,10 @@ inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
 
 inline cudaError_t cudaFree(void* p) {
   // cudaFree waits for all work, which may still read the buffer.
-  flowc::sim::locked([](flowc::sim::Engine& E) { E.drain_all(); return 0; });
+  flowc::sim::locked([](flowc::sim::Engine& E) {
+    E.drain_all();
+    return 0;
+  });
   std::free(p);
   return cudaSuccess;
 }
@@ -124,7 +147,10 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
   using namespace flowc::sim;
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
   if (e != cudaSuccess) return e;
-  return locked([](Engine& E) { E.drain_all(); return cudaSuccess; });
+  return locked([](Engine& E) {
+    E.drain_all();
+    return cudaSuccess;
+  });
 }
 
 inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr) {
@@ -144,7 +170,10 @@ inline cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   using namespace flowc::sim;
   cudaError_t e = cudaMemsetAsync(dst, value, bytes, nullptr);
   if (e != cudaSuccess) return e;
-  return locked([](Engine& E) { E.drain_all(); return cudaSuccess; });
+  return locked([](Engine& E) {
+    E.drain_all();
+    return cudaSuccess;
+  });
 }
 
 inline cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
@@ -175,7 +204,9 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned flags) 
   });
 }
 
-inline cudaError_t cudaStreamCreate(cudaStream_t* out) { return cudaStreamCreateWithFlags(out, cudaStreamDefault); }
+inline cudaError_t cudaStreamCreate(cudaStream_t* out) {
+  return cudaStreamCreateWithFlags(out, cudaStreamDefault);
+}
 
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   using namespace flowc::sim;
@@ -205,7 +236,10 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 inline cudaError_t cudaDeviceSynchronize() {
-  return flowc::sim::locked([](flowc::sim::Engine& E) { E.drain_all(); return cudaSuccess; });
+  return flowc::sim::locked([](flowc::sim::Engine& E) {
+    E.drain_all();
+    return cudaSuccess;
+  });
 }
 
 // -- events -------------------------------------------------------------------------------------
@@ -219,7 +253,9 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned flags) {
   return cudaSuccess;
 }
 
-inline cudaError_t cudaEventCreate(cudaEvent_t* out) { return cudaEventCreateWithFlags(out, cudaEventDefault); }
+inline cudaError_t cudaEventCreate(cudaEvent_t* out) {
+  return cudaEventCreateWithFlags(out, cudaEventDefault);
+}
 
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (e == nullptr) return flowc::sim::set_error(cudaErrorInvalidResourceHandle);

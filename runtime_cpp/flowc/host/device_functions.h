@@ -27,7 +27,9 @@
 #define warpSize 32
 
 __attribute__((noinline)) inline void __syncthreads() { ::flowc::sim::syncthreads(); }
-__attribute__((noinline)) inline void __syncwarp(unsigned mask = 0xffffffffu) { ::flowc::sim::syncwarp(mask); }
+__attribute__((noinline)) inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::flowc::sim::syncwarp(mask);
+}
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
@@ -94,22 +96,24 @@ inline T flowc_atomic_rmw_cas(T* addr, T (*op)(T, T), T val) {
   }
 }
 
-#define FLOWC_INT_ATOMICS(T)                                                                   \
-  inline T atomicAdd(T* a, T v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }         \
-  inline T atomicSub(T* a, T v) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }         \
-  inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }         \
-  inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }           \
-  inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }         \
-  inline T atomicExch(T* a, T v) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }       \
-  inline T atomicMax(T* a, T v) {                                                              \
-    return flowc_atomic_rmw_cas<T>(a, [](T x, T y) { return x > y ? x : y; }, v);             \
-  }                                                                                            \
-  inline T atomicMin(T* a, T v) {                                                              \
-    return flowc_atomic_rmw_cas<T>(a, [](T x, T y) { return x < y ? x : y; }, v);             \
-  }                                                                                            \
-  inline T atomicCAS(T* a, T expected, T desired) {                                            \
+#define FLOWC_INT_ATOMICS(T)                                                                       \
+  inline T atomicAdd(T* a, T v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }             \
+  inline T atomicSub(T* a, T v) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }             \
+  inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }             \
+  inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }               \
+  inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }             \
+  inline T atomicExch(T* a, T v) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }           \
+  inline T atomicMax(T* a, T v) {                                                                  \
+    return flowc_atomic_rmw_cas<T>(                                                                \
+        a, [](T x, T y) { return x > y ? x : y; }, v);                                             \
+  }                                                                                                \
+  inline T atomicMin(T* a, T v) {                                                                  \
+    return flowc_atomic_rmw_cas<T>(                                                                \
+        a, [](T x, T y) { return x < y ? x : y; }, v);                                             \
+  }                                                                                                \
+  inline T atomicCAS(T* a, T expected, T desired) {                                                \
     __atomic_compare_exchange_n(a, &expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
-    return expected;                                                                           \
+    return expected;                                                                               \
   }
 
 FLOWC_INT_ATOMICS(int)
@@ -119,19 +123,24 @@ FLOWC_INT_ATOMICS(long long)
 #undef FLOWC_INT_ATOMICS
 
 inline float atomicAdd(float* a, float v) {
-  return flowc_atomic_rmw_cas<float>(a, [](float x, float y) { return x + y; }, v);
+  return flowc_atomic_rmw_cas<float>(
+      a, [](float x, float y) { return x + y; }, v);
 }
 inline double atomicAdd(double* a, double v) {
-  return flowc_atomic_rmw_cas<double>(a, [](double x, double y) { return x + y; }, v);
+  return flowc_atomic_rmw_cas<double>(
+      a, [](double x, double y) { return x + y; }, v);
 }
 inline float atomicExch(float* a, float v) {
-  return flowc_atomic_rmw_cas<float>(a, [](float, float y) { return y; }, v);
+  return flowc_atomic_rmw_cas<float>(
+      a, [](float, float y) { return y; }, v);
 }
 inline float atomicMax(float* a, float v) {
-  return flowc_atomic_rmw_cas<float>(a, [](float x, float y) { return x > y ? x : y; }, v);
+  return flowc_atomic_rmw_cas<float>(
+      a, [](float x, float y) { return x > y ? x : y; }, v);
 }
 inline float atomicMin(float* a, float v) {
-  return flowc_atomic_rmw_cas<float>(a, [](float x, float y) { return x < y ? x : y; }, v);
+  return flowc_atomic_rmw_cas<float>(
+      a, [](float x, float y) { return x < y ? x : y; }, v);
 }
 
 // -- device math --------------------------------------------------------------------------------
@@ -156,10 +165,26 @@ inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : 
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
 inline int __float2int_rz(float x) { return static_cast<int>(x); }
 inline float __int2float_rn(int x) { return static_cast<float>(x); }
-inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
-inline unsigned __float_as_uint(float x) { unsigned i; std::memcpy(&i, &x, 4); return i; }
-inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
-inline float __uint_as_float(unsigned i) { float x; std::memcpy(&x, &i, 4); return x; }
+inline int __float_as_int(float x) {
+  int i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned i;
+  std::memcpy(&i, &x, 4);
+  return i;
+}
+inline float __int_as_float(int i) {
+  float x;
+  std::memcpy(&x, &i, 4);
+  return x;
+}
+inline float __uint_as_float(unsigned i) {
+  float x;
+  std::memcpy(&x, &i, 4);
+  return x;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
@@ -172,7 +197,9 @@ inline unsigned __brev(unsigned x) {
   return (x >> 16) | (x << 16);
 }
 template <class T>
-inline T __ldg(const T* p) { return *p; }
+inline T __ldg(const T* p) {
+  return *p;
+}
 
 // CUDA's global min/max overloads for mixed device code.
 inline int max(int a, int b) { return a > b ? a : b; }

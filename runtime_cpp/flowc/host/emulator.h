@@ -74,7 +74,8 @@ inline Policy read_policy() {
       p.order = Order::kShuffle;
       char* end = nullptr;
       p.seed = std::strtoull(s.c_str() + 8, &end, 10);
-      if (*end != '\0') fatal(std::string("FLOWC_SIM_ORDER=") + o + ": the seed must be an integer (shuffle:42)");
+      if (*end != '\0')
+        fatal(std::string("FLOWC_SIM_ORDER=") + o + ": the seed must be an integer (shuffle:42)");
     } else {
       fatal(std::string("FLOWC_SIM_ORDER=") + o + " is not one of forward, reverse, shuffle:SEED");
     }
@@ -146,15 +147,14 @@ inline std::map<std::string, std::unique_ptr<KernelStats>>& stats_table() {
 inline void print_stats() {
   std::lock_guard<std::mutex> lock(stats_mutex());
   std::fprintf(stderr, "flowc sim stats (%zu kernels)\n", stats_table().size());
-  std::fprintf(stderr, "  %-32s %10s %10s %12s %12s %12s %12s\n", "kernel", "plain", "fibers",
-               "blocks", "fiber blks", "barriers", "warp syncs");
+  std::fprintf(stderr, "  %-32s %10s %10s %12s %12s %12s %12s\n", "kernel", "plain", "fibers", "blocks",
+               "fiber blks", "barriers", "warp syncs");
   for (auto& kv : stats_table()) {
     const KernelStats& s = *kv.second;
     std::fprintf(stderr, "  %-32s %10llu %10llu %12llu %12llu %12llu %12llu\n", kv.first.c_str(),
                  (unsigned long long)s.launches_plain, (unsigned long long)s.launches_fibers,
-                 (unsigned long long)(s.blocks_plain + s.blocks_fibers),
-                 (unsigned long long)s.blocks_fibers, (unsigned long long)s.barriers,
-                 (unsigned long long)s.warp_syncs);
+                 (unsigned long long)(s.blocks_plain + s.blocks_fibers), (unsigned long long)s.blocks_fibers,
+                 (unsigned long long)s.barriers, (unsigned long long)s.warp_syncs);
   }
 }
 
@@ -176,7 +176,7 @@ struct ThreadCtx {
   uint3 block_idx{0, 0, 0};
   dim3 block_dim;
   dim3 grid_dim;
-  unsigned linear = 0;  // linear thread index within the block
+  unsigned linear = 0;     // linear thread index within the block
   Block* block = nullptr;  // null on the plain path
   const char* kernel = "";
 };
@@ -205,8 +205,8 @@ struct StackPool {
     while (stacks.size() <= i) {
       Stack s;
       s.bytes = (policy().stack_bytes + page - 1) / page * page + page;
-      s.base = mmap(nullptr, s.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                    -1, 0);
+      s.base =
+          mmap(nullptr, s.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (s.base == MAP_FAILED) fatal("cannot map a fiber stack (out of memory?)");
       mprotect(s.base, page, PROT_NONE);  // overflow faults instead of corrupting a neighbour
       stacks.push_back(s);
@@ -381,6 +381,7 @@ struct Launch {
   KernelStats* stats = nullptr;
   std::shared_ptr<void> args;
   void (*invoke)(const void*) = nullptr;
+  void (*run_plain)(const Launch&, unsigned block) = nullptr;
 };
 
 inline uint3 unflatten(unsigned i, dim3 d) { return uint3{i % d.x, (i / d.x) % d.y, i / (d.x * d.y)}; }
@@ -395,7 +396,8 @@ inline void fiber_entry(bctx::transfer_t t) {
   b->live--;
   b->warps[f->tctx.linear / 32].live_mask &= ~(1u << (f->tctx.linear & 31u));
   release_block_barrier_if_complete(b);
-  for (auto& w : b->warps) release_warp_if_complete(b, w, static_cast<unsigned>(__builtin_popcount(w.live_mask)));
+  for (auto& w : b->warps)
+    release_warp_if_complete(b, w, static_cast<unsigned>(__builtin_popcount(w.live_mask)));
   bctx::jump_fcontext(b->sched, nullptr);
   fatal("internal error: a finished fiber was resumed");
 }
@@ -467,27 +469,41 @@ inline bool run_block_fibers(const Launch& L, unsigned block) {
   return b.used_sync;
 }
 
+// Runs one block as a plain loop over its threads (no barriers allowed). Instantiated per
+// kernel, so the kernel body inlines into the loop: this is the fast path.
 template <auto Kernel, class Tuple>
 struct Invoker {
   static void invoke(const void* args) { std::apply(Kernel, *static_cast<const Tuple*>(args)); }
-};
 
-// Runs one block as a plain loop over its threads (no barriers allowed).
-inline void run_block_plain(const Launch& L, unsigned block) {
-  const unsigned n = L.block.x * L.block.y * L.block.z;
-  prepare_shared(L.shared_bytes);
-  static thread_local std::vector<unsigned> order;
-  fill_order(order, n, L.id * 0x100000001b3ULL + block * 0x9e37ULL);
-  ThreadCtx c = make_ctx(L, block, 0);
-  ThreadCtx* saved = tl_cur;
-  tl_cur = &c;
-  for (unsigned t : order) {
-    c.thread_idx = unflatten(t, L.block);
-    c.linear = t;
-    L.invoke(L.args.get());
+  static void run_plain(const Launch& L, unsigned block) {
+    const Tuple& args = *static_cast<const Tuple*>(L.args.get());
+    prepare_shared(L.shared_bytes);
+    ThreadCtx c = make_ctx(L, block, 0);
+    ThreadCtx* saved = tl_cur;
+    tl_cur = &c;
+    if (policy().order == Order::kForward) {
+      unsigned t = 0;
+      for (unsigned z = 0; z < L.block.z; ++z) {
+        for (unsigned y = 0; y < L.block.y; ++y) {
+          for (unsigned x = 0; x < L.block.x; ++x, ++t) {
+            c.thread_idx = uint3{x, y, z};
+            c.linear = t;
+            std::apply(Kernel, args);
+          }
+        }
+      }
+    } else {
+      static thread_local std::vector<unsigned> order;
+      fill_order(order, L.block.x * L.block.y * L.block.z, L.id * 0x100000001b3ULL + block * 0x9e37ULL);
+      for (unsigned t : order) {
+        c.thread_idx = unflatten(t, L.block);
+        c.linear = t;
+        std::apply(Kernel, args);
+      }
+    }
+    tl_cur = saved;
   }
-  tl_cur = saved;
-}
+};
 
 // Runs up to `count` more blocks of the launch (all of them, in parallel, when count == 0).
 inline void run_blocks(Launch& L, unsigned count) {
@@ -510,7 +526,7 @@ inline void run_blocks(Launch& L, unsigned count) {
     if (L.fibers) {
       run_block_fibers(L, L.order[begin]);
     } else {
-      run_block_plain(L, L.order[begin]);
+      L.run_plain(L, L.order[begin]);
     }
     return;
   }
@@ -519,7 +535,7 @@ inline void run_blocks(Launch& L, unsigned count) {
     if (L.fibers) {
       run_block_fibers(L, L.order[static_cast<size_t>(k)]);
     } else {
-      run_block_plain(L, L.order[static_cast<size_t>(k)]);
+      L.run_plain(L, L.order[static_cast<size_t>(k)]);
     }
   }
 }

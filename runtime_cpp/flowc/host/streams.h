@@ -46,9 +46,7 @@ struct Engine {
 
   Engine() { streams.push_back(&legacy); }
 
-  Stream* resolve(cudaStream_t s) {
-    return (s == nullptr || s == cudaStreamLegacy) ? &legacy : s;
-  }
+  Stream* resolve(cudaStream_t s) { return (s == nullptr || s == cudaStreamLegacy) ? &legacy : s; }
 
   bool known(Stream* s) const { return std::find(streams.begin(), streams.end(), s) != streams.end(); }
 
@@ -167,7 +165,8 @@ inline cudaError_t check_launch(const void* kernel, dim3 grid, dim3 block, size_
   const unsigned long long threads = 1ULL * block.x * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0) return cudaErrorInvalidConfiguration;
   if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u) return cudaErrorInvalidConfiguration;
-  if (block.x > 1024u || block.y > 1024u || block.z > 64u || threads > 1024u) return cudaErrorInvalidConfiguration;
+  if (block.x > 1024u || block.y > 1024u || block.z > 64u || threads > 1024u)
+    return cudaErrorInvalidConfiguration;
   size_t limit = kDefaultSharedLimit;
   {
     std::lock_guard<std::mutex> lock(attr_mutex());
@@ -217,6 +216,7 @@ inline void launch(const char* name, dim3 grid, dim3 block, size_t shared, cudaS
   using Tuple = decltype(std::tuple(std::forward<Args>(args)...));
   L->args = std::make_shared<Tuple>(std::forward<Args>(args)...);
   L->invoke = &Invoker<Kernel, Tuple>::invoke;
+  L->run_plain = &Invoker<Kernel, Tuple>::run_plain;
   Op op;
   op.kind = Op::kKernel;
   op.launch = std::move(L);
