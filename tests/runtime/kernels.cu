@@ -136,6 +136,24 @@ static __global__ void atomic_max_min(const int* x, int n, int* mx, int* mn, flo
   }
 }
 
+// Device math as kernels call it; compared with the host's libm in double.
+static __global__ void device_math(const float* x, float* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = x[i];
+  float* o = out + 10 * i;
+  o[0] = expf(v);
+  o[1] = __expf(v);
+  o[2] = rsqrtf(v + 4.0f);
+  o[3] = erff(v);
+  o[4] = tanhf(v);
+  o[5] = fmaf(v, 2.0f, 1.0f);
+  o[6] = __fdividef(v, 3.0f);
+  o[7] = max(v, 0.25f) + min(i, 3);
+  o[8] = sqrtf(v + 4.0f) + logf(v + 4.0f);
+  o[9] = __saturatef(v) + (float)__float2int_rn(v * 2.0f);
+}
+
 // -- harness -------------------------------------------------------------------------------------
 
 static unsigned rng_state = 12345u;
@@ -312,6 +330,34 @@ static std::string test_histogram() {
   return "";
 }
 
+static std::string test_device_math() {
+  const int n = 200;
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = -3.0f + 6.0f * i / (n - 1);
+  DeviceBuffer<float> dx(n), dout(10 * n);
+  dx.upload(x);
+  FLOWC_LAUNCH(device_math, dim3(2), dim3(128), 0, nullptr, dx.p, dout.p, n);
+  auto o = dout.download();
+  for (int i = 0; i < n; ++i) {
+    double v = x[i];
+    double want[10] = {std::exp(v),
+                       std::exp(v),
+                       1.0 / std::sqrt(v + 4.0),
+                       std::erf(v),
+                       std::tanh(v),
+                       v * 2.0 + 1.0,
+                       v / 3.0,
+                       std::max(v, 0.25) + std::min(i, 3),
+                       std::sqrt(v + 4.0) + std::log(v + 4.0),
+                       std::min(std::max(v, 0.0), 1.0) + std::nearbyint(x[i] * 2.0f)};
+    for (int k = 0; k < 10; ++k) {
+      if (!close(o[10 * i + k], want[k], 1e-5))
+        return "x=" + std::to_string(v) + " function " + std::to_string(k);
+    }
+  }
+  return "";
+}
+
 struct Test {
   const char* name;
   std::string (*fn)();
@@ -322,7 +368,7 @@ int main(int argc, char** argv) {
       {"vector_add", test_vector_add},         {"block_reduction", test_block_reduction},
       {"warp_reduction", test_warp_reduction}, {"warp_intrinsics", test_warp_intrinsics},
       {"transpose", test_transpose},           {"softmax", test_softmax},
-      {"histogram", test_histogram},
+      {"histogram", test_histogram},           {"device_math", test_device_math},
   };
   int failed = 0, ran = 0;
   for (const Test& t : tests) {
