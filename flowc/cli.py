@@ -132,7 +132,10 @@ def cli() -> None:
     is_flag=True,
     help="Write the IR (DSL text) to stdout; the summary goes to stderr.",
 )
-def inspect(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_ir: bool) -> None:
+@click.option("--memory", is_flag=True, help="Plan memory: arena bytes, lower bound, naive sum.")
+def inspect(
+    model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_ir: bool, memory: bool
+) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs."""
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
@@ -174,6 +177,16 @@ def inspect(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_i
         + (f" ({human_bytes(splat)} of them fills, not stored)" if splat else "")
     )
     console.print(f"estimated FLOPs: {human_flops(sum(flops_by_op.values()))} per run")
+    if memory:
+        from flowc.passes.memory_plan import plan_memory
+
+        plan = plan_memory(graph)
+        console.print(
+            f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
+            f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
+            f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
+            f"{plan.inplace} outputs written in place"
+        )
 
 
 def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,12 @@ def test_symbols_bind_across_inputs() -> None:
     assert_clean_error(
         flowc("inspect", model, "--dim", "batch=1"), "('seq') with no value", "--dim seq=N"
     )
+
+
+def test_inspect_memory_prints_arena_bound_and_naive() -> None:
+    r = flowc("inspect", str(SHARED_MODELS / "resnet_tiny.onnx"), "--memory")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"memory plan: arena (\d+) B .*lower bound (\d+) B .*naive sum (\d+) B", r.stdout)
+    assert m, r.stdout
+    arena, lower, naive = (int(x) for x in m.groups())
+    assert 0 < lower <= arena <= naive

@@ -131,6 +131,9 @@ class OpDef:
     # True when the reference reads only the input shapes (Shape, Size): such a node folds to
     # a constant even when its input is computed at run time.
     shape_only: bool = False
+    # True when the output is the input's bytes under another shape (Reshape, Squeeze, ...):
+    # memory planning makes it an alias, code generation emits no kernel.
+    view: bool = False
     onnx_import: OnnxAdapter | None = None
     dsl_name: str = ""
 
@@ -192,6 +195,7 @@ def defop(
     outputs: tuple[int, int] | int = 1,
     flops: FlopsFn | None = None,
     shape_only: bool = False,
+    view: bool = False,
     onnx_import: OnnxAdapter | None = None,
     dsl_name: str = "",
 ) -> OpDef:
@@ -207,6 +211,7 @@ def defop(
             outputs=outputs if isinstance(outputs, tuple) else (outputs, outputs),
             flops=flops,
             shape_only=shape_only,
+            view=view,
             onnx_import=onnx_import,
             dsl_name=dsl_name,
         )

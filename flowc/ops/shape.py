@@ -142,6 +142,7 @@ defop(
     reference=_reshape_ref,
     attrs={"allowzero": 0},
     inputs=2,
+    view=True,
     onnx_import=_reshape_import,
 )
 
@@ -164,7 +165,7 @@ def _flatten_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, shape, lambda v: v.reshape(shape))
 
 
-defop("Flatten", FAMILY, infer=_flatten_infer, reference=_flatten_ref, attrs={"axis": 1})
+defop("Flatten", FAMILY, infer=_flatten_infer, reference=_flatten_ref, attrs={"axis": 1}, view=True)
 
 
 def _perm(fail: Fail, a: Mapping[str, Any], rank: int) -> list[int]:
@@ -229,6 +230,7 @@ defop(
     infer=_squeeze_infer,
     reference=_squeeze_ref,
     inputs=(1, 2),
+    view=True,
     onnx_import=_axes_attr_to_input,
 )
 
@@ -257,6 +259,7 @@ defop(
     infer=_unsqueeze_infer,
     reference=_unsqueeze_ref,
     inputs=2,
+    view=True,
     onnx_import=_axes_attr_to_input,
 )
 
@@ -751,6 +754,7 @@ defop(
     FAMILY,
     infer=same_as_input,
     reference=lambda xs, a: _in(xs, 0),
+    view=True,
     onnx_import=_identity_import,
 )
 
