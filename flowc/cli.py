@@ -317,6 +317,180 @@ def eval_cmd(
     out.print(f"wrote {output}")
 
 
+def _progress(msg: str) -> None:
+    err.print(f"[dim]flowc:[/] {escape(msg)}")
+
+
+@cli.command(name="compile")
+@model_options
+@click.option(
+    "-o",
+    "--output",
+    "project",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Project directory OUT/.",
+)
+@click.option(
+    "--target",
+    type=click.Choice(["cuda", "host"]),
+    default="cuda",
+    show_default=True,
+    help="The build to suggest; both build from the same OUT/.",
+)
+@click.option(
+    "--arch", default="sm_90", show_default=True, help="CUDA architecture for the CUDA build."
+)
+@click.option("--prefix", default=None, help="C symbol prefix (default: from the model's name).")
+def compile_cmd(
+    model: Path,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    project: Path,
+    target: str,
+    arch: str,
+    prefix: str | None,
+) -> None:
+    """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights, CMake)."""
+    from flowc.codegen import compile_graph
+
+    if not arch.startswith("sm_") or not arch[3:].isdigit():
+        raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
+    graph = load(model, shapes, dims)
+    _progress(f"generating {project}/")
+    compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch[3:])
+    out.print(
+        f"wrote {escape(str(project))}/; build it with: flowc build {escape(str(project))} --target {target}"
+    )
+
+
+@cli.command(name="build")
+@click.argument("project", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--target", type=click.Choice(["cuda", "host"]), default="cuda", show_default=True)
+def build_cmd(project: Path, target: str) -> None:
+    """Build a project made by `flowc compile` (CMake; the compiler's errors are shown)."""
+    from flowc.harness.build import build
+
+    bdir = build(project, target, progress=_progress)
+    out.print(f"built {escape(str(bdir))}/model_main")
+
+
+@cli.command(name="run")
+@click.argument("project", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--input", "inputs", multiple=True, metavar="NAME=PATH.npy", help="An input array.")
+@click.option(
+    "--weights",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Another weights file of the same layout.",
+)
+@click.option("--target", type=click.Choice(["cuda", "host"]), default="host", show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="OUT.npz, keyed by output name.",
+)
+def run_cmd(
+    project: Path, inputs: tuple[str, ...], weights: Path | None, target: str, output: Path
+) -> None:
+    """Run a built project on .npy inputs; write its outputs to OUT.npz."""
+    from flowc.harness.build import project_info, run
+
+    output = check_output_path(output)
+    info = project_info(project)
+    names = [str(spec["name"]) for spec in info["inputs"]]  # type: ignore[attr-defined]
+    feeds = {}
+    for item in inputs:
+        name, path = _split_input(item, names)
+        feeds[name] = _read_npy(path, name)
+    results, _ = run(project, feeds, target=target, weights=weights)
+    write_npz_atomic(output, results)
+    out.print(f"wrote {escape(str(output))}")
+
+
+@cli.command()
+@model_options
+@click.option("--target", type=click.Choice(["host", "cuda"]), default="host", show_default=True)
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME=PATH.npy",
+    help="An input array (others: seeded random).",
+)
+@click.option("--seed", default=0, show_default=True, help="Seed for the random inputs.")
+@click.option(
+    "--tol", default=1e-4, show_default=True, help="Largest error allowed: max|got-ref| / max|ref|."
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the project here (default: a temporary directory).",
+)
+def verify(
+    model: Path,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    target: str,
+    inputs: tuple[str, ...],
+    seed: int,
+    tol: float,
+    out_dir: Path | None,
+) -> None:
+    """Compile MODEL, build, run, and compare every output with onnxruntime."""
+    from flowc.codegen import compile_graph
+    from flowc.harness.build import build, run
+    from flowc.harness.compare import compare
+    from flowc.harness.ort import run_onnxruntime
+    from flowc.interpreter import random_inputs as make_random
+
+    graph = load(model, shapes, dims)
+    names = [v.name for v in graph.inputs]
+    feeds = {}
+    for item in inputs:
+        name, path = _split_input(item, names)
+        feeds[name] = _read_npy(path, name)
+    for k, v in make_random(graph, seed).items():
+        feeds.setdefault(k, v)
+    with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:
+        project = out_dir or Path(tmp) / "out"
+        _progress(f"compiling {model.name}")
+        compile_graph(graph, project, source=model.name)
+        build(project, target, progress=_progress)
+        if target == "cuda":
+            import shutil
+
+            if shutil.which("nvidia-smi") is None:
+                raise FlowcError(
+                    "the CUDA build compiled and linked, but this machine has no GPU to run it",
+                    hint="use --target host here, or run on a machine with a GPU",
+                )
+        _progress("running")
+        got, _ = run(project, feeds, target=target)
+    ref = run_onnxruntime(str(model), feeds) if model.suffix == ".onnx" else {}
+    table = Table(show_edge=False)
+    for col in ("output", "shape", "error", "result"):
+        table.add_column(col)
+    ok = True
+    for name, r in ref.items():
+        c = compare(name, got[name], r, tol)
+        ok &= c.ok
+        table.add_row(
+            escape(name),
+            str(list(c.shape)),
+            f"{c.error:.2e}",
+            "PASS" if c.ok else f"FAIL {escape(c.reason)}",
+        )
+    out.print(table)
+    if not ok:
+        raise FlowcError(f"{model.name}: some outputs differ from onnxruntime by more than {tol}")
+
+
 @cli.command()
 def ops() -> None:
     """List the supported ops, by family."""

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
 
+from flowc.codegen.cpp import c_float
+from flowc.codegen.elementwise import emit_elementwise
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
 from flowc.ops.registry import (
+    CExprFn,
     InferCtx,
     broadcast_shapes,
     defop,
@@ -36,6 +39,142 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 def erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(_erf(x.astype(np.float64)), dtype=np.float64).astype(x.dtype)
+
+
+# -- code generation: each op's scalar C++ expression ----------------------------------------------
+# $0, $1, ...: operands; $T: the result's C++ type; $I: the first operand's. Helpers are in
+# runtime_cpp/flowc/elementwise.h.
+
+
+def _lit(x: float) -> str:
+    return c_float(float(x), "$T")
+
+
+def _fixed(text: str) -> CExprFn:
+    return lambda a, present: text
+
+
+def _chain(fn: str, n: int) -> str:
+    expr = "$0"
+    for k in range(1, n):
+        expr = f"flowc::ew::{fn}({expr}, ${k})"
+    return expr
+
+
+def _clip_expr(a: Attrs, present: tuple[bool, ...]) -> str:
+    lo = len(present) > 1 and present[1]
+    hi = len(present) > 2 and present[2]
+    if lo and hi:
+        return "flowc::ew::clip($0, static_cast<$T>($1), static_cast<$T>($2))"
+    if lo:
+        return "flowc::ew::max_($0, static_cast<$T>($1))"
+    if hi:
+        return "flowc::ew::min_($0, static_cast<$T>($2))"
+    return "$0"
+
+
+def _cast_expr(a: Attrs, present: tuple[bool, ...]) -> str:
+    return "($0 != 0)" if int(a.get("to", 0)) == DType.BOOL.onnx else "static_cast<$T>($0)"
+
+
+def _castlike_expr(a: Attrs, present: tuple[bool, ...]) -> str:
+    return "static_cast<$T>($0)"
+
+
+CEXPR: dict[str, CExprFn] = {
+    "Neg": _fixed("(-$0)"),
+    "Abs": _fixed("flowc::ew::abs_($0)"),
+    "Sqrt": _fixed("flowc::ew::sqrt_($0)"),
+    "Reciprocal": _fixed("($T(1) / $0)"),
+    "Exp": _fixed("flowc::ew::exp_($0)"),
+    "Log": _fixed("flowc::ew::log_($0)"),
+    "Erf": _fixed("flowc::ew::erf_($0)"),
+    "Tanh": _fixed("flowc::ew::tanh_($0)"),
+    "Sigmoid": _fixed("flowc::ew::sigmoid($0)"),
+    "Relu": _fixed("flowc::ew::relu($0)"),
+    "LeakyRelu": lambda a, p: f"($0 >= $T(0) ? $0 : $0 * {_lit(a['alpha'])})",
+    "Elu": lambda a, p: f"($0 > $T(0) ? $0 : {_lit(a['alpha'])} * (flowc::ew::exp_($0) - $T(1)))",
+    "Selu": lambda a, p: (
+        f"{_lit(a['gamma'])} * ($0 > $T(0) ? $0 : {_lit(a['alpha'])} * flowc::ew::exp_($0) - {_lit(a['alpha'])})"
+    ),
+    "Celu": lambda a, p: (
+        f"(flowc::ew::max_($T(0), $0) + flowc::ew::min_($T(0), {_lit(a['alpha'])} * "
+        f"(flowc::ew::exp_($0 / {_lit(a['alpha'])}) - $T(1))))"
+    ),
+    "Gelu": lambda a, p: (
+        "flowc::ew::gelu_tanh($0)" if a["approximate"] == "tanh" else "flowc::ew::gelu($0)"
+    ),
+    "HardSigmoid": lambda a, p: (
+        f"flowc::ew::clip({_lit(a['alpha'])} * $0 + {_lit(a['beta'])}, $T(0), $T(1))"
+    ),
+    "HardSwish": _fixed("($0 * flowc::ew::clip($0 / $T(6) + $T(0.5), $T(0), $T(1)))"),
+    "Softplus": _fixed("flowc::ew::softplus($0)"),
+    "Softsign": _fixed("($0 / ($T(1) + flowc::ew::abs_($0)))"),
+    "Mish": _fixed("($0 * flowc::ew::tanh_(flowc::ew::softplus($0)))"),
+    "ThresholdedRelu": lambda a, p: f"($0 > {_lit(a['alpha'])} ? $0 : $T(0))",
+    "Shrink": lambda a, p: (
+        f"($0 < -{_lit(a['lambd'])} ? $0 + {_lit(a['bias'])} : "
+        f"($0 > {_lit(a['lambd'])} ? $0 - {_lit(a['bias'])} : $T(0)))"
+    ),
+    "Floor": _fixed("flowc::ew::floor_($0)"),
+    "Ceil": _fixed("flowc::ew::ceil_($0)"),
+    "Round": _fixed("flowc::ew::rint_($0)"),
+    "Sign": _fixed("flowc::ew::sign_($0)"),
+    **{
+        n: _fixed(f"flowc::ew::{n.lower()}_($0)")
+        for n in (
+            "Sin",
+            "Cos",
+            "Tan",
+            "Asin",
+            "Acos",
+            "Atan",
+            "Sinh",
+            "Cosh",
+            "Asinh",
+            "Acosh",
+            "Atanh",
+        )
+    },
+    "Add": _fixed("($0 + $1)"),
+    "Sub": _fixed("($0 - $1)"),
+    "Mul": _fixed("($0 * $1)"),
+    "Div": _fixed("flowc::ew::div_($0, $1)"),
+    "Pow": _fixed("flowc::ew::pow_($0, static_cast<$T>($1))"),
+    "PRelu": _fixed("($0 < $T(0) ? $0 * $1 : $0)"),
+    "Equal": _fixed("($0 == $1)"),
+    "Less": _fixed("($0 < $1)"),
+    "Greater": _fixed("($0 > $1)"),
+    "LessOrEqual": _fixed("($0 <= $1)"),
+    "GreaterOrEqual": _fixed("($0 >= $1)"),
+    "And": _fixed("($0 && $1)"),
+    "Or": _fixed("($0 || $1)"),
+    "Xor": _fixed("($0 != $1)"),
+    "BitwiseAnd": _fixed("($0 & $1)"),
+    "BitwiseOr": _fixed("($0 | $1)"),
+    "BitwiseXor": _fixed("($0 ^ $1)"),
+    "BitwiseNot": _fixed("(~$0)"),
+    "Sum": lambda a, p: "(" + " + ".join(f"${k}" for k in range(len(p))) + ")",
+    "Max": lambda a, p: _chain("max_", len(p)),
+    "Min": lambda a, p: _chain("min_", len(p)),
+    "Mean": lambda a, p: "((" + " + ".join(f"${k}" for k in range(len(p))) + f") / $T({len(p)}))",
+    "Not": _fixed("(!$0)"),
+    "IsNaN": _fixed("flowc::ew::isnan_($0)"),
+    "IsInf": lambda a, p: (
+        f"flowc::ew::isinf_($0, {str(bool(a['detect_positive'])).lower()}, {str(bool(a['detect_negative'])).lower()})"
+    ),
+    "Where": _fixed("($0 ? $1 : $2)"),
+    "Clip": _clip_expr,
+    "Cast": _cast_expr,
+    "CastLike": _castlike_expr,
+}
+
+
+def codegen(name: str) -> dict[str, Any]:
+    """The defop arguments that give an op its element-wise kernel, when it has an expression."""
+    if name in CEXPR:
+        return {"cexpr": CEXPR[name], "emit": emit_elementwise}
+    return {}
 
 
 # -- unary ------------------------------------------------------------------------------------
@@ -60,7 +199,15 @@ def unary(
         with np.errstate(all="ignore"):
             return np.asarray(fn(x, a)).astype(x.dtype, copy=False)
 
-    defop(name, FAMILY, infer=infer, reference=ref, attrs=attrs, flops=elementwise_flops(cost))
+    defop(
+        name,
+        FAMILY,
+        infer=infer,
+        reference=ref,
+        attrs=attrs,
+        flops=elementwise_flops(cost),
+        **codegen(name),
+    )
 
 
 def _f(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray, Attrs], np.ndarray]:
@@ -205,6 +352,7 @@ def binary(
         inputs=2,
         attrs=attrs,
         flops=elementwise_flops(1),
+        **codegen(name),
     )
 
 
@@ -282,6 +430,7 @@ def variadic(name: str, fn: Callable[[Sequence[np.ndarray]], np.ndarray]) -> Non
         reference=ref,
         inputs=(1, 1 << 30),
         flops=elementwise_flops(1),
+        **codegen(name),
     )
 
 
@@ -322,6 +471,7 @@ defop(
     infer=_not_infer,
     reference=lambda xs, a: np.logical_not(first(xs)),
     flops=elementwise_flops(1),
+    **codegen("Not"),
 )
 defop(
     "IsNaN",
@@ -329,6 +479,7 @@ defop(
     infer=_bool_out,
     reference=lambda xs, a: np.isnan(first(xs)),
     flops=elementwise_flops(1),
+    **codegen("IsNaN"),
 )
 
 
@@ -347,6 +498,7 @@ defop(
     reference=_isinf,
     attrs={"detect_negative": 1, "detect_positive": 1},
     flops=elementwise_flops(1),
+    **codegen("IsInf"),
 )
 
 
@@ -367,6 +519,7 @@ defop(
     reference=lambda xs, a: np.where(xs[0], xs[1], xs[2]),  # type: ignore[arg-type]
     inputs=3,
     flops=elementwise_flops(1),
+    **codegen("Where"),
 )
 
 
@@ -413,6 +566,7 @@ defop(
     inputs=(1, 3),
     flops=elementwise_flops(2),
     onnx_import=_clip_import,
+    **codegen("Clip"),
 )
 
 
@@ -452,6 +606,7 @@ defop(
     reference=lambda xs, a: _cast_to(xs[0], DType.from_onnx(int(a["to"])), a["saturate"]),  # type: ignore[arg-type]
     attrs={"saturate": 1, "round_mode": "up"},
     flops=elementwise_flops(1),
+    **codegen("Cast"),
 )
 defop(
     "CastLike",
@@ -461,4 +616,5 @@ defop(
     attrs={"saturate": 1, "round_mode": "up"},
     inputs=2,
     flops=elementwise_flops(1),
+    **codegen("CastLike"),
 )

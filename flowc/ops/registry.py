@@ -26,6 +26,7 @@ from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
     from flowc.ir.graph import Value
 
@@ -105,6 +106,8 @@ InferFn = Callable[[InferCtx], list[TensorType]]
 RefFn = Callable[[list[np.ndarray | None], Attrs], "np.ndarray | Sequence[np.ndarray]"]
 FlopsFn = Callable[[list[TensorType | None], list[TensorType], Attrs], int]
 OnnxAdapter = Callable[["OnnxNode"], "list[Value] | None"]
+EmitFn = Callable[["Program", Node], None]
+CExprFn = Callable[[Attrs, tuple[bool, ...]], str]
 
 
 _DSL_EXCEPTIONS = {"IsNaN": "is_nan", "PRelu": "prelu", "TopK": "topk"}
@@ -135,6 +138,11 @@ class OpDef:
     # memory planning makes it an alias, code generation emits no kernel.
     view: bool = False
     onnx_import: OnnxAdapter | None = None
+    # Code generation: `emit` writes the node's kernels and launches into a Program; an
+    # element-wise op instead gives `cexpr`, its scalar C++ expression ($0, $1: operands, $T:
+    # the result type, $I: the first operand's type), and shares one fused-kernel emitter.
+    emit: EmitFn | None = None
+    cexpr: CExprFn | None = None
     dsl_name: str = ""
 
     def ctx(self, node: Node) -> InferCtx:
@@ -197,6 +205,8 @@ def defop(
     shape_only: bool = False,
     view: bool = False,
     onnx_import: OnnxAdapter | None = None,
+    emit: EmitFn | None = None,
+    cexpr: CExprFn | None = None,
     dsl_name: str = "",
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
@@ -213,6 +223,8 @@ def defop(
             shape_only=shape_only,
             view=view,
             onnx_import=onnx_import,
+            emit=emit,
+            cexpr=cexpr,
             dsl_name=dsl_name,
         )
     )

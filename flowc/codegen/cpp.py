@@ -1,0 +1,71 @@
+"""Writing C++ text safely: string literals, identifiers, element types, numbers."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from flowc.errors import FlowcError
+from flowc.ir.dtype import DType
+
+CTYPES = {
+    DType.F32: "float",
+    DType.F64: "double",
+    DType.I64: "int64_t",
+    DType.I32: "int32_t",
+    DType.I16: "int16_t",
+    DType.I8: "int8_t",
+    DType.U8: "uint8_t",
+    DType.U16: "uint16_t",
+    DType.U32: "uint32_t",
+    DType.U64: "uint64_t",
+    DType.BOOL: "bool",
+}
+
+
+def ctype(dt: DType) -> str:
+    try:
+        return CTYPES[dt]
+    except KeyError:
+        raise CodegenError(
+            f"element type {dt} has no kernels yet (supported: {', '.join(str(d) for d in CTYPES)})"
+        ) from None
+
+
+def c_string(text: str) -> str:
+    """A C string literal holding ``text``'s UTF-8 bytes exactly: everything but plain
+    printable ASCII is an octal escape, so quotes, backslashes, newlines, ``*/`` and ``??``
+    trigraphs can never end the literal or a comment early."""
+    out = []
+    for b in text.encode("utf-8"):
+        ch = chr(b)
+        if 0x20 <= b < 0x7F and ch not in '"\\?*/':
+            out.append(ch)
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def c_ident(text: str, fallback: str = "model") -> str:
+    """A C identifier derived from ``text`` (letters, digits, underscores; not starting with a digit)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_") or fallback
+    return f"m_{s}" if s[0].isdigit() else s
+
+
+def c_float(x: float, t: str = "float") -> str:
+    """A literal of type ``t`` with exactly the value ``x``."""
+    if math.isnan(x):
+        return f"static_cast<{t}>(NAN)"
+    if math.isinf(x):
+        return f"static_cast<{t}>({'-' if x < 0 else ''}INFINITY)"
+    if t == "float":
+        return f"{float(np.float32(x)).hex()}f"
+    if t == "double":
+        return float(x).hex()
+    return f"static_cast<{t}>({float(x).hex()})"
+
+
+class CodegenError(FlowcError):
+    """A graph the code generator cannot emit (yet): the message names the node and the op."""

@@ -1,0 +1,62 @@
+"""The shared emitter of element-wise ops: one broadcasting kernel built from the op's cexpr."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+from flowc.codegen.cpp import ctype
+from flowc.ir.graph import Node, Value
+from flowc.ops.registry import get_op
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
+
+
+def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str:
+    """The C++ offset into an operand of ``in_shape`` read at the output coordinates c0, c1..."""
+    if in_shape == out_shape:
+        return "i"
+    rank = len(out_shape)
+    terms = []
+    stride = 1
+    for k in range(len(in_shape) - 1, -1, -1):
+        axis = rank - len(in_shape) + k
+        if in_shape[k] != 1:
+            terms.append(f"c{axis}" if stride == 1 else f"c{axis} * {stride}")
+        stride *= in_shape[k]
+    return " + ".join(reversed(terms)) or "0"
+
+
+def substitute(expr: str, operands: list[str], out_t: str, in_t: str) -> str:
+    text = re.sub(r"\$(\d+)", lambda m: operands[int(m.group(1))], expr)
+    return text.replace("$T", out_t).replace("$I", in_t)
+
+
+def emit_elementwise(prog: Program, node: Node) -> None:
+    opdef = get_op(node.op)
+    assert opdef.cexpr is not None
+    out = node.outputs[0]
+    present = tuple(i is not None for i in node.inputs)
+    values: list[Value] = [i for i in node.inputs if i is not None]
+    expr = opdef.cexpr(node.attrs.merged(opdef.attrs), present)
+    names = []
+    k = 0
+    for p in present:
+        names.append(f"a{k}" if p else "MISSING")
+        k += int(p)
+    out_t = ctype(out.type.dtype)
+    in_t = ctype(values[0].type.dtype) if values else out_t
+    body = substitute(expr, names, out_t, in_t)
+    operands = [
+        {"ctype": ctype(v.type.dtype), "index": broadcast_index(v.type.shape, out.type.shape)}
+        for v in values
+    ]
+    needs_coords = any(o["index"] != "i" for o in operands)
+    dims = [{"axis": a, "size": s} for a, s in enumerate(out.type.shape)] if needs_coords else []
+    name = prog.kernel(
+        "elementwise.cu.j2", "elementwise", operands=operands, out_type=out_t, dims=dims, expr=body
+    )
+    n = math.prod(out.type.shape)
+    prog.launch(name, n, [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"])

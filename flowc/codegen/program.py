@@ -1,0 +1,341 @@
+"""Code generation: a planned graph to a standalone C++ project (OUT/).
+
+The Program is what an op's ``emit`` hook writes into: kernels (rendered from the op
+family's template under templates/kernels/, deduplicated by text so identical kernels are
+emitted once), statements of the run() function in schedule order, and fills that
+initialize splat constants at create time. Pointers come from the memory plan: graph inputs
+and outputs are the caller's, constants live in the weights buffer, intermediates in the
+arena.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from flowc import __version__
+from flowc.codegen.cpp import CodegenError, c_float, c_ident, c_string, ctype
+from flowc.ir.graph import Graph, Node, Value, is_splat
+from flowc.ops.registry import get_op
+from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
+from flowc.resources import runtime_dir, templates_dir
+
+BLOCK = 256
+MAX_GRID = 1 << 20
+WEIGHTS_MAGIC = b"FLOWCWT1"
+
+
+def template_env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+@dataclass
+class WeightsLayout:
+    offsets: dict[Value, int]
+    stored_bytes: int  # bytes in the weights file
+    device_bytes: int  # stored bytes plus space for fills
+    data: bytes
+    crc: int
+
+
+def layout_weights(graph: Graph) -> WeightsLayout:
+    """Stored constants first (256-aligned), then room for splats, which stay fills."""
+    offsets: dict[Value, int] = {}
+    chunks: list[bytes] = []
+    pos = 0
+    for c in graph.constants:
+        assert c.const is not None
+        if is_splat(c.const):
+            continue
+        offsets[c] = pos
+        raw = np.ascontiguousarray(c.const).tobytes()
+        pad = (-len(raw)) % ALIGN
+        chunks.append(raw + b"\0" * pad)
+        pos += len(raw) + pad
+    stored = pos
+    for c in graph.constants:
+        assert c.const is not None
+        if is_splat(c.const):
+            offsets[c] = pos
+            pos += (c.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
+    data = b"".join(chunks)
+    return WeightsLayout(offsets, stored, pos, data, zlib.crc32(data))
+
+
+def write_weights(path: Path, layout: WeightsLayout) -> None:
+    header = (
+        WEIGHTS_MAGIC + np.array([1, layout.stored_bytes, layout.crc, 0, 0, 0, 0], "<u8").tobytes()
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header)
+        f.write(layout.data)
+    os.replace(tmp, path)
+
+
+class Program:
+    """What emit hooks write into; see the module docstring."""
+
+    def __init__(self, graph: Graph, plan: MemoryPlan, weights: WeightsLayout, prefix: str) -> None:
+        self.graph = graph
+        self.plan = plan
+        self.weights = weights
+        self.prefix = prefix
+        self.env = template_env()
+        self._kernels: dict[str, str] = {}  # source -> name
+        self.statements: list[str] = []
+        self.fills: list[str] = []
+        self._inputs = {v: k for k, v in enumerate(graph.inputs)}
+        self._outputs: dict[Value, int] = {}
+        for k, v in enumerate(graph.outputs):
+            self._outputs.setdefault(v, k)
+        self._view_base: dict[Value, Value] = {}
+        for node in plan.steps:
+            if is_view(graph, node) and node.inputs and node.inputs[0] is not None:
+                self._view_base[node.outputs[0]] = node.inputs[0]
+        self.node: Node | None = None
+
+    # -- pointers --------------------------------------------------------------------------
+
+    def ctype(self, v: Value) -> str:
+        return ctype(v.type.dtype)
+
+    def ptr(self, v: Value) -> str:
+        """A C++ expression for the device address of ``v``'s first element, typed."""
+        t = self.ctype(v)
+        if v in self._view_base and v not in self.plan.value_buffer:
+            return f"reinterpret_cast<{t}*>({self._raw(self._view_base[v])})"
+        return f"reinterpret_cast<{t}*>({self._raw(v)})"
+
+    def cptr(self, v: Value) -> str:
+        return f"reinterpret_cast<const {self.ctype(v)}*>({self._raw(v)})"
+
+    def _raw(self, v: Value) -> str:
+        if v in self._view_base and v not in self.plan.value_buffer and v not in self._outputs:
+            return self._raw(self._view_base[v])
+        if v in self._inputs and v not in self._outputs:
+            return f"const_cast<void*>(inputs[{self._inputs[v]}])"
+        if v in self._outputs and v.producer is not None:
+            return f"outputs[{self._outputs[v]}]"
+        if v in self.weights.offsets:
+            return f"(weights + {self.weights.offsets[v]})"
+        if v in self.plan.value_buffer:
+            return f"(arena + {self.plan.offset(v)})"
+        if v in self._inputs:
+            return f"const_cast<void*>(inputs[{self._inputs[v]}])"
+        raise CodegenError(f"internal: value {v.name!r} has no storage")
+
+    # -- code -----------------------------------------------------------------------------
+
+    def kernel(self, template: str, macro: str, **params: Any) -> str:
+        """Render a kernel from templates/kernels/<template>; returns its (unique) name."""
+        mod = self.env.get_template(f"kernels/{template}").module
+        body = str(getattr(mod, macro)(name="KERNEL_NAME", **params))
+        name = self._kernels.get(body)
+        if name is None:
+            name = f"k{len(self._kernels)}_{macro}"
+            self._kernels[body] = name
+        return name
+
+    def launch(
+        self, kernel: str, total: int, args: list[str], *, block: int = BLOCK, shared: int = 0
+    ) -> None:
+        """Launch a grid-stride kernel over ``total`` work items."""
+        if total <= 0:
+            return
+        grid = min((total + block - 1) // block, MAX_GRID)
+        self.statements.append(
+            f"FLOWC_LAUNCH({kernel}, dim3({grid}), dim3({block}), {shared}, stream, {', '.join(args)});"
+        )
+
+    def launch_blocks(
+        self, kernel: str, blocks: int, block: int, shared: int, args: list[str]
+    ) -> None:
+        """Launch one block per item (block-cooperative kernels)."""
+        if blocks <= 0:
+            return
+        self.statements.append(
+            f"FLOWC_LAUNCH({kernel}, dim3({blocks}), dim3({block}), {shared}, stream, {', '.join(args)});"
+        )
+
+    def call(self, expr: str, what: str) -> None:
+        """A library call returning flowc::Status; failure makes run() return its message."""
+        self.statements.append(
+            f'{{ flowc::Status st = {expr}; if (!st.ok()) return fail(m, {c_string(what)} + std::string(": ") + st.message()); }}'
+        )
+
+    def stmt(self, code: str) -> None:
+        self.statements.append(code)
+
+    def copy(self, dst: Value, src: Value) -> None:
+        self.stmt(
+            f"cudaMemcpyAsync({self._raw(dst)}, {self._raw(src)}, {dst.type.nbytes}, cudaMemcpyDeviceToDevice, stream);"
+        )
+
+    def fail(self, message: str) -> CodegenError:
+        node = self.node
+        where = f"{node.op} node {node.name!r}: " if node is not None else ""
+        return CodegenError(where + message)
+
+    def render_kernels(self) -> list[str]:
+        return [body.replace("KERNEL_NAME", name) for body, name in self._kernels.items()]
+
+
+def _fill_statements(prog: Program) -> list[str]:
+    fills = []
+    for c in prog.graph.constants:
+        if c.const is None or not is_splat(c.const):
+            continue
+        t = ctype(c.type.dtype)
+        value = c.const.reshape(-1)[0]
+        lit = (
+            c_float(float(value), t) if c.type.dtype.is_float else f"static_cast<{t}>({int(value)})"
+        )
+        k = prog.kernel("common.cu.j2", "fill", ctype=t)
+        n = c.type.numel
+        grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
+        fills.append(
+            f"FLOWC_LAUNCH({k}, dim3({grid}), dim3({BLOCK}), 0, stream, "
+            f"reinterpret_cast<{t}*>(weights + {prog.weights.offsets[c]}), {lit}, (int64_t){n});"
+        )
+    return fills
+
+
+def _tensor_info(v: Value, name: str) -> dict[str, Any]:
+    shape = ", ".join(str(d) for d in v.type.shape) or "0"
+    return {"name": c_string(name), "rank": v.type.rank, "shape": shape, "dtype": v.type.dtype.onnx}
+
+
+def generate(
+    graph: Graph, prefix: str | None = None, source: str = "", arch: str = "90"
+) -> tuple[dict[str, str], WeightsLayout]:
+    """The project's text files (name -> content) and the weights."""
+    prefix = (prefix or c_ident(graph.name)) + "_"
+    plan = plan_memory(graph)
+    weights = layout_weights(graph)
+    prog = Program(graph, plan, weights, prefix)
+    unsupported: dict[str, list[str]] = {}
+    for node in plan.steps:
+        opdef = get_op(node.op)
+        if is_view(graph, node):
+            continue
+        if opdef.view:
+            # A view whose result is a graph output: copy the bytes.
+            src = node.inputs[0]
+            assert src is not None
+            prog.copy(node.outputs[0], src)
+            continue
+        if opdef.emit is None:
+            unsupported.setdefault(node.op, []).append(node.name)
+            continue
+        prog.node = node
+        opdef.emit(prog, node)
+    prog.node = None
+    if unsupported:
+        lines = [
+            f"  {op}: {len(names)} node(s), first: {names[0]!r}"
+            for op, names in sorted(unsupported.items())
+        ]
+        raise CodegenError(
+            f"code generation does not support {len(unsupported)} op type(s) yet:\n"
+            + "\n".join(lines),
+            hint="flowc eval runs these models with the NumPy reference",
+        )
+    first_index: dict[Value, int] = {}
+    for k, o in enumerate(graph.outputs):
+        if o in first_index:
+            prog.stmt(
+                f"cudaMemcpyAsync(outputs[{k}], outputs[{first_index[o]}], {o.type.nbytes}, "
+                "cudaMemcpyDeviceToDevice, stream);"
+            )
+        elif o.producer is None:  # an input or a constant is itself an output
+            prog.stmt(
+                f"cudaMemcpyAsync(outputs[{k}], {prog._raw(o)}, {o.type.nbytes}, cudaMemcpyDeviceToDevice, stream);"
+            )
+        first_index.setdefault(o, k)
+    fills = _fill_statements(prog)
+    max_rank = max([1, *(v.type.rank for v in [*graph.inputs, *graph.outputs])])
+    ctx = {
+        "version": __version__,
+        "source": source or graph.name,
+        "p": prefix,
+        "project": c_ident(graph.name),
+        "arch_number": arch,
+        "kernels": prog.render_kernels(),
+        "statements": prog.statements,
+        "fills": fills,
+        "arena_bytes": plan.arena_bytes,
+        "weight_bytes": weights.stored_bytes,
+        "weight_hash": weights.crc,
+        "device_weight_bytes": weights.device_bytes,
+        "max_rank": max_rank,
+        "inputs": [_tensor_info(v, v.name) for v in graph.inputs],
+        "outputs": [_tensor_info(v, v.name) for v in graph.outputs],
+    }
+    env = prog.env
+    files = {
+        "model.cu": env.get_template("model.cu.j2").render(**ctx),
+        "model.h": env.get_template("model.h.j2").render(**ctx),
+        "main.cu": env.get_template("main.cu.j2").render(**ctx),
+        "CMakeLists.txt": env.get_template("CMakeLists.txt.j2").render(**ctx),
+        "flowc_model.json": json.dumps(
+            {
+                "prefix": prefix,
+                "inputs": [
+                    {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
+                    for v in graph.inputs
+                ],
+                "outputs": [
+                    {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
+                    for v in graph.outputs
+                ],
+                "arena_bytes": plan.arena_bytes,
+                "lower_bound": plan.lower_bound,
+                "naive_bytes": plan.naive_bytes,
+                "weights_bytes": weights.stored_bytes,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n",
+    }
+    return files, weights
+
+
+def write_project(out: Path, files: dict[str, str], weights: WeightsLayout) -> None:
+    """Write OUT/ as a whole: into a temporary directory beside it, then swapped in."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        write_weights(tmp / "weights.bin", weights)
+        shutil.copytree(runtime_dir() / "flowc", tmp / "flowc")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,124 @@
+"""Build a generated project with CMake and run its driver on .npy inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from flowc.errors import FlowcError, InputError
+from flowc.toolchain import find_cuda
+
+
+class BuildError(FlowcError):
+    """The generated project did not build; the compiler's output is in the message."""
+
+
+def _cmd(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+
+
+def build_dir(out: Path, target: str) -> Path:
+    return out / f"build-{target}"
+
+
+def build(
+    out: Path, target: str = "host", progress: Callable[[str], None] | None = None, jobs: int = 2
+) -> Path:
+    """Configure and build OUT for ``target``; returns the build directory."""
+    if not (out / "CMakeLists.txt").is_file():
+        raise InputError(f"{out}: no CMakeLists.txt here; create the project with `flowc compile`")
+    if target not in ("host", "cuda"):
+        raise InputError(f"--target {target}: expected host or cuda")
+    bdir = build_dir(out, target)
+    args = [
+        "cmake",
+        "-S",
+        str(out),
+        "-B",
+        str(bdir),
+        f"-DFLOWC_TARGET={target}",
+        "-DCMAKE_BUILD_TYPE=Release",
+    ]
+    if target == "cuda":
+        tk = find_cuda()
+        missing = tk.missing(["cublasLt", "cudnn"])
+        if missing:
+            raise BuildError(
+                f"the CUDA build needs {', '.join(missing)}, not found on this machine"
+            )
+        assert tk.nvcc is not None
+        libdirs = sorted({str(tk.libs[n].lib_dir) for n in ("cublasLt", "cudnn")})
+        incdirs = sorted({str(tk.libs[n].include_dir) for n in ("cublasLt", "cudnn")})
+        args += [
+            f"-DCMAKE_CUDA_COMPILER={tk.nvcc}",
+            f"-DFLOWC_CUDA_LIB_DIRS={';'.join(libdirs)}",
+            f"-DFLOWC_CUDA_INCLUDE_DIRS={';'.join(incdirs)}",
+        ]
+    steps = [
+        ("configure", args),
+        ("compile and link", ["cmake", "--build", str(bdir), "-j", str(jobs)]),
+    ]
+    for what, cmd in steps:
+        if progress:
+            progress(f"{what} ({target})")
+        t0 = time.perf_counter()
+        r = _cmd(cmd)
+        if r.returncode != 0:
+            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-40:])
+            raise BuildError(f"{what} of {out} for {target} failed:\n{tail}")
+        if progress:
+            progress(f"{what} done in {time.perf_counter() - t0:.1f} s")
+    return bdir
+
+
+def project_info(out: Path) -> dict[str, object]:
+    info: dict[str, object] = json.loads((out / "flowc_model.json").read_text())
+    return info
+
+
+def run(
+    out: Path,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    target: str = "host",
+    weights: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    bench: int = 0,
+) -> tuple[dict[str, np.ndarray], str]:
+    """Run the built driver on ``feeds``; returns the outputs by name and the driver's stdout."""
+    info = project_info(out)
+    exe = build_dir(out, target) / "model_main"
+    if not exe.is_file():
+        raise InputError(
+            f"{out}: not built for {target}; run `flowc build {out} --target {target}`"
+        )
+    inputs = info["inputs"]
+    outputs = info["outputs"]
+    assert isinstance(inputs, list) and isinstance(outputs, list)
+    with tempfile.TemporaryDirectory(prefix="flowc-run-") as tmp:
+        args = [str(exe), "--weights", str(weights or out / "weights.bin"), "--out-dir", tmp]
+        for k, spec in enumerate(inputs):
+            name = spec["name"]
+            if name not in feeds:
+                raise InputError(f"input {name!r} is not given")
+            path = Path(tmp) / f"input_{k}.npy"
+            np.save(path, np.ascontiguousarray(feeds[name]))
+            args += ["--input", f"{name}={path}"]
+        if bench:
+            args += ["--bench", str(bench)]
+        r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        if r.returncode != 0:
+            raise FlowcError(
+                f"the compiled model failed (exit {r.returncode}):\n{r.stderr.strip()}"
+            )
+        results = {
+            spec["name"]: np.load(Path(tmp) / f"output_{k}.npy") for k, spec in enumerate(outputs)
+        }
+    return results, r.stdout

@@ -1,0 +1,121 @@
+// Scalar functions the generated element-wise kernels call, for float, double and integers.
+// One definition serves both builds.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flowc/device.h"
+
+namespace flowc {
+namespace ew {
+
+template <class T>
+__device__ __forceinline__ T abs_(T x) {
+  return x < T(0) ? T(-x) : x;
+}
+__device__ __forceinline__ float abs_(float x) { return fabsf(x); }
+__device__ __forceinline__ double abs_(double x) { return fabs(x); }
+
+#define FLOWC_UNARY_MATH(name, ff, df)                             \
+  __device__ __forceinline__ float name(float x) { return ff(x); } \
+  __device__ __forceinline__ double name(double x) { return df(x); }
+FLOWC_UNARY_MATH(exp_, expf, exp)
+FLOWC_UNARY_MATH(log_, logf, log)
+FLOWC_UNARY_MATH(sqrt_, sqrtf, sqrt)
+FLOWC_UNARY_MATH(erf_, erff, erf)
+FLOWC_UNARY_MATH(tanh_, tanhf, tanh)
+FLOWC_UNARY_MATH(floor_, floorf, floor)
+FLOWC_UNARY_MATH(ceil_, ceilf, ceil)
+FLOWC_UNARY_MATH(rint_, rintf, rint)
+FLOWC_UNARY_MATH(sin_, sinf, sin)
+FLOWC_UNARY_MATH(cos_, cosf, cos)
+FLOWC_UNARY_MATH(tan_, tanf, tan)
+FLOWC_UNARY_MATH(asin_, asinf, asin)
+FLOWC_UNARY_MATH(acos_, acosf, acos)
+FLOWC_UNARY_MATH(atan_, atanf, atan)
+FLOWC_UNARY_MATH(sinh_, sinhf, sinh)
+FLOWC_UNARY_MATH(cosh_, coshf, cosh)
+FLOWC_UNARY_MATH(asinh_, asinhf, asinh)
+FLOWC_UNARY_MATH(acosh_, acoshf, acosh)
+FLOWC_UNARY_MATH(atanh_, atanhf, atanh)
+FLOWC_UNARY_MATH(log1p_, log1pf, log1p)
+FLOWC_UNARY_MATH(expm1_, expm1f, expm1)
+#undef FLOWC_UNARY_MATH
+
+__device__ __forceinline__ float pow_(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double pow_(double x, double y) { return pow(x, y); }
+template <class T>
+__device__ __forceinline__ T pow_(T x, T y) {
+  return static_cast<T>(pow(static_cast<double>(x), static_cast<double>(y)));
+}
+
+__device__ __forceinline__ float fmod_(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ double fmod_(double x, double y) { return fmod(x, y); }
+
+template <class T>
+__device__ __forceinline__ bool isnan_(T x) {
+  return x != x;
+}
+template <class T>
+__device__ __forceinline__ bool isinf_(T x, bool pos, bool neg) {
+  return (pos && x == T(INFINITY)) || (neg && x == T(-INFINITY));
+}
+
+// NaN-propagating max/min, as ONNX Max/Min/Relu and NumPy's maximum/minimum behave.
+template <class T>
+__device__ __forceinline__ T max_(T a, T b) {
+  return (a != a || a > b) ? a : b;
+}
+template <class T>
+__device__ __forceinline__ T min_(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+
+template <class T>
+__device__ __forceinline__ T relu(T x) {
+  return x < T(0) ? T(0) : x;
+}
+template <class T>
+__device__ __forceinline__ T sigmoid(T x) {
+  return T(1) / (T(1) + exp_(-x));
+}
+template <class T>
+__device__ __forceinline__ T softplus(T x) {
+  return x > T(0) ? x + log1p_(exp_(-x)) : log1p_(exp_(x));
+}
+template <class T>
+__device__ __forceinline__ T sign_(T x) {
+  return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0));
+}
+template <class T>
+__device__ __forceinline__ T clip(T x, T lo, T hi) {
+  return min_(max_(x, lo), hi);
+}
+template <class T>
+__device__ __forceinline__ T gelu(T x) {
+  return T(0.5) * x * (T(1) + erf_(x * T(0.70710678118654752440)));
+}
+template <class T>
+__device__ __forceinline__ T gelu_tanh(T x) {
+  return T(0.5) * x * (T(1) + tanh_(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+}
+
+// C division truncates toward zero, as ONNX integer Div does; floats divide as usual.
+template <class T>
+__device__ __forceinline__ T div_(T a, T b) {
+  return b == T(0) ? T(0) : a / b;
+}
+__device__ __forceinline__ float div_(float a, float b) { return a / b; }
+__device__ __forceinline__ double div_(double a, double b) { return a / b; }
+
+// Python-style integer modulo (the sign of the divisor), ONNX Mod with fmod=0.
+template <class T>
+__device__ __forceinline__ T mod_(T a, T b) {
+  if (b == T(0)) return T(0);
+  T r = a % b;
+  return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? T(r + b) : r;
+}
+
+}  // namespace ew
+}  // namespace flowc

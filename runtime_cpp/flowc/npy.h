@@ -1,0 +1,467 @@
+// NumPy .npy files: read (format versions 1.0, 2.0, 3.0) and write (1.0), C order, little-endian.
+//
+//   flowc::npy::Array a;
+//   flowc::Status st = flowc::npy::read("x.npy", &a);  // a.dtype "f4", a.shape {3, 4}, a.data bytes
+//   st = flowc::npy::write("y.npy", "f4", {2, 3}, ptr);  // via "y.npy.tmp.<pid>", then rename
+//
+// dtypes are numpy descrs without the byte-order character: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1.
+// Fortran-order arrays, big-endian data, structured and other dtypes are rejected with a
+// message naming the file. The host is assumed little-endian (checked at run time).
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "flowc/status.h"
+
+namespace flowc {
+namespace npy {
+
+struct Array {
+  std::string dtype;                // numpy descr without byte order: "f4", "i8", "b1", ...
+  std::vector<int64_t> shape;       // empty for a 0-d array
+  std::vector<unsigned char> data;  // prod(shape) * itemsize(dtype) bytes, C order
+};
+
+// Bytes per element of a dtype, -1 if flowc does not know it.
+inline int64_t itemsize(const std::string& dtype) {
+  static const struct {
+    const char* name;
+    int64_t size;
+  } kTypes[] = {{"f2", 2}, {"f4", 4}, {"f8", 8}, {"i1", 1}, {"i2", 2}, {"i4", 4},
+                {"i8", 8}, {"u1", 1}, {"u2", 2}, {"u4", 4}, {"u8", 8}, {"b1", 1}};
+  for (const auto& t : kTypes)
+    if (dtype == t.name) return t.size;
+  return -1;
+}
+
+// ONNX TensorProto element types <-> descrs.
+inline const char* descr_of_onnx(int onnx_type) {
+  switch (onnx_type) {
+    case 1:
+      return "f4";
+    case 2:
+      return "u1";
+    case 3:
+      return "i1";
+    case 4:
+      return "u2";
+    case 5:
+      return "i2";
+    case 6:
+      return "i4";
+    case 7:
+      return "i8";
+    case 9:
+      return "b1";
+    case 10:
+      return "f2";
+    case 11:
+      return "f8";
+    case 12:
+      return "u4";
+    case 13:
+      return "u8";
+    default:
+      return nullptr;
+  }
+}
+
+inline int onnx_of_descr(const std::string& dtype) {
+  for (int t = 1; t <= 13; ++t) {
+    const char* d = descr_of_onnx(t);
+    if (d != nullptr && dtype == d) return t;
+  }
+  return -1;
+}
+
+namespace detail {
+
+inline bool host_is_little_endian() {
+  const uint16_t one = 1;
+  unsigned char b;
+  std::memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+struct File {
+  std::FILE* f = nullptr;
+  File(const std::string& path, const char* mode) : f(std::fopen(path.c_str(), mode)) {}
+  ~File() {
+    if (f != nullptr) std::fclose(f);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+};
+
+inline std::string errno_text() { return std::strerror(errno); }
+
+inline std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+// prod(shape) * item, or -1 on a negative dimension or overflow past 2^62.
+inline int64_t byte_count(const std::vector<int64_t>& shape, int64_t item) {
+  const int64_t kLimit = int64_t(1) << 62;
+  int64_t n = item;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > kLimit / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// The subset of Python literals numpy writes in a header: a dict of str keys to str,
+// True/False/None, ints, and tuples/lists of those.
+struct Value {
+  enum Kind { kStr, kBool, kNone, kInt, kTuple, kList, kDict } kind = kNone;
+  std::string str;
+  int64_t i = 0;
+  bool b = false;
+  std::vector<Value> items;       // tuple/list elements, or dict values
+  std::vector<std::string> keys;  // dict keys, parallel to items
+};
+
+class Parser {
+ public:
+  explicit Parser(const std::string& s) : s_(s) {}
+
+  bool parse(Value* v, std::string* err) {
+    if (!value(v, 0)) {
+      *err = err_;
+      return false;
+    }
+    skip();
+    if (p_ != s_.size()) {
+      *err = "unexpected text after the header dict at offset " + std::to_string(p_);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  void skip() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\t' || s_[p_] == '\n' || s_[p_] == '\r')) ++p_;
+  }
+  bool fail(const std::string& m) {
+    if (err_.empty()) err_ = m + " at offset " + std::to_string(p_);
+    return false;
+  }
+  bool word(const char* w) {
+    size_t n = std::strlen(w);
+    if (s_.compare(p_, n, w) != 0) return false;
+    p_ += n;
+    return true;
+  }
+
+  bool value(Value* v, int depth) {
+    if (depth > 32) return fail("header nested too deeply");
+    skip();
+    if (p_ >= s_.size()) return fail("header ends early");
+    char c = s_[p_];
+    if (c == '\'' || c == '"') return string(v);
+    if (c == '{') return container(v, '}', Value::kDict, depth);
+    if (c == '(') return container(v, ')', Value::kTuple, depth);
+    if (c == '[') return container(v, ']', Value::kList, depth);
+    if (word("True")) {
+      v->kind = Value::kBool;
+      v->b = true;
+      return true;
+    }
+    if (word("False")) {
+      v->kind = Value::kBool;
+      v->b = false;
+      return true;
+    }
+    if (word("None")) {
+      v->kind = Value::kNone;
+      return true;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return integer(v);
+    return fail(std::string("unexpected character '") + c + "' in header");
+  }
+
+  bool string(Value* v) {
+    char q = s_[p_++];
+    v->kind = Value::kStr;
+    v->str.clear();
+    while (p_ < s_.size() && s_[p_] != q) {
+      if (s_[p_] == '\\' && p_ + 1 < s_.size()) ++p_;
+      v->str += s_[p_++];
+    }
+    if (p_ >= s_.size()) return fail("unterminated string in header");
+    ++p_;
+    return true;
+  }
+
+  bool integer(Value* v) {
+    bool neg = s_[p_] == '-';
+    if (neg) ++p_;
+    if (p_ >= s_.size() || s_[p_] < '0' || s_[p_] > '9') return fail("bad number in header");
+    uint64_t n = 0;
+    while (p_ < s_.size() && s_[p_] >= '0' && s_[p_] <= '9') {
+      n = n * 10 + uint64_t(s_[p_++] - '0');
+      if (n > (uint64_t(1) << 62)) return fail("number too large in header");
+    }
+    if (p_ < s_.size() && (s_[p_] == 'L' || s_[p_] == 'l')) ++p_;  // Python 2 longs
+    v->kind = Value::kInt;
+    v->i = neg ? -int64_t(n) : int64_t(n);
+    return true;
+  }
+
+  bool container(Value* v, char close, Value::Kind kind, int depth) {
+    ++p_;
+    v->kind = kind;
+    v->items.clear();
+    v->keys.clear();
+    for (;;) {
+      skip();
+      if (p_ < s_.size() && s_[p_] == close) {
+        ++p_;
+        return true;
+      }
+      if (kind == Value::kDict) {
+        Value key;
+        if (!value(&key, depth + 1)) return false;
+        if (key.kind != Value::kStr) return fail("header dict key is not a string");
+        skip();
+        if (p_ >= s_.size() || s_[p_] != ':') return fail("expected ':' in header dict");
+        ++p_;
+        v->keys.push_back(key.str);
+      }
+      Value item;
+      if (!value(&item, depth + 1)) return false;
+      v->items.push_back(std::move(item));
+      skip();
+      if (p_ < s_.size() && s_[p_] == ',') {
+        ++p_;
+        continue;
+      }
+      if (p_ < s_.size() && s_[p_] == close) continue;
+      return fail(std::string("expected ',' or '") + close + "' in header");
+    }
+  }
+
+  const std::string& s_;
+  size_t p_ = 0;
+  std::string err_;
+};
+
+inline uint64_t le(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int k = n - 1; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+
+}  // namespace detail
+
+inline Status read(const std::string& path, Array* out) {
+  const std::string where = "npy file " + path + ": ";
+  if (!detail::host_is_little_endian())
+    return NotSupported(where + "reading .npy needs a little-endian host");
+  detail::File file(path, "rb");
+  if (file.f == nullptr) return InvalidArgument(where + "cannot open: " + detail::errno_text());
+
+  unsigned char pre[12];
+  size_t got = std::fread(pre, 1, 10, file.f);
+  if (got < 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0)
+    return InvalidArgument(where + "not an NPY file (no \\x93NUMPY magic)");
+  const int major = pre[6], minor = pre[7];
+  size_t prefix = 10;
+  uint64_t header_len;
+  if (major == 1 && minor == 0) {
+    header_len = detail::le(pre + 8, 2);
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    if (std::fread(pre + 10, 1, 2, file.f) != 2)
+      return InvalidArgument(where + "file ends inside the header");
+    header_len = detail::le(pre + 8, 4);
+    prefix = 12;
+  } else {
+    return InvalidArgument(where + "NPY format version " + std::to_string(major) + "." +
+                           std::to_string(minor) + " is not supported (1.0, 2.0 and 3.0 are)");
+  }
+  if (header_len > (uint64_t(1) << 24)) return InvalidArgument(where + "header length is implausible");
+  std::string header(header_len, '\0');
+  if (header_len > 0 && std::fread(&header[0], 1, header_len, file.f) != header_len)
+    return InvalidArgument(where + "file ends inside the header (" + std::to_string(header_len) +
+                           " header bytes announced)");
+
+  detail::Value dict;
+  std::string err;
+  if (!detail::Parser(header).parse(&dict, &err)) return InvalidArgument(where + "bad header: " + err);
+  if (dict.kind != detail::Value::kDict) return InvalidArgument(where + "bad header: not a dict");
+  const detail::Value *descr = nullptr, *fortran = nullptr, *shape = nullptr;
+  for (size_t k = 0; k < dict.keys.size(); ++k) {
+    if (dict.keys[k] == "descr") {
+      descr = &dict.items[k];
+    } else if (dict.keys[k] == "fortran_order") {
+      fortran = &dict.items[k];
+    } else if (dict.keys[k] == "shape") {
+      shape = &dict.items[k];
+    } else {
+      return InvalidArgument(where + "bad header: unexpected key '" + dict.keys[k] + "'");
+    }
+  }
+  if (descr == nullptr || fortran == nullptr || shape == nullptr)
+    return InvalidArgument(where + "bad header: needs the keys 'descr', 'fortran_order' and 'shape'");
+
+  if (descr->kind != detail::Value::kStr)
+    return InvalidArgument(where + "structured dtypes are not supported (descr is not a plain type string)");
+  const std::string& d = descr->str;
+  if (d.size() < 2) return InvalidArgument(where + "unknown dtype '" + d + "'");
+  std::string dtype = d;
+  char order = '=';
+  if (d[0] == '<' || d[0] == '>' || d[0] == '|' || d[0] == '=') {
+    order = d[0];
+    dtype = d.substr(1);
+  }
+  if (dtype == "?") dtype = "b1";
+  const int64_t item = itemsize(dtype);
+  if (item < 0)
+    return InvalidArgument(where + "dtype '" + d +
+                           "' is not supported (supported: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1)");
+  if (order == '>' && item > 1)
+    return InvalidArgument(where + "dtype '" + d + "' is big-endian; only little-endian data is supported " +
+                           "(convert with a.astype(a.dtype.newbyteorder('<')))");
+
+  if (fortran->kind != detail::Value::kBool)
+    return InvalidArgument(where + "bad header: fortran_order is not a bool");
+  if (fortran->b)
+    return InvalidArgument(where + "fortran_order is True; only C-order arrays are supported " +
+                           "(save np.ascontiguousarray(a) instead)");
+
+  if (shape->kind != detail::Value::kTuple && shape->kind != detail::Value::kList)
+    return InvalidArgument(where + "bad header: shape is not a tuple");
+  std::vector<int64_t> dims;
+  for (const detail::Value& v : shape->items) {
+    if (v.kind != detail::Value::kInt || v.i < 0)
+      return InvalidArgument(where + "bad header: shape entries must be non-negative integers");
+    dims.push_back(v.i);
+  }
+  const int64_t want = detail::byte_count(dims, item);
+  if (want < 0) return InvalidArgument(where + "shape " + detail::shape_text(dims) + " is too large");
+
+  // Data length: everything after the header.
+  const off_t data_start = off_t(prefix + header_len);
+  if (fseeko(file.f, 0, SEEK_END) != 0)
+    return InvalidArgument(where + "cannot seek: " + detail::errno_text());
+  const off_t end = ftello(file.f);
+  if (end < 0) return InvalidArgument(where + "cannot tell the file size: " + detail::errno_text());
+  const int64_t have = int64_t(end - data_start);
+  if (have != want)
+    return InvalidArgument(where + (have < want ? "truncated: " : "unexpected trailing bytes: ") + "shape " +
+                           detail::shape_text(dims) + " of " + dtype + " needs " + std::to_string(want) +
+                           " bytes of data, the file holds " + std::to_string(have));
+  if (fseeko(file.f, data_start, SEEK_SET) != 0)
+    return InvalidArgument(where + "cannot seek: " + detail::errno_text());
+
+  std::vector<unsigned char> data;
+  try {
+    data.resize(size_t(want));
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kOutOfMemory, where + "cannot allocate " + std::to_string(want) + " bytes");
+  }
+  const size_t kChunk = size_t(64) << 20;
+  size_t done = 0;
+  while (done < data.size()) {
+    size_t n = std::min(kChunk, data.size() - done);
+    size_t r = std::fread(data.data() + done, 1, n, file.f);
+    done += r;
+    if (r != n) break;
+  }
+  if (done != data.size())
+    return InvalidArgument(where + "read error after " + std::to_string(done) + " of " +
+                           std::to_string(want) + " data bytes");
+
+  out->dtype = dtype;
+  out->shape = std::move(dims);
+  out->data = std::move(data);
+  return Status::Ok();
+}
+
+inline Status write(const std::string& path, const std::string& dtype, const std::vector<int64_t>& shape,
+                    const void* data) {
+  const std::string where = "npy file " + path + ": ";
+  if (!detail::host_is_little_endian())
+    return NotSupported(where + "writing .npy needs a little-endian host");
+  const int64_t item = itemsize(dtype);
+  if (item < 0) return InvalidArgument(where + "unknown dtype '" + dtype + "'");
+  const int64_t bytes = detail::byte_count(shape, item);
+  if (bytes < 0)
+    return InvalidArgument(where + "shape " + detail::shape_text(shape) +
+                           " has a negative dimension or is too large");
+  if (bytes > 0 && data == nullptr) return InvalidArgument(where + "no data (null pointer)");
+
+  std::string dict = std::string("{'descr': '") + (item == 1 ? "|" : "<") + dtype +
+                     "', 'fortran_order': False, 'shape': " + detail::shape_text(shape) + ", }";
+  // Pad with spaces and end with '\n' so the data starts at a multiple of 64 bytes.
+  size_t prefix = 10;
+  size_t total = prefix + dict.size() + 1;
+  size_t padded = (total + 63) / 64 * 64;
+  int major = 1;
+  if (padded - prefix > 65535) {  // only with thousands of dimensions; numpy switches to 2.0 too
+    major = 2;
+    prefix = 12;
+    total = prefix + dict.size() + 1;
+    padded = (total + 63) / 64 * 64;
+  }
+  const size_t header_len = padded - prefix;
+  std::string head = "\x93NUMPY";
+  head += char(major);
+  head += char(0);
+  for (size_t k = 0; k < prefix - 8; ++k) head += char((header_len >> (8 * k)) & 0xff);
+  head += dict;
+  head.append(padded - total, ' ');
+  head += '\n';
+
+  const std::string tmp = path + ".tmp." + std::to_string(long(getpid()));
+  bool ok;
+  int saved_errno = 0;
+  {
+    detail::File file(tmp, "wb");
+    if (file.f == nullptr)
+      return InvalidArgument(where + "cannot create " + tmp + ": " + detail::errno_text());
+    ok = std::fwrite(head.data(), 1, head.size(), file.f) == head.size();
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    const size_t kChunk = size_t(64) << 20;
+    for (int64_t done = 0; ok && done < bytes;) {
+      size_t n = size_t(std::min<int64_t>(int64_t(kChunk), bytes - done));
+      ok = std::fwrite(p + done, 1, n, file.f) == n;
+      done += int64_t(n);
+    }
+    ok = ok && std::fflush(file.f) == 0;
+    if (!ok) saved_errno = errno;
+    ok = std::fclose(file.f) == 0 && ok;
+    if (!ok && saved_errno == 0) saved_errno = errno;
+    file.f = nullptr;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return InvalidArgument(where + "write to " + tmp + " failed: " + std::strerror(saved_errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    saved_errno = errno;
+    std::remove(tmp.c_str());
+    return InvalidArgument(where + "cannot rename " + tmp + " onto it: " + std::strerror(saved_errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace npy
+}  // namespace flowc

@@ -1,0 +1,195 @@
+// flowc weights files: the parameters of a compiled model, checked against the program.
+//
+// Layout (all integers little-endian):
+//   bytes  0..7   magic "FLOWCWT1"
+//   bytes  8..15  uint64 version (1)
+//   bytes 16..23  uint64 data_bytes
+//   bytes 24..31  uint64 CRC-32 (zlib) of the data bytes, zero-extended
+//   bytes 32..63  reserved, zero
+//   bytes 64..    the data bytes
+//
+// A generated program knows how many bytes of weights it expects and their hash; load()
+// refuses a file of another size (another model or layout), another hash (other weights) or
+// whose data does not hash to the value its header records (corruption).
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "flowc/status.h"
+
+namespace flowc {
+namespace weights {
+
+constexpr char kMagic[9] = "FLOWCWT1";
+constexpr uint64_t kVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+
+// CRC-32 (zlib's polynomial, so Python's zlib.crc32 computes the same value). Pass the
+// previous result as crc to hash data in pieces.
+inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
+  static const auto table = [] {
+    struct Table {
+      uint32_t v[256];
+    } t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t.v[i] = c;
+    }
+    return t;
+  }();
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table.v[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+  return ~crc;
+}
+
+namespace detail {
+
+struct File {
+  std::FILE* f = nullptr;
+  File(const std::string& path, const char* mode) : f(std::fopen(path.c_str(), mode)) {}
+  ~File() {
+    if (f != nullptr) std::fclose(f);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+};
+
+inline uint64_t get_u64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
+  return v;
+}
+
+inline void put_u64(unsigned char* p, uint64_t v) {
+  for (int k = 0; k < 8; ++k) p[k] = (unsigned char)((v >> (8 * k)) & 0xff);
+}
+
+inline std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", (unsigned long long)v);
+  return buf;
+}
+
+constexpr size_t kChunk = size_t(64) << 20;
+
+}  // namespace detail
+
+inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_hash,
+                   std::vector<unsigned char>* out) {
+  const std::string name = "weights file " + path;
+  detail::File file(path, "rb");
+  if (file.f == nullptr) return InvalidArgument(name + ": cannot open: " + std::strerror(errno));
+
+  if (fseeko(file.f, 0, SEEK_END) != 0)
+    return InvalidArgument(name + ": cannot seek: " + std::strerror(errno));
+  const off_t length = ftello(file.f);
+  if (length < 0) return InvalidArgument(name + ": cannot tell its size: " + std::strerror(errno));
+  if (fseeko(file.f, 0, SEEK_SET) != 0)
+    return InvalidArgument(name + ": cannot seek: " + std::strerror(errno));
+
+  unsigned char head[kHeaderBytes];
+  if (uint64_t(length) < kHeaderBytes || std::fread(head, 1, kHeaderBytes, file.f) != kHeaderBytes ||
+      std::memcmp(head, kMagic, 8) != 0)
+    return InvalidArgument(name + " is not a flowc weights file (no FLOWCWT1 header)");
+  const uint64_t version = detail::get_u64(head + 8);
+  const uint64_t data_bytes = detail::get_u64(head + 16);
+  const uint64_t stored_hash = detail::get_u64(head + 24);
+  if (version != kVersion)
+    return InvalidArgument(name + " has format version " + std::to_string(version) +
+                           "; this runtime reads version " + std::to_string(kVersion));
+  if (data_bytes != expected_bytes)
+    return InvalidArgument(name + " holds " + std::to_string(data_bytes) +
+                           " bytes of data; this program expects " + std::to_string(expected_bytes) +
+                           ": it was compiled for another model or layout");
+  const uint64_t file_data = uint64_t(length) - kHeaderBytes;
+  if (file_data != data_bytes)
+    return InvalidArgument(name + " is " +
+                           (file_data < data_bytes ? "truncated" : "longer than its header says") +
+                           ": its header records " + std::to_string(data_bytes) +
+                           " bytes of data, the file holds " + std::to_string(file_data));
+  if (stored_hash != expected_hash)
+    return InvalidArgument(name + ": hash mismatch: its weights hash to " + detail::hex(stored_hash) +
+                           ", this program expects " + detail::hex(expected_hash) +
+                           ": it was compiled for other weights of the same size");
+
+  std::vector<unsigned char> data;
+  try {
+    data.resize(size_t(data_bytes));
+  } catch (const std::bad_alloc&) {
+    return Status(StatusCode::kOutOfMemory,
+                  name + ": cannot allocate " + std::to_string(data_bytes) + " bytes");
+  }
+  uint32_t h = crc32(nullptr, 0);
+  size_t done = 0;
+  while (done < data.size()) {
+    const size_t n = std::min(detail::kChunk, data.size() - done);
+    const size_t r = std::fread(data.data() + done, 1, n, file.f);
+    h = crc32(data.data() + done, r, h);
+    done += r;
+    if (r != n) break;
+  }
+  if (done != data.size())
+    return InvalidArgument(name + ": read error after " + std::to_string(done) + " of " +
+                           std::to_string(data_bytes) + " data bytes");
+  if (h != stored_hash)
+    return InvalidArgument(name + " is corrupt: hash mismatch (its header records " +
+                           detail::hex(stored_hash) + ", the data hashes to " + detail::hex(h) + ")");
+  *out = std::move(data);
+  return Status::Ok();
+}
+
+inline Status save(const std::string& path, const void* data, uint64_t bytes) {
+  const std::string name = "weights file " + path;
+  if (bytes > 0 && data == nullptr) return InvalidArgument(name + ": no data (null pointer)");
+  unsigned char head[kHeaderBytes] = {};
+  std::memcpy(head, kMagic, 8);
+  detail::put_u64(head + 8, kVersion);
+  detail::put_u64(head + 16, bytes);
+  detail::put_u64(head + 24, crc32(data, size_t(bytes)));
+
+  const std::string tmp = path + ".tmp." + std::to_string(long(getpid()));
+  bool ok;
+  int saved_errno = 0;
+  {
+    detail::File file(tmp, "wb");
+    if (file.f == nullptr)
+      return InvalidArgument(name + ": cannot create " + tmp + ": " + std::strerror(errno));
+    ok = std::fwrite(head, 1, kHeaderBytes, file.f) == kHeaderBytes;
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (uint64_t done = 0; ok && done < bytes;) {
+      const size_t n = size_t(std::min<uint64_t>(detail::kChunk, bytes - done));
+      ok = std::fwrite(p + done, 1, n, file.f) == n;
+      done += n;
+    }
+    ok = ok && std::fflush(file.f) == 0;
+    if (!ok) saved_errno = errno;
+    ok = std::fclose(file.f) == 0 && ok;
+    if (!ok && saved_errno == 0) saved_errno = errno;
+    file.f = nullptr;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    return InvalidArgument(name + ": write to " + tmp + " failed: " + std::strerror(saved_errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    saved_errno = errno;
+    std::remove(tmp.c_str());
+    return InvalidArgument(name + ": cannot rename " + tmp + " onto it: " + std::strerror(saved_errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace weights
+}  // namespace flowc
