@@ -80,3 +80,92 @@ def check_op(
             f"{op_type} (opset {opset}, attrs {dict(attrs or {})}): {name}: {c.reason or f'error {c.error:.3g} > {tol}'}"
         )
     return got
+
+
+class Case:
+    """One node to check in a compiled program: op, inputs (None = omitted), attributes."""
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: Sequence[np.ndarray | None],
+        attrs: Mapping[str, Any] | None = None,
+        *,
+        num_outputs: int = 1,
+        const_inputs: Sequence[int] = (),
+        tol: float = 1e-5,
+    ) -> None:
+        self.op_type = op_type
+        self.inputs = inputs
+        self.attrs = dict(attrs or {})
+        self.num_outputs = num_outputs
+        self.const_inputs = const_inputs
+        self.tol = tol
+
+
+def check_compiled(
+    cases: Sequence[Case], tmp_path: Any, *, opset: int = 21, target: str = "host"
+) -> None:
+    """Put every case in one ONNX model (one node each), compile it with flowc, build it once
+    for the host, run it once, and compare each output with onnxruntime."""
+    from pathlib import Path
+
+    from flowc.codegen import compile_graph
+    from flowc.harness.build import build, run
+
+    nodes, vis, inits, feeds, outs, tols = [], [], [], {}, [], {}
+    for k, case in enumerate(cases):
+        names = []
+        for i, a in enumerate(case.inputs):
+            if a is None:
+                names.append("")
+                continue
+            name = f"c{k}_in{i}"
+            names.append(name)
+            a = np.asarray(a)
+            if i in case.const_inputs:
+                inits.append(numpy_helper.from_array(a, name))
+            else:
+                vis.append(
+                    helper.make_tensor_value_info(
+                        name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
+                    )
+                )
+                feeds[name] = a
+        out_names = [f"c{k}_out{j}" for j in range(case.num_outputs)]
+        nodes.append(
+            helper.make_node(
+                case.op_type, names, out_names, name=f"case{k}_{case.op_type}", **case.attrs
+            )
+        )
+        outs += out_names
+        for n in out_names:
+            tols[n] = (case, case.tol)
+    graph = helper.make_graph(
+        nodes,
+        "cases",
+        vis,
+        [helper.make_empty_tensor_value_info(n) for n in outs],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset < 21 else 10
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    ref = run_onnxruntime(model, feeds)
+    g = import_model(model)
+    g.verify()
+    project = Path(tmp_path) / "project"
+    compile_graph(g, project)
+    build(project, target)
+    got, _ = run(project, feeds, target=target)
+    failures = []
+    for name, r in ref.items():
+        case, tol = tols[name]
+        c = compare(name, got[name], r, tol)
+        if not c.ok:
+            failures.append(
+                f"{case.op_type} {case.attrs} inputs {[None if a is None else np.asarray(a).shape for a in case.inputs]}: {c.reason or f'error {c.error:.3g} > {tol}'}"
+            )
+    assert not failures, "\n".join(failures)

@@ -109,7 +109,7 @@ def run(
             if name not in feeds:
                 raise InputError(f"input {name!r} is not given")
             path = Path(tmp) / f"input_{k}.npy"
-            np.save(path, np.ascontiguousarray(feeds[name]))
+            np.save(path, np.asarray(feeds[name]))
             args += ["--input", f"{name}={path}"]
         if bench:
             args += ["--bench", str(bench)]

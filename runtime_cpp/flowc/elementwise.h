@@ -50,6 +50,10 @@ __device__ __forceinline__ T pow_(T x, T y) {
   return static_cast<T>(pow(static_cast<double>(x), static_cast<double>(y)));
 }
 
+template <class T>
+__device__ __forceinline__ T fmod_(T x, T y) {
+  return y == T(0) ? T(0) : T(x % y);
+}
 __device__ __forceinline__ float fmod_(float x, float y) { return fmodf(x, y); }
 __device__ __forceinline__ double fmod_(double x, double y) { return fmod(x, y); }
 
