@@ -89,13 +89,15 @@ def model_options(fn: F) -> F:
     return click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(fn)
 
 
-def load(model: Path, shapes: Sequence[str], dims: Sequence[str]) -> Any:
+def load(
+    model: Path, shapes: Sequence[str], dims: Sequence[str], *, for_compile: bool = False
+) -> Any:
     from flowc.frontend import ImportOptions, load_graph
-    from flowc.passes.manager import DEFAULT_PIPELINE, PassManager
+    from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
 
     opts = ImportOptions(shapes=parse_shapes(shapes), dims=parse_dim_values(dims))
     graph = load_graph(model, opts)
-    return PassManager(DEFAULT_PIPELINE).run(graph)
+    return PassManager(COMPILE_PIPELINE if for_compile else DEFAULT_PIPELINE).run(graph)
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -356,7 +358,7 @@ def compile_cmd(
 
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
-    graph = load(model, shapes, dims)
+    graph = load(model, shapes, dims, for_compile=True)
     _progress(f"generating {project}/")
     compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch[3:])
     out.print(
@@ -449,7 +451,7 @@ def verify(
     from flowc.harness.ort import run_onnxruntime
     from flowc.interpreter import random_inputs as make_random
 
-    graph = load(model, shapes, dims)
+    graph = load(model, shapes, dims, for_compile=True)
     names = [v.name for v in graph.inputs]
     feeds = {}
     for item in inputs:

@@ -104,10 +104,16 @@ class Case:
 
 
 def check_compiled(
-    cases: Sequence[Case], tmp_path: Any, *, opset: int = 21, target: str = "host"
-) -> None:
-    """Put every case in one ONNX model (one node each), compile it with flowc, build it once
-    for the host, run it once, and compare each output with onnxruntime."""
+    cases: Sequence[Case],
+    tmp_path: Any,
+    *,
+    opset: int = 21,
+    target: str = "host",
+    model: onnx.ModelProto | None = None,
+) -> str:
+    """Put every case in one ONNX model (one node each), compile it with flowc (with the
+    compile pipeline, fusion included), build it once for the host, run it once, and compare
+    each output with onnxruntime; returns the generated model.cu."""
     from pathlib import Path
 
     from flowc.codegen import compile_graph
@@ -141,21 +147,30 @@ def check_compiled(
         outs += out_names
         for n in out_names:
             tols[n] = (case, case.tol)
-    graph = helper.make_graph(
-        nodes,
-        "cases",
-        vis,
-        [helper.make_empty_tensor_value_info(n) for n in outs],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8 if opset < 21 else 10
-    inferred = onnx.shape_inference.infer_shapes(model)
-    del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
+    if model is None:
+        graph = helper.make_graph(
+            nodes,
+            "cases",
+            vis,
+            [helper.make_empty_tensor_value_info(n) for n in outs],
+            initializer=inits,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8 if opset < 21 else 10
+        inferred = onnx.shape_inference.infer_shapes(model)
+        del model.graph.output[:]
+        model.graph.output.extend(inferred.graph.output)
+    else:
+        # A whole model: cases[0].inputs feed its inputs in order.
+        feeds = {
+            vi.name: np.asarray(a)
+            for vi, a in zip(model.graph.input, cases[0].inputs, strict=False)
+        }
+        tols = {o.name: (cases[0], cases[0].tol) for o in model.graph.output}
     ref = run_onnxruntime(model, feeds)
-    g = import_model(model)
-    g.verify()
+    from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+
+    g = PassManager(COMPILE_PIPELINE).run(import_model(model))
     project = Path(tmp_path) / "project"
     compile_graph(g, project)
     build(project, target)
@@ -169,3 +184,4 @@ def check_compiled(
                 f"{case.op_type} {case.attrs} inputs {[None if a is None else np.asarray(a).shape for a in case.inputs]}: {c.reason or f'error {c.error:.3g} > {tol}'}"
             )
     assert not failures, "\n".join(failures)
+    return (project / "model.cu").read_text()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import TYPE_CHECKING
 
 from flowc.codegen.cpp import ctype
-from flowc.ir.graph import Node, Value
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs, Node, Value
 from flowc.ops.registry import get_op
 
 if TYPE_CHECKING:
@@ -57,6 +59,51 @@ def emit_elementwise(prog: Program, node: Node) -> None:
     dims = [{"axis": a, "size": s} for a, s in enumerate(out.type.shape)] if needs_coords else []
     name = prog.kernel(
         "elementwise.cu.j2", "elementwise", operands=operands, out_type=out_t, dims=dims, expr=body
+    )
+    n = math.prod(out.type.shape)
+    prog.launch(name, n, [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"])
+
+
+def emit_fused(prog: Program, node: Node) -> None:
+    """One kernel for a FusedElementwise chain: each step a local variable, operands read
+    through their broadcast strides at the output's coordinates."""
+    out = node.outputs[0]
+    values: list[Value] = [i for i in node.inputs if i is not None]
+    steps = json.loads(node.attrs["program"])
+    lines = []
+    for k, step in enumerate(steps):
+        opdef = get_op(step["op"])
+        assert opdef.cexpr is not None
+        args = step["args"]
+        present = tuple(a is not None for a in args)
+        names = ["MISSING" if a is None else (f"a{a}" if a >= 0 else f"t{-a - 1}") for a in args]
+        step_t = ctype(DType.from_short(step["dtype"]))
+        first = args[0] if args and args[0] is not None else None
+        if first is None:
+            in_t = step_t
+        elif first >= 0:
+            in_t = ctype(values[first].type.dtype)
+        else:
+            in_t = ctype(DType.from_short(steps[-first - 1]["dtype"]))
+        expr = substitute(
+            opdef.cexpr(Attrs(step["attrs"]).merged(opdef.attrs), present), names, step_t, in_t
+        )
+        lines.append(f"const {step_t} t{k} = static_cast<{step_t}>({expr});")
+    out_t = ctype(out.type.dtype)
+    operands = [
+        {"ctype": ctype(v.type.dtype), "index": broadcast_index(v.type.shape, out.type.shape)}
+        for v in values
+    ]
+    needs_coords = any(o["index"] != "i" for o in operands)
+    dims = [{"axis": a, "size": s} for a, s in enumerate(out.type.shape)] if needs_coords else []
+    name = prog.kernel(
+        "elementwise.cu.j2",
+        "fused",
+        operands=operands,
+        out_type=out_t,
+        dims=dims,
+        lines=lines,
+        result=f"t{len(steps) - 1}",
     )
     n = math.prod(out.type.shape)
     prog.launch(name, n, [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"])

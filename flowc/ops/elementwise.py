@@ -7,6 +7,7 @@ zero, as C (and onnxruntime) does; NumPy's ``//`` floors, so it is not used dire
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from flowc.codegen.cpp import c_float
-from flowc.codegen.elementwise import emit_elementwise
+from flowc.codegen.elementwise import emit_elementwise, emit_fused
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
@@ -26,6 +27,7 @@ from flowc.ops.registry import (
     defop,
     elementwise_flops,
     first,
+    get_op,
     same_as_input,
 )
 
@@ -619,4 +621,61 @@ defop(
     inputs=2,
     flops=elementwise_flops(1),
     **codegen("CastLike"),
+)
+
+
+# -- FusedElementwise: a chain of the ops above, made by the fuse_elementwise pass -------------
+
+
+def _program(a: Attrs) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = json.loads(a["program"])
+    return steps
+
+
+def _fused_infer(ctx: InferCtx) -> list[TensorType]:
+    # Re-run every step's own inference, so the verifier checks the whole chain.
+    results: list[TensorType] = []
+    for k, step in enumerate(_program(ctx.attrs)):
+        opdef = get_op(step["op"])
+        types: list[TensorType | None] = []
+        for arg in step["args"]:
+            if arg is None:
+                types.append(None)
+            elif arg >= 0:
+                types.append(ctx.type(arg))
+            else:
+                types.append(results[-arg - 1])
+        sub = InferCtx(
+            step["op"],
+            f"{ctx.node_name}/{k}",
+            types,
+            [None] * len(types),
+            Attrs(step["attrs"]).merged(opdef.attrs),
+            1,
+        )
+        results.append(opdef.infer(sub)[0])
+    return [results[-1]]
+
+
+def _fused_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    results: list[np.ndarray] = []
+    for step in _program(a):
+        args = [None if g is None else (xs[g] if g >= 0 else results[-g - 1]) for g in step["args"]]
+        out = get_op(step["op"]).evaluate(args, Attrs(step["attrs"]))[0]
+        results.append(out.astype(DType.from_short(step["dtype"]).np, copy=False))
+    return results[-1]
+
+
+def _fused_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    return sum(math.prod(s["shape"]) for s in _program(a))
+
+
+defop(
+    "FusedElementwise",
+    FAMILY,
+    infer=_fused_infer,
+    reference=_fused_ref,
+    inputs=(1, 1 << 30),
+    flops=_fused_flops,
+    emit=emit_fused,
 )

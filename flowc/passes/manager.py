@@ -23,7 +23,7 @@ def register_pass(name: str) -> Callable[[PassFn], PassFn]:
 
 
 def _load() -> None:
-    from flowc.passes import fold_constants, simplify  # noqa: F401
+    from flowc.passes import fold_constants, fuse_elementwise, simplify  # noqa: F401
 
 
 @dataclass
@@ -56,3 +56,5 @@ class PassManager:
 
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
+# What `flowc compile` runs before code generation.
+COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "fuse_elementwise")
