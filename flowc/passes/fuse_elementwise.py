@@ -27,9 +27,9 @@ def program_of(members: list[Node]) -> tuple[list[Value], str]:
     operands as external input k (k >= 0) or the result of step j (-(j + 1))."""
     produced = {m.outputs[0]: j for j, m in enumerate(members)}
     externals: list[Value] = []
-    steps = []
+    steps: list[dict[str, object]] = []
     for m in members:
-        args = []
+        args: list[int | None] = []
         for i in m.inputs:
             if i is None:
                 args.append(None)
