@@ -172,7 +172,7 @@ def check_compiled(
 
     g = PassManager(COMPILE_PIPELINE).run(import_model(model))
     project = Path(tmp_path) / "project"
-    compile_graph(g, project)
+    compile_graph(g, project, poison=True)
     build(project, target)
     got, _ = run(project, feeds, target=target)
     failures = []

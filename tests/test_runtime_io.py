@@ -70,7 +70,8 @@ def test_npy_and_weights_on_the_host(tmp_path: Path) -> None:
     raw = (data / "w.bin").read_bytes()
     assert raw[:8] == b"FLOWCWT1" and len(raw) == 128
     version, nbytes, digest = np.frombuffer(raw[8:32], "<u8")
-    assert (version, nbytes) == (1, 64) and raw[32:64] == bytes(32)
+    assert (version, nbytes) == (1, 64) and raw[40:64] == bytes(24)
+    assert int(np.frombuffer(raw[32:40], "<u8")[0]) == 0x1234ABCD  # the layout id
     assert raw[64:] == bytes(range(64))
     assert int(digest) == zlib.crc32(bytes(range(64)))
 

@@ -9,10 +9,16 @@ from flowc.ir.graph import Graph
 
 
 def compile_graph(
-    graph: Graph, out: Path, prefix: str | None = None, source: str = "", arch: str = "90"
+    graph: Graph,
+    out: Path,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    poison: bool = False,
 ) -> dict[str, str]:
-    """Write OUT/ for ``graph``; returns the generated text files."""
-    files, weights = generate(graph, prefix=prefix, source=source, arch=arch)
+    """Write OUT/ for ``graph``; returns the generated text files. ``poison`` fills dead arena
+    bytes with NaN between uses (a debugging aid the tests use)."""
+    files, weights = generate(graph, prefix=prefix, source=source, arch=arch, poison=poison)
     write_project(out, files, weights)
     return files
 

@@ -51,6 +51,7 @@ class WeightsLayout:
     device_bytes: int  # stored bytes plus space for fills
     data: bytes
     crc: int
+    layout_id: int  # names, types and offsets: a file for this layout fits any build of it
 
 
 def layout_weights(graph: Graph) -> WeightsLayout:
@@ -74,13 +75,20 @@ def layout_weights(graph: Graph) -> WeightsLayout:
             offsets[c] = pos
             pos += (c.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
     data = b"".join(chunks)
-    return WeightsLayout(offsets, stored, pos, data, zlib.crc32(data))
+    desc = ";".join(
+        f"{c.name}:{c.type}:{offsets[c]}"
+        for c in graph.constants
+        if c.const is not None and not is_splat(c.const)
+    )
+    layout_id = zlib.crc32(desc.encode()) | (stored << 32)
+    return WeightsLayout(
+        offsets, stored, pos, data, zlib.crc32(data), layout_id & 0xFFFFFFFFFFFFFFFF
+    )
 
 
 def write_weights(path: Path, layout: WeightsLayout) -> None:
-    header = (
-        WEIGHTS_MAGIC + np.array([1, layout.stored_bytes, layout.crc, 0, 0, 0, 0], "<u8").tobytes()
-    )
+    fields = [1, layout.stored_bytes, layout.crc, layout.layout_id, 0, 0, 0]
+    header = WEIGHTS_MAGIC + np.array(fields, "<u8").tobytes()
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(header)
@@ -222,7 +230,11 @@ def _tensor_info(v: Value, name: str) -> dict[str, Any]:
 
 
 def generate(
-    graph: Graph, prefix: str | None = None, source: str = "", arch: str = "90"
+    graph: Graph,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    poison: bool = False,
 ) -> tuple[dict[str, str], WeightsLayout]:
     """The project's text files (name -> content) and the weights."""
     prefix = (prefix or c_ident(graph.name)) + "_"
@@ -230,7 +242,18 @@ def generate(
     weights = layout_weights(graph)
     prog = Program(graph, plan, weights, prefix)
     unsupported: dict[str, list[str]] = {}
-    for node in plan.steps:
+    dies_at: dict[int, list[int]] = {}
+    for b in plan.buffers:
+        dies_at.setdefault(b.end, []).append(b.id)
+    if poison and plan.arena_bytes:
+        # Debug builds: every arena byte starts as NaN (0xff..), and a buffer is poisoned again
+        # once its last reader ran, so a value read from a wrong offset shows up as NaN.
+        prog.stmt(f"cudaMemsetAsync(arena, 0xff, {plan.arena_bytes}, stream);")
+    for t, node in enumerate(plan.steps):
+        if poison:
+            for bid in dies_at.get(t - 1, []):
+                b = plan.buffers[bid]
+                prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, stream);")
         opdef = get_op(node.op)
         if is_view(graph, node):
             continue
@@ -281,7 +304,7 @@ def generate(
         "fills": fills,
         "arena_bytes": plan.arena_bytes,
         "weight_bytes": weights.stored_bytes,
-        "weight_hash": weights.crc,
+        "weight_layout": weights.layout_id,
         "device_weight_bytes": weights.device_bytes,
         "max_rank": max_rank,
         "inputs": [_tensor_info(v, v.name) for v in graph.inputs],

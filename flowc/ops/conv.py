@@ -16,14 +16,18 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from flowc.ir.graph import Attrs
+from flowc.codegen.cpp import CTYPES
+from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop
+from flowc.ops.registry import InferCtx, defop, get_op
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
 
 FAMILY = "conv"
 
@@ -175,6 +179,29 @@ def _bias_check(ctx: InferCtx, channels: int) -> None:
         raise ctx.fail(f"bias must have shape [{channels}], got {list(ctx.shape(2))}")
 
 
+# -- code generation helpers shared with pool and norm ------------------------------------------
+
+
+def float_ctype(prog: Program, v: Value) -> str:
+    """The C++ type of a float32/float64 value; a clear codegen error for other types."""
+    t = CTYPES.get(v.type.dtype)
+    if t not in ("float", "double"):
+        raise prog.fail(f"element type {v.type.dtype} has no kernel yet (float32 and float64 do)")
+    return t
+
+
+def flat_index(names: Sequence[str], sizes: Sequence[int]) -> str:
+    """The row-major offset of coordinates ``names`` in an array of ``sizes`` (Horner form)."""
+    expr = names[0]
+    for name, size in zip(names[1:], sizes[1:], strict=True):
+        expr = f"({expr}) * {size} + {name}" if " " in expr else f"{expr} * {size} + {name}"
+    return expr
+
+
+def attrs_of(node: Node) -> Attrs:
+    return node.attrs.merged(get_op(node.op).attrs)
+
+
 # -- Conv -------------------------------------------------------------------------------------
 
 
@@ -238,6 +265,122 @@ def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
     return 2 * outs[0].numel * math.prod(w.shape[1:])
 
 
+def _conv_emit(prog: Program, node: Node) -> None:
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    a = attrs_of(node)
+    geo = _conv_window(x.type.shape, w.type.shape, a)
+    n, c = x.type.shape[:2]
+    mc = w.type.shape[0]
+    group = int(a["group"])
+    spatial = x.type.shape[2:]
+    nd = len(spatial)
+    if y.type.numel == 0:
+        return
+    # The wrapper takes one pad per axis, used at both ends. An uneven pad still fits when the
+    # shorter pad gives the same windows: every window starts at o * stride - pad_begin, so
+    # only the output extent can differ.
+    fits = all(
+        (size + 2 * pb - span) // s + 1 == o
+        for size, pb, span, s, o in zip(
+            spatial, geo.pad_begin, geo.spans, geo.strides, geo.out, strict=True
+        )
+    )
+    if t == "float" and nd in (1, 2) and fits:
+        two = (1,) * (2 - nd)  # a 1-D convolution is a 2-D one of height 1
+        h, wd = (*two, *spatial)
+        r, s = (*two, *geo.kernel)
+        sh, sw = (*two, *geo.strides)
+        dh, dw = (*two, *geo.dilations)
+        ph, pw = ((0,) * (2 - nd) + geo.pad_begin)[-2:]
+        fields = {
+            "n": n,
+            "c": c,
+            "h": h,
+            "w": wd,
+            "k": mc,
+            "r": r,
+            "s": s,
+            "groups": group,
+            "stride_h": sh,
+            "stride_w": sw,
+            "pad_h": ph,
+            "pad_w": pw,
+            "dil_h": dh,
+            "dil_w": dw,
+        }
+        sets = " ".join(f"d.{k} = {v};" for k, v in fields.items())
+        prog.call(
+            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::conv2d_forward(m->conv, d, "
+            f"{prog.cptr(x)}, {prog.cptr(w)}, {prog.ptr(y)}, stream); }}()",
+            f"Conv {node.name}",
+        )
+        if b is not None:
+            name = prog.kernel(
+                "conv.cu.j2", "bias_add", ctype=t, inner=math.prod(geo.out), channels=mc
+            )
+            prog.launch(name, y.type.numel, [prog.cptr(b), prog.ptr(y), f"(int64_t){y.type.numel}"])
+        return
+    _direct(
+        prog,
+        "conv_direct",
+        node,
+        t,
+        geo.out,
+        geo.kernel,
+        geo.strides,
+        geo.dilations,
+        geo.pad_begin,
+        mc // group,
+    )
+
+
+def _direct(
+    prog: Program,
+    macro: str,
+    node: Node,
+    t: str,
+    out: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    pads: tuple[int, ...],
+    mg: int,
+) -> None:
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    y = node.outputs[0]
+    c = x.type.shape[1]
+    group = int(attrs_of(node)["group"])
+    spatial = x.type.shape[2:]
+    nd = len(spatial)
+    name = prog.kernel(
+        "conv.cu.j2",
+        macro,
+        ctype=t,
+        acc_type=t,
+        out=list(out),
+        spatial=list(spatial),
+        kernel=list(kernel),
+        strides=list(strides),
+        dilations=list(dilations),
+        pads=list(pads),
+        c=c,
+        cg=c // group,
+        mc=y.type.shape[1],
+        mg=mg,
+        has_bias=b is not None,
+        x_index=flat_index([f"i{d}" for d in range(nd)], spatial),
+        w_index=flat_index([f"k{d}" for d in range(nd)], kernel),
+    )
+    args = [prog.cptr(x), prog.cptr(w), *([prog.cptr(b)] if b is not None else []), prog.ptr(y)]
+    prog.launch(name, y.type.numel, [*args, f"(int64_t){y.type.numel}"])
+
+
 defop(
     "Conv",
     FAMILY,
@@ -253,6 +396,7 @@ defop(
     },
     inputs=(2, 3),
     flops=_conv_flops,
+    emit=_conv_emit,
 )
 
 
@@ -389,6 +533,28 @@ def _conv_transpose_flops(ins: list[TensorType | None], outs: list[TensorType], 
     return 2 * x.numel * math.prod(w.shape[1:])
 
 
+def _conv_transpose_emit(prog: Program, node: Node) -> None:
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    t = float_ctype(prog, x)
+    geo = _transpose_geometry(x.type.shape, w.type.shape, attrs_of(node))
+    if node.outputs[0].type.numel == 0:
+        return
+    kernel = w.type.shape[2:]
+    _direct(
+        prog,
+        "conv_transpose_direct",
+        node,
+        t,
+        geo.out,
+        kernel,
+        geo.strides,
+        geo.dilations,
+        geo.pad_begin,
+        w.type.shape[1],
+    )
+
+
 defop(
     "ConvTranspose",
     FAMILY,
@@ -406,4 +572,5 @@ defop(
     },
     inputs=(2, 3),
     flops=_conv_transpose_flops,
+    emit=_conv_transpose_emit,
 )

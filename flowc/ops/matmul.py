@@ -7,16 +7,20 @@ and the transposes as attributes; its C operand broadcasts one way, to (M, N).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs
+from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, broadcast_shapes, defop
+from flowc.ops.registry import InferCtx, broadcast_shapes, defop, get_op
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
 
 FAMILY = "matmul"
@@ -41,6 +45,262 @@ def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind in "iu" or a.dtype == np.float64:
         return np.matmul(a, b)
     return np.matmul(a.astype(np.float32), b.astype(np.float32))
+
+
+# -- code generation ------------------------------------------------------------------------------
+# float32 products go through flowc::gemm (cuBLASLt on the GPU, CBLAS on the host); double and
+# integer products use a direct kernel (one thread per output element), since the wrapper
+# computes fp32 only. Templates: templates/kernels/matmul.cu.j2.
+
+# C++ element type -> the type a direct product accumulates in. Signed integers accumulate
+# unsigned so that overflow wraps (as NumPy's does) instead of being undefined behaviour.
+_ACC = {
+    "float": "float",
+    "double": "double",
+    "int32_t": "uint32_t",
+    "int64_t": "uint64_t",
+    "uint32_t": "uint32_t",
+    "uint64_t": "uint64_t",
+}
+
+
+def _elem_type(prog: Program, v: Value) -> str:
+    t = CTYPES.get(v.type.dtype)
+    if t is None or t not in _ACC:
+        raise prog.fail(
+            f"element type {v.type.dtype} has no kernel yet (float32, float64, int32, int64, "
+            "uint32 and uint64 do)"
+        )
+    return t
+
+
+@dataclass(frozen=True)
+class _BatchAxis:
+    """One output batch axis (size > 1) and how far one step along it moves each operand."""
+
+    size: int
+    sa: int  # elements of A (0: A broadcasts along this axis)
+    sb: int
+    sc: int
+
+
+def _batch_axes(
+    a_batch: tuple[int, ...], b_batch: tuple[int, ...], m: int, n: int, k: int
+) -> list[_BatchAxis]:
+    rank = max(len(a_batch), len(b_batch))
+    a_b = (1,) * (rank - len(a_batch)) + a_batch
+    b_b = (1,) * (rank - len(b_batch)) + b_batch
+    axes: list[_BatchAxis] = []
+    sa, sb, sc = m * k, k * n, m * n
+    for da, db in zip(reversed(a_b), reversed(b_b), strict=True):
+        size = max(da, db)
+        if size > 1:
+            axes.append(_BatchAxis(size, sa if da > 1 else 0, sb if db > 1 else 0, sc))
+        sa, sb, sc = sa * da, sb * db, sc * size
+    axes.reverse()
+    return axes
+
+
+def _offsets_loop(axes: list[_BatchAxis], indent: str) -> list[str]:
+    """C++ lines that turn the outer index `o` into element offsets oa, ob, oc."""
+    lines = [f"{indent}int64_t rest = o, oa = 0, ob = 0, oc = 0;"]
+    for ax in reversed(axes):
+        lines.append(
+            f"{indent}{{ const int64_t q = rest % {ax.size}; rest /= {ax.size}; "
+            f"oa += q * {ax.sa}; ob += q * {ax.sb}; oc += q * {ax.sc}; }}"
+        )
+    lines.append(f"{indent}(void)rest;")
+    return lines
+
+
+def _gemm_call(
+    prog: Program,
+    node: Node,
+    ptrs: tuple[str, str, str],
+    shape: tuple[int, int, int],
+    trans: tuple[bool, bool],
+    axes: list[_BatchAxis],
+    alpha: float,
+    beta: float,
+) -> None:
+    """One flowc::gemm over the trailing batch axes (strided, stride 0 where an operand
+    broadcasts, or folded into M), looping over the leading axes that cannot be strided."""
+    m, n, k = shape
+    # The longest run of trailing axes along which each operand either steps or broadcasts
+    # uniformly is one strided batch; the axes before it are a loop of calls.
+    split = len(axes)
+    if axes:
+        run = (axes[-1].sa > 0, axes[-1].sb > 0)
+        while split > 0 and (axes[split - 1].sa > 0, axes[split - 1].sb > 0) == run:
+            split -= 1
+    inner, outer = axes[split:], axes[:split]
+    batch = math.prod(ax.size for ax in inner)
+    stride_a, stride_b = m * k, k * n
+    if inner and inner[-1].sb == 0 and not trans[0]:
+        # B is shared by the whole run and A's rows are contiguous: one taller product.
+        m, batch = m * batch, 1
+    elif inner:
+        stride_a = stride_a if inner[-1].sa > 0 else 0
+        stride_b = stride_b if inner[-1].sb > 0 else 0
+    lines = [
+        "[&]() -> flowc::Status {",
+        f"    flowc::GemmDesc d = flowc::packed_gemm({m}, {n}, {k}, {str(trans[0]).lower()}, "
+        f"{str(trans[1]).lower()}, {batch});",
+    ]
+    if batch > 1:
+        lines.append(f"    d.stride_a = {stride_a};")
+        lines.append(f"    d.stride_b = {stride_b};")
+    if alpha != 1.0:
+        lines.append(f"    d.alpha = {c_float(alpha)};")
+    if beta != 0.0:
+        lines.append(f"    d.beta = {c_float(beta)};")
+    a, b, c = ptrs
+    if not outer:
+        lines.append(f"    return flowc::gemm(m->blas, d, {a}, {b}, {c}, stream);")
+    else:
+        lines += [
+            f"    const float* pa = {a};",
+            f"    const float* pb = {b};",
+            f"    float* pc = {c};",
+            f"    for (int64_t o = 0; o < {math.prod(ax.size for ax in outer)}; ++o) {{",
+            *_offsets_loop(outer, "      "),
+            "      const flowc::Status s = flowc::gemm(m->blas, d, pa + oa, pb + ob, pc + oc, stream);",
+            "      if (!s.ok()) return s;",
+            "    }",
+            "    return flowc::Status::Ok();",
+        ]
+    lines.append("  }()")
+    prog.call("\n  ".join(lines), f"{node.op} {node.name}")
+
+
+def _direct(
+    prog: Program,
+    values: tuple[Value, Value, Value | None],
+    out: Value,
+    shape: tuple[int, int, int],
+    trans: tuple[bool, bool],
+    axes: list[_BatchAxis],
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    c_index: str = "0",
+) -> None:
+    a, b, c = values
+    t = _elem_type(prog, a)
+    acc = _ACC[t]
+    m, n, k = shape
+    a_row, a_col = (1, m) if trans[0] else (k, 1)
+    b_row, b_col = (1, k) if trans[1] else (n, 1)
+    if t in ("float", "double"):
+        result = "acc" if alpha == 1.0 else f"{c_float(alpha, acc)} * acc"
+        if c is not None:
+            result += " + cv" if beta == 1.0 else f" + {c_float(beta, acc)} * cv"
+    elif alpha == 1.0 and (c is None or beta == 1.0):
+        result = "acc" if c is None else f"acc + static_cast<{acc}>(cv)"
+    else:
+        # NumPy's reference scales an integer product in float64 and truncates back.
+        result = f"{float(alpha).hex()} * static_cast<double>(static_cast<{t}>(acc))"
+        if c is not None:
+            result += f" + {float(beta).hex()} * static_cast<double>(cv)"
+    name = prog.kernel(
+        "matmul.cu.j2",
+        "matmul_direct",
+        ctype=t,
+        acc_type=acc,
+        m=m,
+        n=n,
+        k=k,
+        batch=[{"size": ax.size, "sa": ax.sa, "sb": ax.sb} for ax in axes],
+        a_row=a_row,
+        a_col=a_col,
+        b_row=b_row,
+        b_col=b_col,
+        has_c=c is not None,
+        c_index=c_index,
+        result=result,
+    )
+    args = [prog.cptr(a), prog.cptr(b), *([prog.cptr(c)] if c is not None else []), prog.ptr(out)]
+    total = out.type.numel
+    prog.launch(name, total, [*args, f"(int64_t){total}"])
+
+
+def _zero(prog: Program, out: Value) -> None:
+    prog.stmt(f"cudaMemsetAsync({prog.ptr(out)}, 0, {out.type.nbytes}, stream);")
+
+
+def _matmul_emit(prog: Program, node: Node) -> None:
+    a, b = node.inputs[0], node.inputs[1]
+    assert a is not None and b is not None
+    out = node.outputs[0]
+    _elem_type(prog, a)
+    a2 = (1, *a.type.shape) if a.type.rank == 1 else a.type.shape
+    b2 = (*b.type.shape, 1) if b.type.rank == 1 else b.type.shape
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    if out.type.numel == 0:
+        return
+    if k == 0:
+        _zero(prog, out)
+        return
+    axes = _batch_axes(a2[:-2], b2[:-2], m, n, k)
+    if a.type.dtype == DType.F32:
+        ptrs = (prog.cptr(a), prog.cptr(b), prog.ptr(out))
+        _gemm_call(prog, node, ptrs, (m, n, k), (False, False), axes, 1.0, 0.0)
+    else:
+        _direct(prog, (a, b, None), out, (m, n, k), (False, False), axes)
+
+
+def _c_index(c: Value | None, row: str, col: str) -> str:
+    """Where Gemm's C (broadcast one way to M x N) holds the element of (row, col)."""
+    if c is None:
+        return "0"
+    c0, c1 = (1, 1, *c.type.shape)[-2:]
+    terms = []
+    if c0 > 1:
+        terms.append(f"{row} * {c1}" if c1 > 1 else row)
+    if c1 > 1:
+        terms.append(col)
+    return " + ".join(terms) or "0"
+
+
+def _gemm_emit(prog: Program, node: Node) -> None:
+    at = node.attrs.merged(get_op(node.op).attrs)
+    a, b = node.inputs[0], node.inputs[1]
+    assert a is not None and b is not None
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    out = node.outputs[0]
+    _elem_type(prog, a)
+    trans = (bool(at["transA"]), bool(at["transB"]))
+    alpha, beta = float(at["alpha"]), float(at["beta"])
+    m, n = out.type.shape
+    k = a.type.shape[0] if trans[0] else a.type.shape[1]
+    if beta == 0.0:
+        c = None  # beta * C adds nothing (onnxruntime does not read C either)
+    if out.type.numel == 0:
+        return
+    if a.type.dtype != DType.F32:
+        index = _c_index(c, "row", "col")
+        _direct(prog, (a, b, c), out, (m, n, k), trans, [], alpha, beta, index)
+        return
+    if c is not None:
+        # The GEMM reads C from the output: put C (broadcast) there first.
+        if c.type.shape == out.type.shape and k > 0:
+            prog.copy(out, c)
+        else:
+            scale = c_float(beta) if k == 0 else ""
+            name = prog.kernel(
+                "matmul.cu.j2",
+                "broadcast_copy",
+                ctype="float",
+                cols=n,
+                index=_c_index(c, "r", "c"),
+                scale=scale,
+            )
+            prog.launch(name, m * n, [prog.cptr(c), prog.ptr(out), f"(int64_t){m * n}"])
+    if k == 0:
+        if c is None:
+            _zero(prog, out)
+        return
+    ptrs = (prog.cptr(a), prog.cptr(b), prog.ptr(out))
+    _gemm_call(prog, node, ptrs, (m, n, k), trans, [], alpha, beta if c is not None else 0.0)
 
 
 # -- MatMul -------------------------------------------------------------------------------------
@@ -83,6 +343,7 @@ defop(
     reference=_matmul_ref,
     inputs=2,
     flops=_matmul_flops,
+    emit=_matmul_emit,
 )
 
 
@@ -144,4 +405,5 @@ defop(
     inputs=(2, 3),
     flops=_gemm_flops,
     onnx_import=_gemm_import,
+    emit=_gemm_emit,
 )

@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowc.codegen.cpp import CodegenError, c_float, ctype
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs
+from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, first, ints
+from flowc.ops.registry import InferCtx, defop, first, get_op, ints
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
 
 FAMILY = "reduce"
@@ -71,6 +74,304 @@ def _to(r: np.ndarray, dt: np.dtype) -> np.ndarray:
 def _acc(x: np.ndarray) -> np.ndarray:
     """The array to accumulate floats in: float64 (float64 inputs and integers stay as is)."""
     return x.astype(np.float64) if x.dtype.kind not in "iub" else x
+
+
+# -- code generation --------------------------------------------------------------------------
+# Kernels are in templates/kernels/reduce.cu.j2. A reduction whose reduced axes are the
+# innermost ones (after dropping size-1 axes and merging neighbours) reduces contiguous rows:
+# a block-cooperative kernel, threads of a row meeting in a shared-memory tree. Any other
+# layout gets one thread per output element, walking the reduced axes.
+
+TEMPLATE = "reduce.cu.j2"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a block-cooperative kernel covers ``rows`` rows of ``cols`` elements: ``width``
+    threads per row (a power of two, so the tree halves evenly), ``per_block`` rows per block
+    (short rows share a block instead of leaving most of it idle), ``blocks`` blocks (each
+    loops over further rows when there are more than the grid covers)."""
+
+    width: int
+    per_block: int
+    blocks: int
+
+    @property
+    def threads(self) -> int:
+        return self.width * self.per_block
+
+
+def row_layout(rows: int, cols: int) -> RowLayout:
+    from flowc.codegen.program import BLOCK, MAX_GRID
+
+    width = min(BLOCK, next_pow2(max(cols, 1)))
+    per_block = min(BLOCK // width, next_pow2(max(rows, 1)))
+    blocks = min(-(-rows // per_block), MAX_GRID)
+    return RowLayout(width, per_block, blocks)
+
+
+def kernel_ctype(prog: Program, v: Value) -> str:
+    """The C++ element type of ``v``, or a clear error naming the node."""
+    try:
+        return ctype(v.type.dtype)
+    except CodegenError as e:
+        raise prog.fail(str(e)) from None
+
+
+def outer_inner(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """The [outer, extent, inner] view of ``shape`` around ``axis``."""
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+
+
+def _int_lit(value: int, t: str) -> str:
+    if value == -(1 << 63):
+        return f"static_cast<{t}>(-9223372036854775807LL - 1)"
+    return f"static_cast<{t}>({value}{'ULL' if value >= 1 << 63 else 'LL'})"
+
+
+def _merged_axes(shape: tuple[int, ...], axes: Axes) -> list[tuple[int, bool]]:
+    """(size, reduced) for runs of neighbouring axes that are all reduced or all kept; size-1
+    axes are dropped (they change no offset)."""
+    groups: list[tuple[int, bool]] = []
+    for k, d in enumerate(shape):
+        if d == 1:
+            continue
+        red = k in axes
+        if groups and groups[-1][1] == red:
+            groups[-1] = (groups[-1][0] * d, red)
+        else:
+            groups.append((d, red))
+    return groups
+
+
+def _reduce_spec(op: str, dt: DType, count: int) -> dict[str, Any]:
+    """The template parameters that say what a Reduce* kernel computes for this dtype (see the
+    template's header): float accumulates in its own type, integers as the module docstring
+    says (an unsigned accumulator makes their wrap-around well defined in C++)."""
+    t = ctype(dt)
+    kind = op.removeprefix("Reduce")
+    spec: dict[str, Any] = {
+        "in_t": t,
+        "out_t": t,
+        "acc": t,
+        "combine": "a + b",
+        "finish": "a",
+        "shift": "",
+        "saturate": False,
+        "low": "0",
+        "high": "0",
+        "lowest": "0",
+        "highest": "0",
+    }
+    if dt.is_float:
+        zero = f"static_cast<{t}>(0)"
+        steps = {
+            "Sum": ("a + v", "a"),
+            "Mean": ("a + v", f"a / static_cast<{t}>({count})"),
+            "L1": ("a + flowc::ew::abs_(v)", "a"),
+            "L2": ("a + v * v", "flowc::ew::sqrt_(a)"),
+            "LogSum": ("a + v", "flowc::ew::log_(a)"),
+            "SumSquare": ("a + v * v", "a"),
+            "LogSumExp": ("a + flowc::ew::exp_(v - m)", "flowc::ew::log_(a) + m"),
+        }
+        if kind in steps:
+            step, finish = steps[kind]
+            spec.update(init=zero, step=step, finish=finish)
+            if kind == "LogSumExp":
+                spec["shift"] = t
+        elif kind == "Prod":
+            spec.update(init=f"static_cast<{t}>(1)", step="a * v", combine="a * b")
+        else:
+            fn = "max_" if kind == "Max" else "min_"
+            ident = c_float(-math.inf if kind == "Max" else math.inf, t)
+            spec.update(init=ident, step=f"flowc::ew::{fn}(a, v)", combine=f"flowc::ew::{fn}(a, b)")
+        return spec
+    if dt == DType.BOOL:  # Max and Min only: any and all
+        op_ = "||" if kind == "Max" else "&&"
+        spec.update(
+            init="false" if kind == "Max" else "true", step=f"a {op_} v", combine=f"a {op_} b"
+        )
+        return spec
+    info = np.iinfo(dt.np)
+    u = "uint64_t" if dt.itemsize == 8 else "uint32_t"
+    cv = f"static_cast<{u}>(v)"
+    wrapped = {
+        "Sum": ("0", f"a + {cv}", "a + b"),
+        "Prod": ("1", f"a * {cv}", "a * b"),
+        "L1": (
+            "0",
+            f"a + (v < 0 ? static_cast<{u}>(0) - {cv} : {cv})" if dt.is_signed else f"a + {cv}",
+            "a + b",
+        ),
+        "SumSquare": ("0", f"a + {cv} * {cv}", "a + b"),
+    }
+    if kind in wrapped:
+        init, step, combine = wrapped[kind]
+        spec.update(
+            acc=u,
+            init=f"static_cast<{u}>({init})",
+            step=step,
+            combine=combine,
+            finish=f"static_cast<{t}>(a)",
+        )
+    elif kind == "Mean":
+        # An int64 sum divided with C's truncation, as onnxruntime does.
+        spec.update(
+            acc="uint64_t",
+            init="static_cast<uint64_t>(0)",
+            step="a + static_cast<uint64_t>(static_cast<int64_t>(v))",
+            finish=f"static_cast<{t}>(static_cast<int64_t>(a) / {count})",
+        )
+    elif kind in ("Max", "Min"):
+        cmp = ">" if kind == "Max" else "<"
+        spec.update(
+            init=_int_lit(int(info.min if kind == "Max" else info.max), t),
+            step=f"(v {cmp} a ? v : a)",
+            combine=f"(b {cmp} a ? b : a)",
+        )
+    else:
+        # L2, LogSum and LogSumExp go through float64 and convert back with saturation.
+        sat = "$sat"  # the template names the conversion helper
+        finish = {
+            "L2": f"{sat}(flowc::ew::sqrt_(a))",
+            "LogSum": f"{sat}(flowc::ew::log_(a))",
+            "LogSumExp": f"{sat}(flowc::ew::log_(a) + m)",
+        }[kind]
+        step = {
+            "L2": "a + static_cast<double>(v) * static_cast<double>(v)",
+            "LogSum": "a + static_cast<double>(v)",
+            # onnxruntime sums the exponentials in the integer type: each term truncates.
+            # After the shift each lies in [0, 1], so an int64 cast truncates safely.
+            "LogSumExp": (
+                "a + static_cast<double>(static_cast<int64_t>("
+                "flowc::ew::exp_(static_cast<double>(v) - m)))"
+            ),
+        }[kind]
+        spec.update(
+            acc="double",
+            init="0.0",
+            step=step,
+            finish=finish,
+            shift="double" if kind == "LogSumExp" else "",
+            saturate=True,
+            low=c_float(float(info.min), "double"),
+            high=c_float(float(info.max), "double"),
+            lowest=_int_lit(int(info.min), t),
+            highest=_int_lit(int(info.max), t),
+        )
+    return spec
+
+
+def _node_axes(node: Node, rank: int, noop: bool) -> Axes:
+    given: list[int] = []
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        a = node.inputs[1].const
+        assert a is not None, "inference requires constant axes"
+        given = ints(a)
+    if not given:
+        return () if noop else tuple(range(rank))
+    return tuple(sorted({k % rank for k in given}))
+
+
+def emit_reduce(prog: Program, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    attrs = node.attrs.merged(get_op(node.op).attrs)
+    kernel_ctype(prog, x)
+    n_out = y.type.numel
+    if n_out == 0:
+        return
+    shape = x.type.shape
+    axes = _node_axes(node, len(shape), bool(attrs["noop_with_empty_axes"]))
+    # The mean of nothing is onnxruntime's 0: divide the zero sum by 1.
+    count = math.prod(shape[k] for k in axes) or 1
+    spec = _reduce_spec(node.op, x.type.dtype, count)
+    groups = _merged_axes(shape, axes)
+    if groups and groups[-1][1] and not any(red for _, red in groups[:-1]):
+        cols = groups[-1][0]
+        lay = row_layout(n_out, cols)
+        k = prog.kernel(TEMPLATE, "reduce_rows", **spec, width=lay.width, per_block=lay.per_block)
+        prog.launch_blocks(
+            k,
+            lay.blocks,
+            lay.threads,
+            0,
+            [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}", f"(int64_t){cols}"],
+        )
+        return
+    kept: list[dict[str, int]] = []
+    reduced: list[dict[str, int]] = []
+    stride = 1
+    for size, red in reversed(groups):
+        (reduced if red else kept).insert(0, {"size": size, "stride": stride})
+        stride *= size
+    k = prog.kernel(TEMPLATE, "reduce_strided", **spec, kept=kept, reduced=reduced)
+    prog.launch(k, n_out, [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}"])
+
+
+def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
+    def emit(prog: Program, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        assert x is not None
+        attrs = node.attrs.merged(get_op(node.op).attrs)
+        t = kernel_ctype(prog, x)
+        shape = x.type.shape
+        outer, extent, inner = outer_inner(shape, int(attrs["axis"]) % len(shape))
+        n_out = outer * inner
+        if n_out == 0:
+            return
+        params: dict[str, Any] = {
+            "in_t": t,
+            "is_float": x.type.dtype.is_float,
+            "better": ">" if largest else "<",
+            "last": bool(attrs["select_last_index"]),
+        }
+        if inner == 1:
+            lay = row_layout(outer, extent)
+            k = prog.kernel(
+                TEMPLATE, "arg_rows", **params, width=lay.width, per_block=lay.per_block
+            )
+            prog.launch_blocks(
+                k,
+                lay.blocks,
+                lay.threads,
+                0,
+                [prog.cptr(x), prog.ptr(y), f"(int64_t){outer}", f"(int64_t){extent}"],
+            )
+        else:
+            k = prog.kernel(TEMPLATE, "arg_strided", **params, extent=extent, inner=inner)
+            prog.launch(k, n_out, [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}"])
+
+    return emit
+
+
+def emit_cumsum(prog: Program, node: Node) -> None:
+    x, ax, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert x is not None and ax is not None and ax.const is not None
+    attrs = node.attrs.merged(get_op(node.op).attrs)
+    t = kernel_ctype(prog, x)
+    if y.type.numel == 0:
+        return
+    shape = x.type.shape
+    outer, extent, inner = outer_inner(shape, ints(ax.const)[0] % len(shape))
+    dt = x.type.dtype
+    acc = t if dt.is_float else ("uint64_t" if dt.itemsize == 8 else "uint32_t")
+    k = prog.kernel(
+        TEMPLATE,
+        "cumsum",
+        ctype=t,
+        acc=acc,
+        extent=extent,
+        inner=inner,
+        reverse=bool(attrs["reverse"]),
+        exclusive=bool(attrs["exclusive"]),
+    )
+    n = outer * inner
+    prog.launch(k, n, [prog.cptr(x), prog.ptr(y), f"(int64_t){n}"])
 
 
 # -- Reduce* ----------------------------------------------------------------------------------
@@ -207,6 +508,7 @@ def reduction(name: str, kernel: Kernel, allow_bool: bool = False, new_since: in
         inputs=(1, 2),
         flops=_input_flops,
         onnx_import=adapt,
+        emit=emit_reduce,
     )
 
 
@@ -261,6 +563,7 @@ def arg_reduction(name: str, largest: bool) -> None:
         reference=ref,
         attrs={"axis": 0, "keepdims": 1, "select_last_index": 0},
         flops=_input_flops,
+        emit=emit_arg(largest),
     )
 
 
@@ -319,4 +622,5 @@ defop(
     attrs={"exclusive": 0, "reverse": 0},
     inputs=2,
     flops=_input_flops,
+    emit=emit_cumsum,
 )

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.ir.graph import Attrs
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, elementwise_flops, first
+from flowc.ops.reduce import kernel_ctype, outer_inner, row_layout
+from flowc.ops.registry import EmitFn, InferCtx, defop, elementwise_flops, first, get_op
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
     from flowc.ir.graph import Value
 
@@ -98,7 +101,49 @@ def _coerce_2d(n: OnnxNode) -> list[Value] | None:
     )
 
 
-def normalizer(name: str, kernel: Kernel, cost: int) -> None:
+def _emitter(mode: str) -> EmitFn:
+    """Kernels in templates/kernels/softmax.cu.j2: block-cooperative rows when the axis is
+    the innermost one (the usual case), one thread per line along the axis otherwise."""
+
+    def emit(prog: Program, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        assert x is not None
+        t = kernel_ctype(prog, x)
+        if x.type.dtype not in (DType.F32, DType.F64):
+            raise prog.fail(f"code generation supports float32 and float64, not {x.type.dtype}")
+        if y.type.numel == 0:
+            return
+        attrs = node.attrs.merged(get_op(node.op).attrs)
+        shape = x.type.shape
+        outer, extent, inner = outer_inner(shape, int(attrs["axis"]) % len(shape))
+        if inner == 1:
+            lay = row_layout(outer, extent)
+            k = prog.kernel(
+                "softmax.cu.j2",
+                "softmax_rows",
+                ctype=t,
+                mode=mode,
+                width=lay.width,
+                per_block=lay.per_block,
+            )
+            prog.launch_blocks(
+                k,
+                lay.blocks,
+                lay.threads,
+                0,
+                [prog.cptr(x), prog.ptr(y), f"(int64_t){outer}", f"(int64_t){extent}"],
+            )
+        else:
+            k = prog.kernel(
+                "softmax.cu.j2", "softmax_strided", ctype=t, mode=mode, extent=extent, inner=inner
+            )
+            n = outer * inner
+            prog.launch(k, n, [prog.cptr(x), prog.ptr(y), f"(int64_t){n}"])
+
+    return emit
+
+
+def normalizer(name: str, kernel: Kernel, cost: int, mode: str) -> None:
     defop(
         name,
         FAMILY,
@@ -107,11 +152,12 @@ def normalizer(name: str, kernel: Kernel, cost: int) -> None:
         attrs={"axis": -1},
         flops=elementwise_flops(cost),
         onnx_import=_coerce_2d,
+        emit=_emitter(mode),
     )
 
 
 # Per element: max, subtract, exp (4, as in elementwise), sum, divide (or subtract the log).
-normalizer("Softmax", _softmax, cost=8)
-normalizer("LogSoftmax", _log_softmax, cost=8)
+normalizer("Softmax", _softmax, cost=8, mode="softmax")
+normalizer("LogSoftmax", _log_softmax, cost=8, mode="log_softmax")
 # Per element: a compare for the argmax and a write of the one-hot row.
-normalizer("Hardmax", _hardmax, cost=2)
+normalizer("Hardmax", _hardmax, cost=2, mode="hardmax")

@@ -5,12 +5,14 @@
 //   bytes  8..15  uint64 version (1)
 //   bytes 16..23  uint64 data_bytes
 //   bytes 24..31  uint64 CRC-32 (zlib) of the data bytes, zero-extended
-//   bytes 32..63  reserved, zero
+//   bytes 32..39  uint64 layout id: a hash of the tensors' names, types and offsets
+//   bytes 40..63  reserved, zero
 //   bytes 64..    the data bytes
 //
-// A generated program knows how many bytes of weights it expects and their hash; load()
-// refuses a file of another size (another model or layout), another hash (other weights) or
-// whose data does not hash to the value its header records (corruption).
+// A generated program knows its layout id and how many bytes of weights it expects; load()
+// refuses a file of another layout or size (another model), or whose data does not hash to
+// the value its header records (corruption). Any values in the right layout are accepted: one
+// build runs with any weights file written for it.
 #pragma once
 
 #include <sys/types.h>
@@ -86,7 +88,7 @@ constexpr size_t kChunk = size_t(64) << 20;
 
 }  // namespace detail
 
-inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_hash,
+inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
                    std::vector<unsigned char>* out) {
   const std::string name = "weights file " + path;
   detail::File file(path, "rb");
@@ -106,6 +108,7 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
   const uint64_t version = detail::get_u64(head + 8);
   const uint64_t data_bytes = detail::get_u64(head + 16);
   const uint64_t stored_hash = detail::get_u64(head + 24);
+  const uint64_t layout = detail::get_u64(head + 32);
   if (version != kVersion)
     return InvalidArgument(name + " has format version " + std::to_string(version) +
                            "; this runtime reads version " + std::to_string(kVersion));
@@ -119,10 +122,10 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
                            (file_data < data_bytes ? "truncated" : "longer than its header says") +
                            ": its header records " + std::to_string(data_bytes) +
                            " bytes of data, the file holds " + std::to_string(file_data));
-  if (stored_hash != expected_hash)
-    return InvalidArgument(name + ": hash mismatch: its weights hash to " + detail::hex(stored_hash) +
-                           ", this program expects " + detail::hex(expected_hash) +
-                           ": it was compiled for other weights of the same size");
+  if (layout != expected_layout)
+    return InvalidArgument(name + " has layout " + detail::hex(layout) + "; this program expects " +
+                           detail::hex(expected_layout) +
+                           ": it was written for another model (same size, other tensors)");
 
   std::vector<unsigned char> data;
   try {
@@ -150,7 +153,7 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
   return Status::Ok();
 }
 
-inline Status save(const std::string& path, const void* data, uint64_t bytes) {
+inline Status save(const std::string& path, const void* data, uint64_t bytes, uint64_t layout = 0) {
   const std::string name = "weights file " + path;
   if (bytes > 0 && data == nullptr) return InvalidArgument(name + ": no data (null pointer)");
   unsigned char head[kHeaderBytes] = {};
@@ -158,6 +161,7 @@ inline Status save(const std::string& path, const void* data, uint64_t bytes) {
   detail::put_u64(head + 8, kVersion);
   detail::put_u64(head + 16, bytes);
   detail::put_u64(head + 24, crc32(data, size_t(bytes)));
+  detail::put_u64(head + 32, layout);
 
   const std::string tmp = path + ".tmp." + std::to_string(long(getpid()));
   bool ok;

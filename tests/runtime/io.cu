@@ -198,9 +198,9 @@ static std::string test_crc32() {
 static std::string test_weights() {
   unsigned char w[64];
   for (int i = 0; i < 64; ++i) w[i] = (unsigned char)i;
-  const uint64_t hash = flowc::weights::crc32(w, 64);
+  const uint64_t hash = 0x1234abcdULL;  // the layout id the program expects
   const std::string path = at("w.bin");
-  flowc::Status st = flowc::weights::save(path, w, 64);
+  flowc::Status st = flowc::weights::save(path, w, 64, hash);
   if (!st.ok()) return st.message();
   std::vector<unsigned char> got;
   st = flowc::weights::load(path, 64, hash, &got);
@@ -212,10 +212,10 @@ static std::string test_weights() {
                                   " holds 64 bytes of data; this program expects 128: "
                                   "it was compiled for another model or layout"});
   if (!why.empty()) return "wrong size: " + why;
-  why = expect_error(flowc::weights::load(path, 64, hash ^ 1, &got), {path, "hash mismatch"});
-  if (!why.empty()) return "wrong hash: " + why;
+  why = expect_error(flowc::weights::load(path, 64, hash ^ 1, &got), {path, "another model"});
+  if (!why.empty()) return "wrong layout: " + why;
   if (flowc::weights::load(path, 64, hash ^ 1, &got).message().find("corrupt") != std::string::npos)
-    return "wrong hash: reported as corruption";
+    return "wrong layout: reported as corruption";
 
   // The same file with one data byte flipped: right size and header hash, wrong data.
   std::FILE* in = std::fopen(path.c_str(), "rb");
@@ -247,7 +247,7 @@ static std::string test_weights() {
   std::remove(bad.c_str());
   // An empty weights file is valid.
   st = flowc::weights::save(at("w_empty.bin"), nullptr, 0);
-  if (st.ok()) st = flowc::weights::load(at("w_empty.bin"), 0, flowc::weights::crc32(nullptr, 0), &got);
+  if (st.ok()) st = flowc::weights::load(at("w_empty.bin"), 0, 0, &got);
   std::remove(at("w_empty.bin").c_str());
   if (!st.ok()) return "empty: " + st.message();
   return got.empty() ? "" : "empty: got data";
