@@ -91,7 +91,7 @@ def test_new_inputs_and_new_weights_reuse_the_build(odd_project: Path, tmp_path:
     # Files that do not fit are refused with a clear message: cut short, another model.
     small = tmp_path / "small.bin"
     small.write_bytes((odd_project / "weights.bin").read_bytes()[:-256])
-    with pytest.raises(FlowcError, match="small.bin is truncated"):
+    with pytest.raises(FlowcError, match=r"small\.bin is truncated"):
         run(odd_project, {ODD: x}, weights=small)
     other.constants[0].name = "renamed"
     write_weights(wfile, layout_weights(other))
