@@ -451,6 +451,8 @@ def verify(
     from flowc.harness.ort import run_onnxruntime
     from flowc.interpreter import random_inputs as make_random
 
+    if model.suffix.lower() != ".onnx":
+        raise InputError(f"{model}: verify compares with onnxruntime and needs an .onnx model")
     graph = load(model, shapes, dims, for_compile=True)
     names = [v.name for v in graph.inputs]
     feeds = {}
@@ -474,7 +476,11 @@ def verify(
                 )
         _progress("running")
         got, _ = run(project, feeds, target=target)
-    ref = run_onnxruntime(str(model), feeds) if model.suffix == ".onnx" else {}
+    import onnx
+
+    from flowc.harness.ort import inference_mode
+
+    ref = run_onnxruntime(inference_mode(onnx.load(str(model))), feeds)
     table = Table(show_edge=False)
     for col in ("output", "shape", "error", "result"):
         table.add_column(col)

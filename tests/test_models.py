@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
 from flowc.harness.compare import max_rel_error
-from flowc.harness.ort import run_onnxruntime
+from flowc.harness.ort import inference_mode, run_onnxruntime
 from flowc.interpreter import evaluate
 from flowc.ir.graph import is_splat
 
@@ -29,17 +29,6 @@ def _shared_io(name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
     ins = {k[3:]: io[k] for k in io.files if k.startswith("in:")}
     outs = {k[4:]: io[k] for k in io.files if k.startswith("out:")}
     return ins, outs
-
-
-def _in_eval_mode(model: onnx.ModelProto) -> onnx.ModelProto:
-    """gpt2_tiny was exported with Dropout training_mode=true (its stored PyTorch outputs are
-    from eval mode), so onnxruntime drops at random on it; flowc treats Dropout as identity
-    with a warning. The onnxruntime reference runs the same model with training_mode false."""
-    for t in model.graph.initializer:
-        for node in model.graph.node:
-            if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2] == t.name:
-                t.CopyFrom(numpy_helper.from_array(np.array(False), t.name))
-    return model
 
 
 def test_training_mode_dropout_is_identity_with_one_warning() -> None:
@@ -70,7 +59,7 @@ def test_shared_model_matches_pytorch_and_onnxruntime(name: str) -> None:
     graph = import_onnx(path, _shapes_of(feeds))
     graph.verify()
     got = evaluate(graph, feeds)
-    ref = run_onnxruntime(_in_eval_mode(onnx.load(str(path))), feeds)
+    ref = run_onnxruntime(inference_mode(onnx.load(str(path))), feeds)
     assert set(got) == set(ref) == set(expected)
     for out in expected:
         assert got[out].dtype == ref[out].dtype and got[out].shape == ref[out].shape

@@ -8,17 +8,19 @@ NonZero is not supported: its output shape depends on the data.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs
+from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop
+from flowc.ops.registry import InferCtx, defop, get_op
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
 
 FAMILY = "index"
@@ -46,6 +48,38 @@ def _wrap(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
     return np.where(i < 0, i + dim, i)
 
 
+# -- code generation helpers -------------------------------------------------------------------
+# Kernels are in templates/kernels/index.cu.j2. Every kernel that reads an index checks it and
+# raises the model's error flag (which run() reports) instead of touching memory out of bounds.
+
+
+def _input(node: Node, i: int) -> Value:
+    v = node.inputs[i] if i < len(node.inputs) else None
+    assert v is not None, f"{node.op} node {node.name!r}: input {i} is missing"
+    return v
+
+
+def _attrs(node: Node) -> Attrs:
+    return node.attrs.merged(get_op(node.op).attrs)
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides."""
+    out = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        out[k] = out[k + 1] * shape[k + 1]
+    return out
+
+
+def _c_int64(v: int) -> str:
+    return "INT64_MIN" if v == -(1 << 63) else f"INT64_C({v})"
+
+
+def _indexed(prog: Program, kernel: str, n: int, args: list[str]) -> None:
+    """Launch a kernel that checks indices: it also gets the error flag."""
+    prog.launch(kernel, n, [*args, "error_flag", f"(int64_t){n}"])
+
+
 # -- Gather family -----------------------------------------------------------------------------
 
 
@@ -65,7 +99,30 @@ def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.asarray(np.take(x, i, axis=axis))  # a 0-d result would be a NumPy scalar
 
 
-defop("Gather", FAMILY, infer=_gather_infer, reference=_gather_ref, attrs={"axis": 0}, inputs=2)
+def _gather_emit(prog: Program, node: Node) -> None:
+    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    axis = _attrs(node)["axis"] % x.type.rank
+    name = prog.kernel(
+        "index.cu.j2",
+        "gather",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        dim=x.type.shape[axis],
+        count=ind.type.numel,
+        inner=math.prod(x.type.shape[axis + 1 :]),
+    )
+    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+
+
+defop(
+    "Gather",
+    FAMILY,
+    infer=_gather_infer,
+    reference=_gather_ref,
+    attrs={"axis": 0},
+    inputs=2,
+    emit=_gather_emit,
+)
 
 
 def _gather_elements_infer(ctx: InferCtx) -> list[TensorType]:
@@ -91,6 +148,28 @@ def _gather_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.take_along_axis(x[corner], i, axis=axis)
 
 
+def _gather_elements_emit(prog: Program, node: Node) -> None:
+    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    if x.type.rank == 0:
+        raise prog.fail("cannot gather elements from a scalar")
+    axis = _attrs(node)["axis"] % x.type.rank
+    xs = _strides(x.type.shape)
+    name = prog.kernel(
+        "index.cu.j2",
+        "gather_elements",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        dims=[
+            {"axis": k, "size": n, "stride": s}
+            for k, (n, s) in enumerate(zip(ind.type.shape, xs, strict=True))
+        ],
+        axis=axis,
+        dim=x.type.shape[axis],
+        dim_stride=xs[axis],
+    )
+    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+
+
 defop(
     "GatherElements",
     FAMILY,
@@ -98,6 +177,7 @@ defop(
     reference=_gather_elements_ref,
     attrs={"axis": 0},
     inputs=2,
+    emit=_gather_elements_emit,
 )
 
 
@@ -135,6 +215,26 @@ def _gather_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return data[key].reshape(ind.shape[:-1] + x.shape[b + m :])
 
 
+def _gather_nd_emit(prog: Program, node: Node) -> None:
+    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    b = _attrs(node)["batch_dims"]
+    m = ind.type.shape[-1]
+    xs = _strides(x.type.shape)
+    if out.type.numel == 0:
+        return
+    name = prog.kernel(
+        "index.cu.j2",
+        "gather_nd",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        axes=[{"size": x.type.shape[b + k], "stride": xs[b + k]} for k in range(m)],
+        inner=math.prod(x.type.shape[b + m :]),
+        rows_per_batch=math.prod(ind.type.shape[b:-1]),
+        batch_stride=math.prod(x.type.shape[b:]),
+    )
+    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+
+
 defop(
     "GatherND",
     FAMILY,
@@ -142,6 +242,7 @@ defop(
     reference=_gather_nd_ref,
     attrs={"batch_dims": 0},
     inputs=2,
+    emit=_gather_nd_emit,
 )
 
 
@@ -200,6 +301,36 @@ def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return out
 
 
+def _scatter_elements_emit(prog: Program, node: Node) -> None:
+    x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
+    a = _attrs(node)
+    axis = a["axis"] % x.type.rank
+    prog.copy(out, x)
+    shape = ind.type.shape
+    if ind.type.numel == 0:
+        return
+    xs, ids = _strides(x.type.shape), _strides(shape)
+    lines = [
+        {"size": n, "istride": i, "ostride": o}
+        for k, (n, i, o) in enumerate(zip(shape, ids, xs, strict=True))
+        if k != axis and n != 1
+    ]
+    name = prog.kernel(
+        "index.cu.j2",
+        "scatter_elements",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        lines=lines,
+        count=shape[axis],
+        istride=ids[axis],
+        ostride=xs[axis],
+        dim=x.type.shape[axis],
+        reduction=a["reduction"],
+    )
+    n = ind.type.numel // shape[axis]
+    _indexed(prog, name, n, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
+
+
 defop(
     "ScatterElements",
     FAMILY,
@@ -207,6 +338,7 @@ defop(
     reference=_scatter_elements_ref,
     attrs={"axis": 0, "reduction": "none"},
     inputs=3,
+    emit=_scatter_elements_emit,
     flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
 )
 
@@ -238,6 +370,28 @@ def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return out
 
 
+def _scatter_nd_emit(prog: Program, node: Node) -> None:
+    x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
+    m = ind.type.shape[-1]
+    xs = _strides(x.type.shape)
+    prog.copy(out, x)
+    rows = math.prod(ind.type.shape[:-1])
+    inner = math.prod(x.type.shape[m:])
+    if rows == 0:
+        return
+    name = prog.kernel(
+        "index.cu.j2",
+        "scatter_nd",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        axes=[{"size": x.type.shape[k], "stride": xs[k]} for k in range(m)],
+        rows=rows,
+        inner=inner,
+        reduction=_attrs(node)["reduction"],
+    )
+    _indexed(prog, name, inner, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
+
+
 defop(
     "ScatterND",
     FAMILY,
@@ -245,6 +399,7 @@ defop(
     reference=_scatter_nd_ref,
     attrs={"reduction": "none"},
     inputs=3,
+    emit=_scatter_nd_emit,
     flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
 )
 
@@ -267,6 +422,27 @@ def _trilu_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.triu(x, k) if a["upper"] else np.tril(x, k)
 
 
+def _trilu_emit(prog: Program, node: Node) -> None:
+    x, out = _input(node, 0), node.outputs[0]
+    kv = node.inputs[1] if len(node.inputs) > 1 else None
+    k_at = kv is not None and kv.const is None
+    k = 0 if kv is None or kv.const is None else int(kv.const.reshape(-1)[0])
+    rows, cols = x.type.shape[-2:]
+    name = prog.kernel(
+        "index.cu.j2",
+        "trilu",
+        ctype=prog.ctype(x),
+        rows=rows,
+        cols=cols,
+        upper=bool(_attrs(node)["upper"]),
+        k=_c_int64(k),
+        k_at=k_at,
+    )
+    n = out.type.numel
+    args = [prog.cptr(x), *([prog.cptr(kv)] if k_at and kv else []), prog.ptr(out)]
+    prog.launch(name, n, [*args, f"(int64_t){n}"])
+
+
 defop(
     "Trilu",
     FAMILY,
@@ -274,6 +450,7 @@ defop(
     reference=_trilu_ref,
     attrs={"upper": 1},
     inputs=(1, 2),
+    emit=_trilu_emit,
 )
 
 
@@ -315,6 +492,32 @@ def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     return [np.moveaxis(values, -1, axis), np.moveaxis(idx, -1, axis).astype(np.int64)]
 
 
+def _topk_emit(prog: Program, node: Node) -> None:
+    x = _input(node, 0)
+    a = _attrs(node)
+    axis = a["axis"] % x.type.rank
+    kv = _input(node, 1).const
+    assert kv is not None
+    k = int(kv.reshape(-1)[0])
+    if k == 0 or x.type.numel == 0:
+        return
+    with_indices = len(node.outputs) > 1
+    name = prog.kernel(
+        "index.cu.j2",
+        "topk",
+        ctype=prog.ctype(x),
+        len=x.type.shape[axis],
+        inner=math.prod(x.type.shape[axis + 1 :]),
+        k=k,
+        largest=bool(a["largest"]),
+        is_float=x.type.dtype.is_float,
+        with_indices=with_indices,
+    )
+    outs = [prog.ptr(o) for o in node.outputs[:2]]
+    n = x.type.numel
+    prog.launch(name, n, [prog.cptr(x), *outs, f"(int64_t){n}"])
+
+
 def _topk_import(n: OnnxNode) -> None:
     if n.opset < 10 and "k" in n.attrs:
         n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
@@ -330,6 +533,7 @@ defop(
     outputs=(1, 2),
     flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
     onnx_import=_topk_import,
+    emit=_topk_emit,
 )
 
 
@@ -364,6 +568,23 @@ def _onehot_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.where(hot, values[1], values[0]).astype(values.dtype)
 
 
+def _onehot_emit(prog: Program, node: Node) -> None:
+    ind, values, out = _input(node, 0), _input(node, 2), node.outputs[0]
+    dv = _input(node, 1).const
+    assert dv is not None
+    axis = _attrs(node)["axis"] % (ind.type.rank + 1)
+    name = prog.kernel(
+        "index.cu.j2",
+        "onehot",
+        itype=prog.ctype(ind),
+        ctype=prog.ctype(out),
+        depth=_onehot_depth(dv),
+        inner=math.prod(ind.type.shape[axis:]),
+    )
+    n = out.type.numel
+    prog.launch(name, n, [prog.cptr(ind), prog.cptr(values), prog.ptr(out), f"(int64_t){n}"])
+
+
 defop(
     "OneHot",
     FAMILY,
@@ -371,6 +592,7 @@ defop(
     reference=_onehot_ref,
     attrs={"axis": -1},
     inputs=3,
+    emit=_onehot_emit,
 )
 
 
@@ -397,10 +619,24 @@ def _eyelike_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.eye(rows, cols, k=a["k"], dtype=_eyelike_dtype(x, a).np)
 
 
+def _eyelike_emit(prog: Program, node: Node) -> None:
+    out = node.outputs[0]
+    name = prog.kernel(
+        "index.cu.j2",
+        "eyelike",
+        ctype=prog.ctype(out),
+        cols=out.type.shape[1],
+        k=_c_int64(int(_attrs(node)["k"])),
+    )
+    n = out.type.numel
+    prog.launch(name, n, [prog.ptr(out), f"(int64_t){n}"])
+
+
 defop(
     "EyeLike",
     FAMILY,
     infer=_eyelike_infer,
     reference=_eyelike_ref,
     attrs={"dtype": None, "k": 0},
+    emit=_eyelike_emit,
 )

@@ -8,20 +8,23 @@ deployed graphs, and a node asking for training statistics is rejected with a cl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from flowc.codegen.cpp import c_float
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs
+from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
-from flowc.ops.conv import compute_dtype
+from flowc.ops.conv import attrs_of, compute_dtype, float_ctype
 from flowc.ops.registry import InferCtx, defop, elementwise_flops, ints
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
     from flowc.ir.graph import Value
 
@@ -64,6 +67,246 @@ def _req(xs: list[np.ndarray | None], i: int) -> np.ndarray:
     x = xs[i]
     assert x is not None
     return x
+
+
+# -- code generation (templates/kernels/norm.cu.j2) ----------------------------------------------
+# Normalizations over many elements run one block per row with shared-memory tree sums
+# (`normalize`); BatchNormalization and LRN are one thread per element.
+
+MAX_BLOCKS = 1 << 16  # rows beyond this are strided over by the blocks
+
+
+def offset_expr(var: str, dims: Sequence[tuple[int, int]]) -> str:
+    """The offset of flat index ``var`` over axes ``dims`` (size, stride), outermost first:
+    sum of coordinate * stride; a stride of 0 (a broadcast axis) adds nothing."""
+    merged: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == size * stride:  # contiguous with the axis before
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    terms = []
+    inner = 1
+    for k in range(len(merged) - 1, -1, -1):
+        size, stride = merged[k]
+        if stride:
+            coord = var if inner == 1 else f"{var} / {inner}"
+            if k > 0:  # the outermost coordinate needs no modulo: var stays in range
+                coord = f"({coord}) % {size}" if inner != 1 else f"{var} % {size}"
+            terms.append(coord if stride == 1 else f"({coord}) * {stride}")
+        inner *= size
+    return " + ".join(reversed(terms)) or "0"
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    out = []
+    s = 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def _block_threads(size: int) -> int:
+    """A power of two (the tree sum halves it), one warp at least, 256 at most."""
+    return min(256, max(32, 1 << max(0, size - 1).bit_length()))
+
+
+def _emit_normalize(
+    prog: Program,
+    node: Node,
+    rows: int,
+    size: int,
+    row_offset: str,
+    elem_offset: str,
+    eps: float,
+    affine: tuple[Value | None, str, Value | None, str] = (None, "0", None, "0"),
+    stats: Sequence[Value] = (),
+    eps_on_std: bool = False,
+) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    if rows == 0:
+        return
+    if size == 0:
+        raise prog.fail("cannot normalize over an empty axis")
+    scale, scale_index, bias, bias_index = affine
+    block = _block_threads(size)
+    name = prog.kernel(
+        "norm.cu.j2",
+        "normalize",
+        ctype=t,
+        acc_type=t,
+        block=block,
+        rows=rows,
+        size=size,
+        row_offset=row_offset,
+        elem_offset=elem_offset,
+        eps=c_float(eps, t),
+        eps_on_std=eps_on_std,
+        scale_t=float_ctype(prog, scale) if scale is not None else "",
+        scale_index=scale_index,
+        bias_t=float_ctype(prog, bias) if bias is not None else "",
+        bias_index=bias_index,
+        mean_t=float_ctype(prog, stats[0]) if len(stats) > 0 else "",
+        inv_t=float_ctype(prog, stats[1]) if len(stats) > 1 else "",
+    )
+    args = [prog.cptr(x)]
+    args += [prog.cptr(v) for v in (scale, bias) if v is not None]
+    args += [prog.ptr(v) for v in stats]
+    prog.launch_blocks(name, min(rows, MAX_BLOCKS), block, 0, [*args, prog.ptr(y)])
+
+
+def _layernorm_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    a = attrs_of(node)
+    shape = x.type.shape
+    axis = int(a["axis"]) % len(shape)
+    norm = shape[axis:]
+    rows, size = math.prod(shape[:axis]), math.prod(norm)
+
+    def index(v: Value | None) -> str:
+        if v is None:
+            return "0"
+        vs = (1,) * (len(norm) - v.type.rank) + v.type.shape
+        dims = [(n, s if d > 1 else 0) for n, d, s in zip(norm, vs, _strides(vs), strict=True)]
+        return offset_expr("j", dims)
+
+    scale = node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    _emit_normalize(
+        prog,
+        node,
+        rows,
+        size,
+        f"row * {size}",
+        "j",
+        float(a["epsilon"]),
+        (scale, index(scale), bias, index(bias)),
+        node.outputs[1:3],
+    )
+
+
+def _instancenorm_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    n, c = x.type.shape[:2]
+    size = math.prod(x.type.shape[2:])
+    channel = offset_expr("row", [(n, 0), (c, 1)])
+    _emit_normalize(
+        prog,
+        node,
+        n * c,
+        size,
+        f"row * {size}",
+        "j",
+        float(attrs_of(node)["epsilon"]),
+        (node.inputs[1], channel, node.inputs[2], channel),
+    )
+
+
+def _groupnorm_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    a = attrs_of(node)
+    n, c = x.type.shape[:2]
+    groups = int(a["num_groups"])
+    spatial = math.prod(x.type.shape[2:])
+    size = c // groups * spatial
+    # Channel of element j of row (n, g): g * (C / G) + j / spatial.
+    parts = [
+        offset_expr("row", [(n, 0), (groups, c // groups)]),
+        offset_expr("j", [(c // groups, 1), (spatial, 0)]),
+    ]
+    channel = " + ".join(p for p in parts if p != "0") or "0"
+    _emit_normalize(
+        prog,
+        node,
+        n * groups,
+        size,
+        f"row * {size}",
+        "j",
+        float(a["epsilon"]),
+        (node.inputs[1], channel, node.inputs[2], channel),
+    )
+
+
+def _mvn_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    shape = x.type.shape
+    axes = sorted({int(ax) % len(shape) for ax in attrs_of(node)["axes"]})
+    strides = _strides(shape)
+    kept = [(shape[k], strides[k]) for k in range(len(shape)) if k not in axes]
+    reduced = [(shape[k], strides[k]) for k in axes]
+    _emit_normalize(
+        prog,
+        node,
+        math.prod(d for d, _ in kept),
+        math.prod(d for d, _ in reduced),
+        offset_expr("row", kept),
+        offset_expr("j", reduced),
+        1e-9,
+        eps_on_std=True,
+    )
+
+
+def _batchnorm_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    params = [node.inputs[i] for i in range(1, 5)]
+    types = []
+    for v in params:
+        assert v is not None
+        types.append(float_ctype(prog, v))
+    inner = math.prod(x.type.shape[2:])
+    name = prog.kernel(
+        "norm.cu.j2",
+        "batch_norm",
+        ctype=t,
+        acc_type=t,
+        scale_t=types[0],
+        bias_t=types[1],
+        mean_t=types[2],
+        var_t=types[3],
+        inner=inner,
+        channels=x.type.shape[1],
+        eps=c_float(float(attrs_of(node)["epsilon"]), t),
+    )
+    n = y.type.numel
+    args = [prog.cptr(x), *(prog.cptr(v) for v in params if v is not None), prog.ptr(y)]
+    prog.launch(name, n, [*args, f"(int64_t){n}"])
+
+
+def _lrn_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    a = attrs_of(node)
+    size = int(a["size"])
+    name = prog.kernel(
+        "norm.cu.j2",
+        "lrn",
+        ctype=t,
+        acc_type=t,
+        inner=math.prod(x.type.shape[2:]),
+        channels=x.type.shape[1],
+        before=(size - 1) // 2,
+        after=size - 1 - (size - 1) // 2,
+        alpha_over_size=c_float(float(a["alpha"]) / size, t),
+        beta=c_float(float(a["beta"]), t),
+        bias=c_float(float(a["bias"]), t),
+    )
+    n = y.type.numel
+    prog.launch(name, n, [prog.cptr(x), prog.ptr(y), f"(int64_t){n}"])
 
 
 # -- BatchNormalization ---------------------------------------------------------------------------
@@ -123,6 +366,7 @@ defop(
     inputs=5,
     flops=elementwise_flops(2),
     onnx_import=_batchnorm_import,
+    emit=_batchnorm_emit,
 )
 
 
@@ -173,6 +417,7 @@ defop(
     inputs=(2, 3),
     outputs=(1, 3),
     flops=elementwise_flops(8),
+    emit=_layernorm_emit,
 )
 
 
@@ -208,6 +453,7 @@ defop(
     attrs={"epsilon": 1e-5},
     inputs=3,
     flops=elementwise_flops(6),
+    emit=_instancenorm_emit,
 )
 
 
@@ -270,6 +516,7 @@ defop(
     inputs=3,
     flops=elementwise_flops(6),
     onnx_import=_groupnorm_import,
+    emit=_groupnorm_emit,
 )
 
 
@@ -304,6 +551,7 @@ defop(
     reference=_lrn_ref,
     attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None},
     flops=elementwise_flops(8),
+    emit=_lrn_emit,
 )
 
 
@@ -332,4 +580,5 @@ defop(
     reference=_mvn_ref,
     attrs={"axes": (0, 2, 3)},
     flops=elementwise_flops(6),
+    emit=_mvn_emit,
 )

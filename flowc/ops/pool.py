@@ -11,14 +11,27 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs
+from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
-from flowc.ops.conv import Window, compute_dtype, window, window_view
+from flowc.ops.conv import (
+    Window,
+    attrs_of,
+    compute_dtype,
+    flat_index,
+    float_ctype,
+    window,
+    window_view,
+)
 from flowc.ops.registry import InferCtx, defop
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
 
 FAMILY = "pool"
 
@@ -80,6 +93,119 @@ def _taps_inside(spatial: tuple[int, ...], w: Window, keep: tuple[int, ...]) -> 
     return view.sum(axis=_kernel_axes(nd))
 
 
+# -- code generation (templates/kernels/pool.cu.j2: one thread per output element) -------------
+
+
+def _window_params(node: Node) -> tuple[Window, dict[str, object]]:
+    x = node.inputs[0]
+    assert x is not None
+    geo = _geometry(x.type.shape, attrs_of(node))
+    spatial = x.type.shape[2:]
+    nd = len(spatial)
+    return geo, {
+        "out": list(geo.out),
+        "spatial": list(spatial),
+        "kernel": list(geo.kernel),
+        "strides": list(geo.strides),
+        "dilations": list(geo.dilations),
+        "pads": list(geo.pad_begin),
+        "x_index": flat_index([f"i{d}" for d in range(nd)], spatial),
+    }
+
+
+def _maxpool_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = CTYPES.get(x.type.dtype)
+    if t not in ("float", "double", "int8_t", "uint8_t"):
+        raise prog.fail(f"element type {x.type.dtype} has no kernel yet")
+    geo, params = _window_params(node)
+    nd = len(geo.out)
+    spatial = x.type.shape[2:]
+    if x.type.dtype.is_float:
+        lowest = c_float(-math.inf, t)
+    else:
+        lowest = f"static_cast<{t}>({int(np.iinfo(x.type.dtype.np).min)})"
+    with_indices = len(node.outputs) > 1
+    names = [f"b{d}" for d in range(nd)]
+    if int(attrs_of(node)["storage_order"]) == 1:  # column-major spatial positions
+        index = flat_index(names[::-1], spatial[::-1])
+    else:
+        index = flat_index(names, spatial)
+    name = prog.kernel(
+        "pool.cu.j2",
+        "max_pool",
+        ctype=t,
+        lo=[0] * nd,
+        lowest=lowest,
+        with_indices=with_indices,
+        index_expr=index,
+        **params,
+    )
+    outs = [prog.ptr(o) for o in node.outputs[:2]]
+    prog.launch(name, y.type.numel, [prog.cptr(x), *outs, f"(int64_t){y.type.numel}"])
+
+
+def _sum_pool_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    a = attrs_of(node)
+    geo, params = _window_params(node)
+    spatial = x.type.shape[2:]
+    if node.op == "AveragePool":
+        mode, p, acc = "avg", 1, t
+        keep = bool(a["count_include_pad"])
+    else:
+        # flowc's reference (and onnxruntime) take the powers in double.
+        mode, p, acc = "lp", int(a["p"]), "double"
+        keep = False
+    if p < 1:
+        raise prog.fail(f"p must be a positive integer, got {p}")
+    lo = [-b for b in geo.pad_begin] if keep else [0] * len(spatial)
+    hi = [n + e for n, e in zip(spatial, geo.pad_end, strict=True)] if keep else list(spatial)
+    name = prog.kernel(
+        "pool.cu.j2",
+        "sum_pool",
+        ctype=t,
+        acc_type=acc,
+        mode=mode,
+        p=p,
+        lo=lo,
+        hi=hi,
+        check_inside=keep,
+        **params,
+    )
+    prog.launch(name, y.type.numel, [prog.cptr(x), prog.ptr(y), f"(int64_t){y.type.numel}"])
+
+
+def _global_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    mode = {"GlobalAveragePool": "avg", "GlobalMaxPool": "max", "GlobalLpPool": "lp"}[node.op]
+    p = int(attrs_of(node)["p"]) if mode == "lp" else 1
+    if p < 1:
+        raise prog.fail(f"p must be a positive integer, got {p}")
+    size = math.prod(x.type.shape[2:])
+    planes = y.type.numel
+    if size == 0 or planes == 0:
+        return
+    name = prog.kernel(
+        "pool.cu.j2",
+        "global_pool",
+        ctype=t,
+        acc_type="double" if mode == "lp" else t,
+        mode=mode,
+        p=p,
+        size=size,
+    )
+    prog.launch(name, planes, [prog.cptr(x), prog.ptr(y), f"(int64_t){planes}"])
+
+
 # -- MaxPool --------------------------------------------------------------------------------------
 
 
@@ -135,6 +261,7 @@ defop(
     attrs={**_WINDOW_ATTRS, "storage_order": 0},
     outputs=(1, 2),
     flops=_pool_flops,
+    emit=_maxpool_emit,
 )
 
 
@@ -168,6 +295,7 @@ defop(
     reference=_avgpool_ref,
     attrs={**_WINDOW_ATTRS, "count_include_pad": 0},
     flops=_pool_flops,
+    emit=_sum_pool_emit,
 )
 
 
@@ -188,6 +316,7 @@ defop(
     reference=_lppool_ref,
     attrs={**_WINDOW_ATTRS, "p": 2},
     flops=_pool_flops,
+    emit=_sum_pool_emit,
 )
 
 
@@ -234,8 +363,22 @@ def _global_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs
     return x.numel
 
 
-defop("GlobalAveragePool", FAMILY, infer=_global_infer, reference=_global_avg, flops=_global_flops)
-defop("GlobalMaxPool", FAMILY, infer=_global_infer, reference=_global_max, flops=_global_flops)
+defop(
+    "GlobalAveragePool",
+    FAMILY,
+    infer=_global_infer,
+    reference=_global_avg,
+    flops=_global_flops,
+    emit=_global_emit,
+)
+defop(
+    "GlobalMaxPool",
+    FAMILY,
+    infer=_global_infer,
+    reference=_global_max,
+    flops=_global_flops,
+    emit=_global_emit,
+)
 defop(
     "GlobalLpPool",
     FAMILY,
@@ -243,4 +386,5 @@ defop(
     reference=_global_lp,
     attrs={"p": 2},
     flops=_global_flops,
+    emit=_global_emit,
 )

@@ -150,8 +150,9 @@ def _merged_axes(shape: tuple[int, ...], axes: Axes) -> list[tuple[int, bool]]:
 
 def _reduce_spec(op: str, dt: DType, count: int) -> dict[str, Any]:
     """The template parameters that say what a Reduce* kernel computes for this dtype (see the
-    template's header): float accumulates in its own type, integers as the module docstring
-    says (an unsigned accumulator makes their wrap-around well defined in C++)."""
+    template's header). Floats accumulate in their own type (as onnxruntime does; the
+    reference's float64 is too slow on a GPU), integers as the module docstring says, with an
+    unsigned accumulator where they wrap so that overflow is well defined in C++."""
     t = ctype(dt)
     kind = op.removeprefix("Reduce")
     spec: dict[str, Any] = {

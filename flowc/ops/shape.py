@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowc.codegen.cpp import c_float
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs, is_splat, make_splat
+from flowc.ir.graph import Attrs, Node, is_splat, make_splat
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, ints, numel, same_as_input
+from flowc.ops.registry import InferCtx, defop, get_op, ints, numel, same_as_input
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.frontend.onnx import OnnxNode
     from flowc.ir.graph import Value
 
@@ -75,6 +77,108 @@ def _move(
     if is_splat(x):
         return make_splat(x.flat[0], tuple(shape), x.dtype)
     return fn(x)
+
+
+# -- code generation helpers -------------------------------------------------------------------
+# Most of these ops move elements without computing on them: each is a strided copy of a box
+# (templates/kernels/shape.cu.j2, strided_copy) whose sizes and strides come from the same
+# plan the reference uses. Shape-deciding inputs are constants (inference insists), read here
+# from the input Values.
+
+
+def _input(node: Node, i: int) -> Value:
+    v = node.inputs[i] if i < len(node.inputs) else None
+    assert v is not None, f"{node.op} node {node.name!r}: input {i} is missing"
+    return v
+
+
+def _const_input(node: Node, i: int) -> np.ndarray | None:
+    """The value of constant input i; None when the input is absent."""
+    v = node.inputs[i] if i < len(node.inputs) else None
+    if v is None:
+        return None
+    assert v.const is not None, f"{node.op} node {node.name!r}: input {i} is not a constant"
+    return v.const
+
+
+def _attrs(node: Node) -> Attrs:
+    return node.attrs.merged(get_op(node.op).attrs)
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    """Row-major element strides."""
+    out = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        out[k] = out[k + 1] * shape[k + 1]
+    return out
+
+
+def c_literal(value: Any, dtype: DType, ctype: str) -> str:
+    """A C++ constant of the element type with exactly ``value`` (already of ``dtype``)."""
+    if dtype.is_float:
+        return c_float(float(value), ctype)
+    if dtype == DType.BOOL:
+        return "true" if bool(value) else "false"
+    return f"static_cast<{ctype}>({int(value) % (1 << 64)}ULL)"
+
+
+# (size, source stride, destination stride) per axis of a box, outermost first.
+Box = list[tuple[int, int, int]]
+
+
+def _simplify_box(box: Box) -> Box:
+    """Drop unit axes and merge neighbours that are contiguous in both source and destination,
+    so a box that is one run of memory becomes a single axis."""
+    merged: Box = []
+    for size, s, d in box:
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == s * size and merged[-1][2] == d * size:
+            merged[-1] = (merged[-1][0] * size, s, d)
+        else:
+            merged.append((size, s, d))
+    return merged
+
+
+def _offset(ptr: str, at: int) -> str:
+    return f"{ptr} + {at}" if at else ptr
+
+
+def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, box: Box) -> None:
+    """Copy a box of elements from ``src`` (starting at element src_at) into ``dst``."""
+    total = numel([size for size, _, _ in box])
+    if total == 0:
+        return
+    dims = _simplify_box(box)
+    if not dims or (len(dims) == 1 and dims[0][1:] == (1, 1)):
+        # One run of memory: the copy engine does it.
+        prog.stmt(
+            f"cudaMemcpyAsync({_offset(prog.ptr(dst), dst_at)}, {_offset(prog.cptr(src), src_at)}, "
+            f"{total * dst.type.dtype.itemsize}, cudaMemcpyDeviceToDevice, stream);"
+        )
+        return
+    sizes = [size for size, _, _ in dims]
+    linear = [d for _, _, d in dims] == _strides(sizes)
+    name = prog.kernel(
+        "shape.cu.j2",
+        "strided_copy",
+        ctype=prog.ctype(dst),
+        dims=[{"size": size, "src": s, "dst": d} for size, s, d in dims],
+        dst_linear=linear,
+    )
+    prog.launch(
+        name,
+        total,
+        [_offset(prog.cptr(src), src_at), _offset(prog.ptr(dst), dst_at), f"(int64_t){total}"],
+    )
+
+
+def _emit_permuted(prog: Program, node: Node, view: Sequence[int], perm: Sequence[int]) -> None:
+    """The output is the input seen as ``view``, transposed by ``perm``, made contiguous."""
+    x, out = _input(node, 0), node.outputs[0]
+    vs = _strides(view)
+    ts = _strides([view[p] for p in perm])
+    emit_box(prog, x, 0, out, 0, [(view[p], vs[p], ts[k]) for k, p in enumerate(perm)])
 
 
 # -- Reshape, Flatten, Transpose, Squeeze, Unsqueeze -------------------------------------------
@@ -190,7 +294,19 @@ def _transpose_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, [x.shape[p] for p in perm], lambda v: np.transpose(v, perm))
 
 
-defop("Transpose", FAMILY, infer=_transpose_infer, reference=_transpose_ref, attrs={"perm": None})
+def _transpose_emit(prog: Program, node: Node) -> None:
+    x = _input(node, 0)
+    _emit_permuted(prog, node, x.type.shape, _perm(prog.fail, node.attrs, x.type.rank))
+
+
+defop(
+    "Transpose",
+    FAMILY,
+    infer=_transpose_infer,
+    reference=_transpose_ref,
+    attrs={"perm": None},
+    emit=_transpose_emit,
+)
 
 
 def _squeeze_shape(
@@ -296,6 +412,21 @@ def _concat_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.concatenate(arrays, axis=a["axis"] % arrays[0].ndim)
 
 
+def _concat_emit(prog: Program, node: Node) -> None:
+    """One copy per input, into its place along the axis."""
+    out = node.outputs[0]
+    shape = out.type.shape
+    axis = _attrs(node)["axis"] % len(shape)
+    os = _strides(shape)
+    at = 0
+    for x in node.inputs:
+        if x is None:
+            continue
+        xs = _strides(x.type.shape)
+        emit_box(prog, x, 0, out, at * os[axis], list(zip(x.type.shape, xs, os, strict=True)))
+        at += x.type.shape[axis]
+
+
 def _concat_import(n: OnnxNode) -> None:
     if n.opset < 4:
         n.attrs.setdefault("axis", 1)
@@ -309,6 +440,7 @@ defop(
     attrs={"axis": None},
     inputs=(1, MANY),
     onnx_import=_concat_import,
+    emit=_concat_emit,
 )
 
 
@@ -362,6 +494,17 @@ def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     return np.split(x, np.cumsum(sizes)[:-1].tolist(), axis=axis)
 
 
+def _split_emit(prog: Program, node: Node) -> None:
+    x = _input(node, 0)
+    axis = _attrs(node)["axis"] % x.type.rank
+    xs = _strides(x.type.shape)
+    at = 0
+    for o in node.outputs:
+        shape = o.type.shape
+        emit_box(prog, x, at * xs[axis], o, 0, list(zip(shape, xs, _strides(shape), strict=True)))
+        at += shape[axis]
+
+
 def _split_import(n: OnnxNode) -> None:
     if n.opset < 13:
         n.attr_to_input("split", 1)
@@ -388,6 +531,7 @@ defop(
     inputs=(1, 2),
     outputs=(1, MANY),
     onnx_import=_split_import,
+    emit=_split_emit,
 )
 
 
@@ -464,6 +608,29 @@ def _slice_import(n: OnnxNode) -> None:
         n.attr_to_input("axes", 3)
 
 
+def _slice_emit(prog: Program, node: Node) -> None:
+    """A strided gather: the plan's first element and step per axis (steps may be negative)."""
+    x, out = _input(node, 0), node.outputs[0]
+    starts, ends = _const_input(node, 1), _const_input(node, 2)
+    axes, steps = _const_input(node, 3), _const_input(node, 4)
+    assert starts is not None and ends is not None
+    slices, shape = _slice_plan(
+        prog.fail,
+        x.type.shape,
+        ints(starts),
+        ints(ends),
+        None if axes is None else ints(axes),
+        None if steps is None else ints(steps),
+    )
+    xs = _strides(x.type.shape)
+    first = sum((sl.start or 0) * st for sl, st in zip(slices, xs, strict=True))
+    box = [
+        (n, (sl.step or 1) * st, d)
+        for n, sl, st, d in zip(shape, slices, xs, _strides(shape), strict=True)
+    ]
+    emit_box(prog, x, first, out, 0, box)
+
+
 defop(
     "Slice",
     FAMILY,
@@ -471,6 +638,7 @@ defop(
     reference=_slice_ref,
     inputs=(3, 5),
     onnx_import=_slice_import,
+    emit=_slice_emit,
 )
 
 
@@ -501,7 +669,19 @@ def _expand_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.broadcast_to(x, _expand_shape(ValueError, x.shape, ints(_in(xs, 1))))
 
 
-defop("Expand", FAMILY, infer=_expand_infer, reference=_expand_ref, inputs=2)
+def _expand_emit(prog: Program, node: Node) -> None:
+    """Broadcast axes read with stride 0."""
+    x, out = _input(node, 0), node.outputs[0]
+    shape = out.type.shape
+    xshape = (1,) * (len(shape) - x.type.rank) + x.type.shape
+    box = [
+        (n, 0 if d == 1 else s, t)
+        for n, d, s, t in zip(shape, xshape, _strides(xshape), _strides(shape), strict=True)
+    ]
+    emit_box(prog, x, 0, out, 0, box)
+
+
+defop("Expand", FAMILY, infer=_expand_infer, reference=_expand_ref, inputs=2, emit=_expand_emit)
 
 
 def _tile_shape(fail: Fail, shape: tuple[int, ...], repeats: Sequence[int]) -> tuple[int, ...]:
@@ -523,7 +703,21 @@ def _tile_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, _tile_shape(ValueError, x.shape, reps), lambda v: np.tile(v, reps))
 
 
-defop("Tile", FAMILY, infer=_tile_infer, reference=_tile_ref, inputs=2)
+def _tile_emit(prog: Program, node: Node) -> None:
+    """Each axis of length d repeated r times is two box axes: the repeat (source stride 0)
+    and the element within the copy."""
+    x, out = _input(node, 0), node.outputs[0]
+    reps = _const_input(node, 1)
+    assert reps is not None
+    box: Box = []
+    for d, r, s, t in zip(
+        x.type.shape, ints(reps), _strides(x.type.shape), _strides(out.type.shape), strict=True
+    ):
+        box += [(r, 0, d * t), (d, s, t)]
+    emit_box(prog, x, 0, out, 0, box)
+
+
+defop("Tile", FAMILY, infer=_tile_infer, reference=_tile_ref, inputs=2, emit=_tile_emit)
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -594,6 +788,39 @@ def _pad_import(n: OnnxNode) -> None:
         n.attr_to_input("value", 2, x.type.dtype.np)
 
 
+def _pad_emit(prog: Program, node: Node) -> None:
+    x, out = _input(node, 0), node.outputs[0]
+    mode = _attrs(node)["mode"]
+    pads, axes = _const_input(node, 1), _const_input(node, 3)
+    assert pads is not None
+    shape = x.type.shape
+    widths = _pad_widths(prog.fail, shape, ints(pads), None if axes is None else ints(axes), mode)
+    if out.type.numel == 0:
+        return
+    if not shape:
+        prog.copy(out, x)
+        return
+    dims = [
+        {
+            "size": n,
+            "stride": s,
+            "lo": max(b, 0),
+            "kept": d + min(b, 0) + min(e, 0),
+            "crop": -min(b, 0),
+            "padded": b > 0 or e > 0,
+        }
+        for n, d, s, (b, e) in zip(out.type.shape, shape, _strides(shape), widths, strict=True)
+    ]
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    has_value = mode == "constant" and value is not None
+    name = prog.kernel(
+        "shape.cu.j2", "pad", ctype=prog.ctype(out), dims=dims, mode=mode, has_value=has_value
+    )
+    n = out.type.numel
+    args = [prog.cptr(x), *([prog.cptr(value)] if has_value and value else []), prog.ptr(out)]
+    prog.launch(name, n, [*args, f"(int64_t){n}"])
+
+
 defop(
     "Pad",
     FAMILY,
@@ -602,6 +829,7 @@ defop(
     attrs={"mode": "constant"},
     inputs=(2, 4),
     onnx_import=_pad_import,
+    emit=_pad_emit,
 )
 
 
@@ -657,12 +885,23 @@ def _const_of_shape_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return make_splat(value.reshape(-1)[0], tuple(ints(_in(xs, 0))), value.dtype)
 
 
+def _const_of_shape_emit(prog: Program, node: Node) -> None:
+    # Folding normally turns this node into a splat constant; this is the fallback.
+    out = node.outputs[0]
+    t = prog.ctype(out)
+    value = c_literal(_fill_value(node.attrs).reshape(-1)[0], out.type.dtype, t)
+    name = prog.kernel("common.cu.j2", "fill", ctype=t)
+    n = out.type.numel
+    prog.launch(name, n, [prog.ptr(out), value, f"(int64_t){n}"])
+
+
 defop(
     "ConstantOfShape",
     FAMILY,
     infer=_const_of_shape_infer,
     reference=_const_of_shape_ref,
     attrs={"value": None},
+    emit=_const_of_shape_emit,
 )
 
 _CONSTANT_ATTRS: dict[str, Callable[[Any], np.ndarray]] = {
@@ -737,7 +976,31 @@ def _range_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return (float(start) + steps).astype(start.dtype)
 
 
-defop("Range", FAMILY, infer=_range_infer, reference=_range_ref, inputs=3)
+def _range_emit(prog: Program, node: Node) -> None:
+    # Runs when folding declined (a large result); start and delta are constants.
+    out = node.outputs[0]
+    start, delta = _const_input(node, 0), _const_input(node, 2)
+    assert start is not None and delta is not None
+    s, d = start.reshape(()), delta.reshape(())
+    is_float = out.type.dtype.is_float
+    if is_float:
+        lits = [c_float(float(s), "double"), c_float(float(d), "double")]
+    else:
+        # uint64 arithmetic wraps where the int64 of the reference would overflow.
+        lits = [f"{int(s) % (1 << 64)}ULL", f"{int(d) % (1 << 64)}ULL"]
+    name = prog.kernel(
+        "shape.cu.j2",
+        "range_fill",
+        ctype=prog.ctype(out),
+        start=lits[0],
+        delta=lits[1],
+        is_float=is_float,
+    )
+    n = out.type.numel
+    prog.launch(name, n, [prog.ptr(out), f"(int64_t){n}"])
+
+
+defop("Range", FAMILY, infer=_range_infer, reference=_range_ref, inputs=3, emit=_range_emit)
 
 
 # -- Identity, Dropout: they vanish on import ---------------------------------------------------
@@ -956,6 +1219,54 @@ def _original_coords(
     return (float(offset) + (x.astype(np.float64) + 0.5) / float(s) - 0.5).astype(np.float32)
 
 
+def _coord_expr(
+    mode: str, n_out: int, n_in: int, scale: float, start: float, end: float, c: str
+) -> str:
+    """The C++ float expression of _original_coords for output index ``c``: the same float32
+    operations in the same order (no multiply feeds an add, so no FMA contraction changes
+    the rounding), so nearest rounding picks the reference's side."""
+    x = f"static_cast<float>({c})"
+    s = _f32(scale)
+
+    def lit(v: Any, t: str = "float") -> str:
+        return c_float(float(v), t)
+
+    if mode == "asymmetric":
+        return f"{x} / {lit(s)}"
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and n_out > 1):
+        return f"({x} + 0.5f) / {lit(s)} - 0.5f"
+    if mode == "tf_half_pixel_for_nn":
+        return f"({x} + 0.5f) / {lit(s)}"
+    if mode == "pytorch_half_pixel" or (mode == "align_corners" and n_out == 1):
+        return "0.0f"
+    if mode == "align_corners":
+        return f"{x} * {lit(_f32(n_in - 1))} / {lit(_f32(n_out - 1))}"
+    if mode == "tf_crop_and_resize":
+        lo, hi = _f32(start), _f32(end)
+        if n_out > 1:
+            return (
+                f"{lit(lo * _f32(n_in - 1))} + {x} * {lit(hi - lo)} * {lit(_f32(n_in - 1))} / "
+                f"{lit(_f32(n_out - 1))}"
+            )
+        return lit(_f32(0.5 * float(lo + hi) * (n_in - 1)))
+    assert mode == "half_pixel_symmetric", mode
+    adjustment = _f32(n_out) / (s * _f32(n_in))
+    offset = _f32(n_in) / _f32(2) * (_f32(1) - adjustment)
+    return (
+        f"static_cast<float>({lit(float(offset), 'double')} + (static_cast<double>({c}) + 0.5) / "
+        f"{lit(float(s), 'double')} - 0.5)"
+    )
+
+
+# nearest_mode -> the rounding of the source coordinate (in double), as _nearest_index does.
+_ROUNDING = {
+    "round_prefer_floor": {"fn": "ceil", "bias": " - 0.5"},
+    "round_prefer_ceil": {"fn": "floor", "bias": " + 0.5"},
+    "floor": {"fn": "floor", "bias": ""},
+    "ceil": {"fn": "ceil", "bias": ""},
+}
+
+
 def _nearest_index(orig: np.ndarray, mode: str) -> np.ndarray:
     o = orig.astype(np.float64)
     if mode == "round_prefer_floor":
@@ -1101,6 +1412,85 @@ def _resize_import(n: OnnxNode) -> list[Value] | None:
     return None
 
 
+def _emit_resize(
+    prog: Program,
+    node: Node,
+    a: Mapping[str, Any],
+    roi: np.ndarray | None,
+    scales: np.ndarray | None,
+    sizes: np.ndarray | None,
+) -> None:
+    x, out = _input(node, 0), node.outputs[0]
+    plan = _resize_plan(prog.fail, x.type.shape, roi, scales, sizes, a)
+    if plan.out_shape == x.type.shape:
+        prog.copy(out, x)  # as the reference: no axis changes length, no interpolation
+        return
+    if out.type.numel == 0:
+        return
+    rank = x.type.rank
+    coord = a["coordinate_transformation_mode"]
+    dims = []
+    for ax, (n_in, n_out, s, st) in enumerate(
+        zip(x.type.shape, plan.out_shape, plan.scales, _strides(x.type.shape), strict=True)
+    ):
+        resized = s != 1
+        if not resized and n_out != n_in:
+            raise prog.fail(f"internal: axis {ax} has scale 1 but changes length")
+        dims.append(
+            {
+                "axis": ax,
+                "size": n_out,
+                "stride": st,
+                "resized": resized,
+                "last": n_in - 1,
+                "last_f": c_float(float(n_in - 1)),
+                "coord": _coord_expr(
+                    coord, n_out, n_in, s, plan.roi[ax], plan.roi[rank + ax], f"c{ax}"
+                )
+                if resized
+                else "",
+            }
+        )
+    ca = float(a["cubic_coeff_a"])
+    cubic = {
+        "a": f"({c_float(ca, 'double')})",
+        "a2": f"({c_float(ca + 2, 'double')})",
+        "a3": f"({c_float(ca + 3, 'double')})",
+        "a4": f"({c_float(4 * ca, 'double')})",
+        "a5": f"({c_float(5 * ca, 'double')})",
+        "a8": f"({c_float(8 * ca, 'double')})",
+        "exclude": bool(a["exclude_outside"]),
+    }
+    t = prog.ctype(x)
+    fill = np.asarray(a["extrapolation_value"]).astype(x.type.dtype.np)
+    name = prog.kernel(
+        "shape.cu.j2",
+        "resize",
+        ctype=t,
+        dims=dims,
+        mode=a["mode"],
+        rounding=_ROUNDING[a["nearest_mode"]],
+        extrapolate=coord == "tf_crop_and_resize",
+        fill=c_literal(fill, x.type.dtype, t),
+        cubic=cubic,
+    )
+    n = out.type.numel
+    prog.launch(name, n, [prog.cptr(x), prog.ptr(out), f"(int64_t){n}"])
+
+
+def _resize_emit(prog: Program, node: Node) -> None:
+    a = _attrs(node)
+    roi_in = node.inputs[1] if len(node.inputs) > 1 else None
+    if (
+        roi_in is not None
+        and roi_in.const is None
+        and a["coordinate_transformation_mode"] == "tf_crop_and_resize"
+    ):
+        raise prog.fail("the roi input must be a constant for tf_crop_and_resize")
+    roi = roi_in.const if roi_in is not None else None
+    _emit_resize(prog, node, a, roi, _const_input(node, 2), _const_input(node, 3))
+
+
 _RESIZE_DEFAULTS = {
     "antialias": 0,
     "axes": None,
@@ -1122,6 +1512,7 @@ defop(
     inputs=(1, 4),
     flops=_resize_flops,
     onnx_import=_resize_import,
+    emit=_resize_emit,
 )
 
 
@@ -1158,6 +1549,9 @@ defop(
     inputs=2,
     flops=lambda ins, outs, a: _resize_flops(ins, outs, _upsample_attrs(a)),
     onnx_import=_upsample_import,
+    emit=lambda prog, node: _emit_resize(
+        prog, node, _upsample_attrs(_attrs(node)), None, _const_input(node, 1), None
+    ),
 )
 
 
@@ -1195,12 +1589,23 @@ def _d2s_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return t.reshape(n, c // (b * b), h * b, w * b)
 
 
+def _d2s_emit(prog: Program, node: Node) -> None:
+    a = _attrs(node)
+    b = a["blocksize"]
+    n, c, h, w = _input(node, 0).type.shape
+    if a["mode"] == "DCR":
+        _emit_permuted(prog, node, (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2))
+    else:
+        _emit_permuted(prog, node, (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3))
+
+
 defop(
     "DepthToSpace",
     FAMILY,
     infer=_d2s_infer,
     reference=_d2s_ref,
     attrs={"blocksize": None, "mode": "DCR"},
+    emit=_d2s_emit,
 )
 
 
@@ -1220,4 +1625,17 @@ def _s2d_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return t.reshape(n, c * b * b, h // b, w // b)
 
 
-defop("SpaceToDepth", FAMILY, infer=_s2d_infer, reference=_s2d_ref, attrs={"blocksize": None})
+def _s2d_emit(prog: Program, node: Node) -> None:
+    b = _attrs(node)["blocksize"]
+    n, c, h, w = _input(node, 0).type.shape
+    _emit_permuted(prog, node, (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4))
+
+
+defop(
+    "SpaceToDepth",
+    FAMILY,
+    infer=_s2d_infer,
+    reference=_s2d_ref,
+    attrs={"blocksize": None},
+    emit=_s2d_emit,
+)

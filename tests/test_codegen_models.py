@@ -1,0 +1,123 @@
+"""Whole models compiled, built for the host, run through the emulator, and compared with
+onnxruntime: the shared models and the nine light models of the onnx package."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS
+from onnx import numpy_helper
+from test_models import (
+    LIGHT_DIR,
+    LIGHT_MODELS,
+    _light_input,
+    _shared_io,
+    _with_random_weights,
+)
+
+from flowc.codegen import compile_graph
+from flowc.codegen.program import layout_weights, write_weights
+from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
+from flowc.harness.build import build, run
+from flowc.harness.compare import max_rel_error
+from flowc.harness.ort import inference_mode, run_onnxruntime
+from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+
+TOL = 1e-4
+SHARED = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
+
+
+def _compile(graph, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out"
+    compile_graph(PassManager(COMPILE_PIPELINE).run(graph), out, poison=True)
+    build(out, "host")
+    return out
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_model_compiled_matches_onnxruntime(name: str, tmp_path: Path) -> None:
+    feeds, expected = _shared_io(name)
+    path = SHARED_MODELS / f"{name}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = import_onnx(path, ImportOptions(shapes={k: v.shape for k, v in feeds.items()}))
+    out = _compile(graph, tmp_path)
+    ref = run_onnxruntime(inference_mode(onnx.load(str(path))), feeds)
+    # The emulator's race-revealing orders must not change the results.
+    for order in ("forward", "shuffle:3"):
+        got, _ = run(out, feeds, env={"FLOWC_SIM_ORDER": order})
+        for k in expected:
+            assert max_rel_error(got[k], ref[k]) <= TOL, (order, k)
+            assert max_rel_error(got[k], expected[k]) <= TOL, (order, k)
+
+
+def test_bert_kernels_cross_barriers(tmp_path: Path) -> None:
+    feeds, _ = _shared_io("bert_tiny")
+    graph = import_onnx(
+        SHARED_MODELS / "bert_tiny.onnx", ImportOptions(dims={"batch": 2, "seq": 32})
+    )
+    out = _compile(graph, tmp_path)
+    import subprocess
+
+    from flowc.harness.build import build_dir
+
+    args = [
+        str(build_dir(out, "host") / "model_main"),
+        "--weights",
+        str(out / "weights.bin"),
+        "--out-dir",
+        str(tmp_path),
+    ]
+    for k, (name, a) in enumerate(feeds.items()):
+        np.save(tmp_path / f"in{k}.npy", a)
+        args += ["--input", f"{name}={tmp_path / f'in{k}.npy'}"]
+    r = subprocess.run(
+        args, capture_output=True, text=True, env={**os.environ, "FLOWC_SIM_STATS": "1"}
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stderr.splitlines()[2:] if line.strip()]
+    crossing = {row[0]: int(row[5]) for row in rows if len(row) == 7}
+    # Softmax and layer norm run block-cooperatively: their kernels cross barriers.
+    assert any("softmax" in k and v > 0 for k, v in crossing.items()), crossing
+    assert any("norm" in k and v > 0 for k, v in crossing.items()), crossing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) -> None:
+    # One build, two weights files: random weights against onnxruntime, then the model's own
+    # fill values against the output the onnx package ships.
+    original = onnx.load(str(LIGHT_DIR / f"{name}.onnx"))
+    randomized = _with_random_weights(original, seed=len(name))
+    graph = PassManager(COMPILE_PIPELINE).run(import_model(randomized))
+    out = tmp_path / "out"
+    compile_graph(graph, out, poison=True)
+    build(out, "host")
+    rng = np.random.default_rng(1)
+    feeds = {
+        k: rng.standard_normal(v.shape).astype(np.float32)
+        for k, v in _light_input(original).items()
+    }
+    ref = run_onnxruntime(randomized, feeds)
+    got, _ = run(out, feeds)
+    for k, r in ref.items():
+        assert max_rel_error(got[k], r) <= TOL, k
+    fills = {}
+    for node in original.graph.node:
+        if node.op_type == "ConstantOfShape":
+            value = float(numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0])
+            fills[node.output[0]] = value
+    for c in graph.constants:
+        if c.name in fills and c.const is not None:
+            c.const = np.full(c.type.shape, fills[c.name], c.type.dtype.np)
+    wfile = tmp_path / "fills.bin"
+    write_weights(wfile, layout_weights(graph))
+    got, _ = run(out, _light_input(original), weights=wfile)
+    for i, vo in enumerate(original.graph.output):
+        expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"{name}_output_{i}.pb")))
+        assert max_rel_error(got[vo.name], expected) <= TOL, vo.name
