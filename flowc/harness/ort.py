@@ -11,6 +11,23 @@ import onnx
 from flowc.errors import FlowcError
 
 
+def inference_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose Dropout nodes have a constant training_mode of false. flowc compiles for
+    inference and treats a constant-true training_mode as identity (with a warning); the
+    reference must run the same function, not drop values at random."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    modes = {
+        n.input[2]
+        for n in m.graph.node
+        if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]
+    }
+    for t in m.graph.initializer:
+        if t.name in modes:
+            t.CopyFrom(onnx.numpy_helper.from_array(np.array(False), t.name))
+    return m
+
+
 def run_onnxruntime(
     model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
