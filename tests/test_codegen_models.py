@@ -35,7 +35,8 @@ SHARED = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
 def _compile(graph, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
     out = tmp_path / "out"
     compile_graph(PassManager(COMPILE_PIPELINE).run(graph), out, poison=True)
-    build(out, "host")
+    bdir = build(out, "host")
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
     return out
 
 
@@ -121,3 +122,38 @@ def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) ->
     for i, vo in enumerate(original.graph.output):
         expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"{name}_output_{i}.pb")))
         assert max_rel_error(got[vo.name], expected) <= TOL, vo.name
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_model_cuda_build_compiles_and_links(name: str, tmp_path: Path) -> None:
+    import subprocess
+
+    from test_runtime import CUDA
+
+    missing = CUDA.missing(["cublasLt", "cudnn"])
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"missing {', '.join(missing)} (CI must have them)")
+        pytest.skip(f"no {', '.join(missing)} here: the CUDA build is not checked")
+    feeds, _ = _shared_io(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = import_onnx(
+            SHARED_MODELS / f"{name}.onnx",
+            ImportOptions(shapes={k: v.shape for k, v in feeds.items()}),
+        )
+    graph = PassManager(COMPILE_PIPELINE).run(graph)
+    out = tmp_path / "out"
+    compile_graph(graph, out, prefix=name)
+
+    bdir = build(out, "cuda")
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+    lib = bdir / f"lib{name}_model.so"
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True
+    ).stdout
+    ops = graph.op_counts()
+    if "MatMul" in ops or "Gemm" in ops:
+        assert "cublasLtMatmul" in undefined
+    if "Conv" in ops:
+        assert "cudnnConvolutionForward" in undefined

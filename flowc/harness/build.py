@@ -65,16 +65,20 @@ def build(
         ("configure", args),
         ("compile and link", ["cmake", "--build", str(bdir), "-j", str(jobs)]),
     ]
+    log = []
     for what, cmd in steps:
         if progress:
             progress(f"{what} ({target})")
         t0 = time.perf_counter()
         r = _cmd(cmd)
+        log.append(r.stdout + r.stderr)
         if r.returncode != 0:
             tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-40:])
             raise BuildError(f"{what} of {out} for {target} failed:\n{tail}")
         if progress:
             progress(f"{what} done in {time.perf_counter() - t0:.1f} s")
+    # The compiler's full output, kept so warnings can be read (tests require none).
+    (bdir / "flowc-build.log").write_text("\n".join(log))
     return bdir
 
 
