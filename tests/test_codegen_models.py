@@ -26,6 +26,7 @@ from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
 from flowc.harness.build import build, run
 from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import inference_mode, run_onnxruntime
+from flowc.ir.graph import is_splat
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager
 
 TOL = 1e-4
@@ -108,14 +109,15 @@ def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) ->
     got, _ = run(out, feeds)
     for k, r in ref.items():
         assert max_rel_error(got[k], r) <= TOL, k
-    fills = {}
-    for node in original.graph.node:
-        if node.op_type == "ConstantOfShape":
-            value = float(numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0])
-            fills[node.output[0]] = value
+    # The model's own weights, placed by name into the build's layout (folded constants such
+    # as Unsqueeze'd BN scales carry the same names in both imports).
+    own = {
+        c.name: c.const for c in PassManager(COMPILE_PIPELINE).run(import_model(original)).constants
+    }
     for c in graph.constants:
-        if c.name in fills and c.const is not None:
-            c.const = np.full(c.type.shape, fills[c.name], c.type.dtype.np)
+        assert c.name in own, c.name
+        if c.const is not None and not is_splat(c.const):  # fills are not in the file
+            c.const = np.array(own[c.name])
     wfile = tmp_path / "fills.bin"
     write_weights(wfile, layout_weights(graph))
     got, _ = run(out, _light_input(original), weights=wfile)
