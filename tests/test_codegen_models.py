@@ -126,8 +126,24 @@ def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) ->
         assert max_rel_error(got[vo.name], expected) <= TOL, vo.name
 
 
-@pytest.mark.parametrize("name", SHARED)
-def test_shared_model_cuda_build_compiles_and_links(name: str, tmp_path: Path) -> None:
+def _cuda_graph(kind: str, name: str):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "shared":
+            feeds, _ = _shared_io(name)
+            graph = import_onnx(
+                SHARED_MODELS / f"{name}.onnx",
+                ImportOptions(shapes={k: v.shape for k, v in feeds.items()}),
+            )
+        else:
+            graph = import_model(onnx.load(str(LIGHT_DIR / f"{name}.onnx")))
+    return PassManager(COMPILE_PIPELINE).run(graph)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [("shared", n) for n in SHARED] + [("light", n) for n in LIGHT_MODELS]
+)
+def test_cuda_build_compiles_and_links(kind: str, name: str, tmp_path: Path) -> None:
     import subprocess
 
     from test_runtime import CUDA
@@ -137,20 +153,13 @@ def test_shared_model_cuda_build_compiles_and_links(name: str, tmp_path: Path) -
         if os.environ.get("CI") == "true":
             pytest.fail(f"missing {', '.join(missing)} (CI must have them)")
         pytest.skip(f"no {', '.join(missing)} here: the CUDA build is not checked")
-    feeds, _ = _shared_io(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        graph = import_onnx(
-            SHARED_MODELS / f"{name}.onnx",
-            ImportOptions(shapes={k: v.shape for k, v in feeds.items()}),
-        )
-    graph = PassManager(COMPILE_PIPELINE).run(graph)
+    graph = _cuda_graph(kind, name)
     out = tmp_path / "out"
-    compile_graph(graph, out, prefix=name)
-
+    prefix = name.replace("light_", "")
+    compile_graph(graph, out, prefix=prefix)
     bdir = build(out, "cuda")
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
-    lib = bdir / f"lib{name}_model.so"
+    lib = bdir / f"lib{prefix}_model.so"
     undefined = subprocess.run(
         ["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True
     ).stdout
