@@ -10,6 +10,18 @@
 namespace flowc {
 namespace ew {
 
+// Four elements moved as one aligned unit: one 128-bit load or store for float.
+template <class T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+// May every pointer be read as Vec4 of its element type?
+template <class... P>
+__device__ __forceinline__ bool vec4_aligned(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % (4 * sizeof(P)) == 0) && ...);
+}
+
 template <class T>
 __device__ __forceinline__ T abs_(T x) {
   return x < T(0) ? T(-x) : x;
