@@ -64,8 +64,12 @@ def main(model: Path) -> int:
 
     console.rule(f"flowc verify {model} --target host (compile, build, run)")
     project = work / "project"
-    verify = subprocess.run([*flowc, "verify", str(model), "--target", "host", *args, "-o", str(project)])
-    console.print(f"the generated project is in {project}/ (model.cu, model.h, main.cu, weights.bin, CMakeLists.txt)")
+    verify = subprocess.run(
+        [*flowc, "verify", str(model), "--target", "host", *args, "-o", str(project)]
+    )
+    console.print(
+        f"the generated project is in {project}/ (model.cu, model.h, main.cu, weights.bin, CMakeLists.txt)"
+    )
     return 0 if ok and verify.returncode == 0 else 1
 
 

@@ -142,7 +142,8 @@ def inspect(
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
 
-    graph = load(model, shapes, dims)
+    # With --memory the plan is the one code generation uses: after fusion.
+    graph = load(model, shapes, dims, for_compile=memory)
     console = err if print_ir else out
     if print_ir:
         sys.stdout.write(str(graph))
