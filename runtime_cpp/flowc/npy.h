@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "flowc/file_io.h"
 #include "flowc/status.h"
 
 namespace flowc {
@@ -92,16 +93,6 @@ inline bool host_is_little_endian() {
   std::memcpy(&b, &one, 1);
   return b == 1;
 }
-
-struct File {
-  std::FILE* f = nullptr;
-  File(const std::string& path, const char* mode) : f(std::fopen(path.c_str(), mode)) {}
-  ~File() {
-    if (f != nullptr) std::fclose(f);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-};
 
 inline std::string errno_text() { return std::strerror(errno); }
 
@@ -275,7 +266,7 @@ inline Status read(const std::string& path, Array* out) {
   const std::string where = "npy file " + path + ": ";
   if (!detail::host_is_little_endian())
     return NotSupported(where + "reading .npy needs a little-endian host");
-  detail::File file(path, "rb");
+  io::File file(path, "rb");
   if (file.f == nullptr) return InvalidArgument(where + "cannot open: " + detail::errno_text());
 
   unsigned char pre[12];
@@ -377,10 +368,9 @@ inline Status read(const std::string& path, Array* out) {
   } catch (const std::bad_alloc&) {
     return Status(StatusCode::kOutOfMemory, where + "cannot allocate " + std::to_string(want) + " bytes");
   }
-  const size_t kChunk = size_t(64) << 20;
   size_t done = 0;
   while (done < data.size()) {
-    size_t n = std::min(kChunk, data.size() - done);
+    size_t n = std::min(io::kChunk, data.size() - done);
     size_t r = std::fread(data.data() + done, 1, n, file.f);
     done += r;
     if (r != n) break;
@@ -430,37 +420,9 @@ inline Status write(const std::string& path, const std::string& dtype, const std
   head.append(padded - total, ' ');
   head += '\n';
 
-  const std::string tmp = path + ".tmp." + std::to_string(long(getpid()));
-  bool ok;
-  int saved_errno = 0;
-  {
-    detail::File file(tmp, "wb");
-    if (file.f == nullptr)
-      return InvalidArgument(where + "cannot create " + tmp + ": " + detail::errno_text());
-    ok = std::fwrite(head.data(), 1, head.size(), file.f) == head.size();
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    const size_t kChunk = size_t(64) << 20;
-    for (int64_t done = 0; ok && done < bytes;) {
-      size_t n = size_t(std::min<int64_t>(int64_t(kChunk), bytes - done));
-      ok = std::fwrite(p + done, 1, n, file.f) == n;
-      done += int64_t(n);
-    }
-    ok = ok && std::fflush(file.f) == 0;
-    if (!ok) saved_errno = errno;
-    ok = std::fclose(file.f) == 0 && ok;
-    if (!ok && saved_errno == 0) saved_errno = errno;
-    file.f = nullptr;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return InvalidArgument(where + "write to " + tmp + " failed: " + std::strerror(saved_errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    saved_errno = errno;
-    std::remove(tmp.c_str());
-    return InvalidArgument(where + "cannot rename " + tmp + " onto it: " + std::strerror(saved_errno));
-  }
-  return Status::Ok();
+  // `where` ends in ": " for the messages above; write_atomic adds its own separator.
+  return io::write_atomic(path, where.substr(0, where.size() - 2), head.data(), head.size(), data,
+                          uint64_t(bytes));
 }
 
 }  // namespace npy

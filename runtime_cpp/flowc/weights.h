@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "flowc/file_io.h"
 #include "flowc/status.h"
 
 namespace flowc {
@@ -58,16 +59,6 @@ inline uint32_t crc32(const void* data, size_t n, uint32_t crc = 0) {
 
 namespace detail {
 
-struct File {
-  std::FILE* f = nullptr;
-  File(const std::string& path, const char* mode) : f(std::fopen(path.c_str(), mode)) {}
-  ~File() {
-    if (f != nullptr) std::fclose(f);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-};
-
 inline uint64_t get_u64(const unsigned char* p) {
   uint64_t v = 0;
   for (int k = 7; k >= 0; --k) v = (v << 8) | p[k];
@@ -84,14 +75,12 @@ inline std::string hex(uint64_t v) {
   return buf;
 }
 
-constexpr size_t kChunk = size_t(64) << 20;
-
 }  // namespace detail
 
 inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
                    std::vector<unsigned char>* out) {
   const std::string name = "weights file " + path;
-  detail::File file(path, "rb");
+  io::File file(path, "rb");
   if (file.f == nullptr) return InvalidArgument(name + ": cannot open: " + std::strerror(errno));
 
   if (fseeko(file.f, 0, SEEK_END) != 0)
@@ -137,7 +126,7 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
   uint32_t h = crc32(nullptr, 0);
   size_t done = 0;
   while (done < data.size()) {
-    const size_t n = std::min(detail::kChunk, data.size() - done);
+    const size_t n = std::min(io::kChunk, data.size() - done);
     const size_t r = std::fread(data.data() + done, 1, n, file.f);
     h = crc32(data.data() + done, r, h);
     done += r;
@@ -163,36 +152,7 @@ inline Status save(const std::string& path, const void* data, uint64_t bytes, ui
   detail::put_u64(head + 24, crc32(data, size_t(bytes)));
   detail::put_u64(head + 32, layout);
 
-  const std::string tmp = path + ".tmp." + std::to_string(long(getpid()));
-  bool ok;
-  int saved_errno = 0;
-  {
-    detail::File file(tmp, "wb");
-    if (file.f == nullptr)
-      return InvalidArgument(name + ": cannot create " + tmp + ": " + std::strerror(errno));
-    ok = std::fwrite(head, 1, kHeaderBytes, file.f) == kHeaderBytes;
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (uint64_t done = 0; ok && done < bytes;) {
-      const size_t n = size_t(std::min<uint64_t>(detail::kChunk, bytes - done));
-      ok = std::fwrite(p + done, 1, n, file.f) == n;
-      done += n;
-    }
-    ok = ok && std::fflush(file.f) == 0;
-    if (!ok) saved_errno = errno;
-    ok = std::fclose(file.f) == 0 && ok;
-    if (!ok && saved_errno == 0) saved_errno = errno;
-    file.f = nullptr;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    return InvalidArgument(name + ": write to " + tmp + " failed: " + std::strerror(saved_errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    saved_errno = errno;
-    std::remove(tmp.c_str());
-    return InvalidArgument(name + ": cannot rename " + tmp + " onto it: " + std::strerror(saved_errno));
-  }
-  return Status::Ok();
+  return io::write_atomic(path, name, head, kHeaderBytes, data, bytes);
 }
 
 }  // namespace weights
