@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 import zipfile
@@ -75,7 +76,34 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
     return dims
 
 
+# Pass-manager switches shared by every command that loads a model; set through click
+# callbacks so each command's signature stays about its own options.
+_pass_switches: dict[str, Any] = {"dump_after": (), "times": False}
+
+
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    def store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        _pass_switches[key] = value
+
+    return store
+
+
 def model_options(fn: F) -> F:
+    fn = click.option(
+        "--dump-ir-after",
+        multiple=True,
+        metavar="PASS",
+        expose_value=False,
+        callback=_remember("dump_after"),
+        help="Print the IR after this pass (to stderr); repeatable.",
+    )(fn)
+    fn = click.option(
+        "--print-pass-times",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember("times"),
+        help="Print how long each pass took (to stderr).",
+    )(fn)
     fn = click.option(
         "--dim", "dims", multiple=True, metavar="SYMBOL=N", help="Value of a symbolic dimension."
     )(fn)
@@ -96,8 +124,21 @@ def load(
     from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
 
     opts = ImportOptions(shapes=parse_shapes(shapes), dims=parse_dim_values(dims))
+    t0 = time.perf_counter()
     graph = load_graph(model, opts)
-    return PassManager(COMPILE_PIPELINE if for_compile else DEFAULT_PIPELINE).run(graph)
+    import_seconds = time.perf_counter() - t0
+    pm = PassManager(
+        COMPILE_PIPELINE if for_compile else DEFAULT_PIPELINE,
+        dump_after=set(_pass_switches["dump_after"]),
+    )
+    graph = pm.run(graph)
+    for name, text in pm.dumps:
+        sys.stderr.write(f"# IR after {name}\n{text}")
+    if _pass_switches["times"]:
+        err.print(f"pass times: import {import_seconds * 1e3:.1f} ms", markup=False)
+        for name, seconds in pm.timings:
+            err.print(f"  {name}: {seconds * 1e3:.1f} ms", markup=False)
+    return graph
 
 
 # -- formatting --------------------------------------------------------------------------------

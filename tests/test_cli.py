@@ -297,3 +297,23 @@ def test_verify_cuda_without_a_gpu_stops_after_the_build(tmp_path: Path) -> None
         assert r.returncode == 0, r.stderr
     else:
         assert_clean_error(r, "compiled and linked, but this machine has no GPU")
+
+
+def test_pass_dumps_and_times() -> None:
+    r = flowc(
+        "inspect",
+        str(SHARED_MODELS / "mlp.onnx"),
+        "--dump-ir-after",
+        "simplify",
+        "--print-pass-times",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "# IR after simplify\ngraph mlp(x: f32[8, 64])" in r.stderr
+    assert re.search(
+        r"pass times: import [\d.]+ ms\n  fold_constants: [\d.]+ ms\n  simplify: [\d.]+ ms",
+        r.stderr,
+    )
+    assert_clean_error(
+        flowc("inspect", str(SHARED_MODELS / "mlp.onnx"), "--dump-ir-after", "nope"),
+        "unknown pass(es): nope",
+    )
