@@ -69,3 +69,15 @@ def c_float(x: float, t: str = "float") -> str:
 
 class CodegenError(FlowcError):
     """A graph the code generator cannot emit (yet): the message names the node and the op."""
+
+
+def c_int(value: int, t: str) -> str:
+    """An integer literal of C++ type ``t`` that compiles warning-free at the type's limits."""
+    v = int(value)
+    if t == "bool":
+        return "true" if v else "false"
+    if v == -(1 << 63):
+        return "static_cast<int64_t>(-9223372036854775807LL - 1)"
+    if v < 0:
+        return f"static_cast<{t}>({v}LL)"
+    return f"static_cast<{t}>({v}ULL)"

@@ -7,7 +7,7 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from flowc.codegen.cpp import ctype
+from flowc.codegen.cpp import CodegenError, ctype
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ops.registry import get_op
@@ -20,6 +20,10 @@ def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> st
     """The C++ offset into an operand of ``in_shape`` read at the output coordinates c0, c1..."""
     if in_shape == out_shape:
         return "i"
+    if len(in_shape) > len(out_shape):
+        raise CodegenError(
+            f"operand of shape {list(in_shape)} does not broadcast to {list(out_shape)}"
+        )
     rank = len(out_shape)
     terms = []
     stride = 1
@@ -41,13 +45,16 @@ def emit_elementwise(prog: Program, node: Node) -> None:
     assert opdef.cexpr is not None
     out = node.outputs[0]
     present = tuple(i is not None for i in node.inputs)
-    values: list[Value] = [i for i in node.inputs if i is not None]
     expr = opdef.cexpr(node.attrs.merged(opdef.attrs), present)
+    # Only inputs the expression reads become operands: CastLike's second input, for one,
+    # gives a type, not data.
+    used = {int(m) for m in re.findall(r"\$(\d+)", expr)}
+    values: list[Value] = [i for k, i in enumerate(node.inputs) if i is not None and k in used]
     names = []
     k = 0
-    for p in present:
-        names.append(f"a{k}" if p else "MISSING")
-        k += int(p)
+    for j, p in enumerate(present):
+        names.append(f"a{k}" if p and j in used else "MISSING")
+        k += int(p and j in used)
     out_t = ctype(out.type.dtype)
     in_t = ctype(values[0].type.dtype) if values else out_t
     body = substitute(expr, names, out_t, in_t)

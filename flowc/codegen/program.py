@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import zlib
@@ -23,7 +24,7 @@ import jinja2
 import numpy as np
 
 from flowc import __version__
-from flowc.codegen.cpp import CodegenError, c_float, c_ident, c_string, ctype
+from flowc.codegen.cpp import CodegenError, c_float, c_ident, c_int, c_string, ctype
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
@@ -200,8 +201,15 @@ class Program:
         where = f"{node.op} node {node.name!r}: " if node is not None else ""
         return CodegenError(where + message)
 
-    def render_kernels(self) -> list[str]:
-        return [body.replace("KERNEL_NAME", name) for body, name in self._kernels.items()]
+    def render_kernels(self, fills: list[str]) -> list[str]:
+        """The kernels some statement launches (a zero-size launch is skipped, and its kernel
+        with it: an unused static function would warn)."""
+        code = "\n".join([*self.statements, *fills])
+        return [
+            body.replace("KERNEL_NAME", name)
+            for body, name in self._kernels.items()
+            if re.search(rf"\b{name}\b", code)
+        ]
 
 
 def _fill_statements(prog: Program) -> list[str]:
@@ -211,9 +219,7 @@ def _fill_statements(prog: Program) -> list[str]:
             continue
         t = ctype(c.type.dtype)
         value = c.const.reshape(-1)[0]
-        lit = (
-            c_float(float(value), t) if c.type.dtype.is_float else f"static_cast<{t}>({int(value)})"
-        )
+        lit = c_float(float(value), t) if c.type.dtype.is_float else c_int(int(value), t)
         k = prog.kernel("common.cu.j2", "fill", ctype=t)
         n = c.type.numel
         grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
@@ -299,7 +305,7 @@ def generate(
         "p": prefix,
         "project": c_ident(graph.name),
         "arch_number": arch,
-        "kernels": prog.render_kernels(),
+        "kernels": prog.render_kernels(fills),
         "statements": prog.statements,
         "fills": fills,
         "arena_bytes": plan.arena_bytes,

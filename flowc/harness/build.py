@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from flowc.errors import FlowcError, InputError
+from flowc.ir.dtype import DType
 from flowc.toolchain import find_cuda
 
 
@@ -112,8 +113,16 @@ def run(
             name = spec["name"]
             if name not in feeds:
                 raise InputError(f"input {name!r} is not given")
+            a = np.asarray(feeds[name])
+            want = DType.from_short(spec["dtype"]).np
+            if a.dtype.newbyteorder("=") != want or list(a.shape) != list(spec["shape"]):
+                raise InputError(
+                    f"input {name!r}: expected {spec['dtype']}{list(spec['shape'])}, got {a.dtype}{list(a.shape)}",
+                    hint=f"save the array as {want} with shape {list(spec['shape'])}",
+                )
+            # The driver reads C-order little-endian .npy only.
             path = Path(tmp) / f"input_{k}.npy"
-            np.save(path, np.asarray(feeds[name]))
+            np.save(path, np.array(a, dtype=want.newbyteorder("<"), order="C"))
             args += ["--input", f"{name}={path}"]
         if bench:
             args += ["--bench", str(bench)]

@@ -33,6 +33,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.graph import Value
 
 FAMILY = "elementwise"
 
@@ -77,6 +78,15 @@ def _clip_expr(a: Attrs, present: tuple[bool, ...]) -> str:
 
 def _cast_expr(a: Attrs, present: tuple[bool, ...]) -> str:
     return "($0 != 0)" if int(a.get("to", 0)) == DType.BOOL.onnx else "static_cast<$T>($0)"
+
+
+def _castlike_import(n: OnnxNode) -> list[Value]:
+    """CastLike is Cast to the second input's type: import it as that, so kernels never read
+    the second input (it gives a type, not data)."""
+    x, like = n.input(0), n.input(1)
+    assert x is not None and like is not None
+    attrs = {"to": like.type.dtype.onnx, "saturate": n.attrs.get("saturate", 1)}
+    return n.emit("Cast", [x], attrs, output_names=n.output_names)
 
 
 def _castlike_expr(a: Attrs, present: tuple[bool, ...]) -> str:
@@ -142,7 +152,7 @@ CEXPR: dict[str, CExprFn] = {
     "Sub": _fixed("($0 - $1)"),
     "Mul": _fixed("($0 * $1)"),
     "Div": _fixed("flowc::ew::div_($0, $1)"),
-    "Pow": _fixed("flowc::ew::pow_($0, static_cast<$T>($1))"),
+    "Pow": _fixed("flowc::ew::pow2_($0, $1)"),
     "PRelu": _fixed("($0 < $T(0) ? $0 * $1 : $0)"),
     "Equal": _fixed("($0 == $1)"),
     "Less": _fixed("($0 < $1)"),
@@ -620,6 +630,7 @@ defop(
     attrs={"saturate": 1, "round_mode": "up"},
     inputs=2,
     flops=elementwise_flops(1),
+    onnx_import=_castlike_import,
     **codegen("CastLike"),
 )
 

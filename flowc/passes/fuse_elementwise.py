@@ -19,7 +19,12 @@ FUSED = "FusedElementwise"
 
 
 def fusible(node: Node) -> bool:
-    return len(node.outputs) == 1 and node.op != FUSED and get_op(node.op).cexpr is not None
+    # CastLike reads only its first input's data (the second gives a type): kept apart.
+    return (
+        len(node.outputs) == 1
+        and node.op not in (FUSED, "CastLike")
+        and get_op(node.op).cexpr is not None
+    )
 
 
 def program_of(members: list[Node]) -> tuple[list[Value], str]:

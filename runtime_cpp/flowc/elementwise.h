@@ -67,6 +67,13 @@ __device__ __forceinline__ T fmod_(T x, T y) {
   return y == T(0) ? T(0) : T(x % y);
 }
 __device__ __forceinline__ float fmod_(float x, float y) { return fmodf(x, y); }
+
+// ONNX Pow lets the exponent have another type: compute in floating point, return the base's.
+template <class T, class U>
+__device__ __forceinline__ T pow2_(T x, U y) {
+  return static_cast<T>(pow(static_cast<double>(x), static_cast<double>(y)));
+}
+__device__ __forceinline__ float pow2_(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double fmod_(double x, double y) { return fmod(x, y); }
 
 template <class T>
