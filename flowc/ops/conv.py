@@ -24,7 +24,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from flowc.codegen.cpp import CTYPES
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, get_op
+from flowc.ops.registry import InferCtx, defop, node_attrs
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -198,10 +198,6 @@ def flat_index(names: Sequence[str], sizes: Sequence[int]) -> str:
     return expr
 
 
-def attrs_of(node: Node) -> Attrs:
-    return node.attrs.merged(get_op(node.op).attrs)
-
-
 # -- Conv -------------------------------------------------------------------------------------
 
 
@@ -271,7 +267,7 @@ def _conv_emit(prog: Program, node: Node) -> None:
     b = node.inputs[2] if len(node.inputs) > 2 else None
     y = node.outputs[0]
     t = float_ctype(prog, x)
-    a = attrs_of(node)
+    a = node_attrs(node)
     geo = _conv_window(x.type.shape, w.type.shape, a)
     n, c = x.type.shape[:2]
     mc = w.type.shape[0]
@@ -355,7 +351,7 @@ def _direct(
     b = node.inputs[2] if len(node.inputs) > 2 else None
     y = node.outputs[0]
     c = x.type.shape[1]
-    group = int(attrs_of(node)["group"])
+    group = int(node_attrs(node)["group"])
     spatial = x.type.shape[2:]
     nd = len(spatial)
     name = prog.kernel(
@@ -537,7 +533,7 @@ def _conv_transpose_emit(prog: Program, node: Node) -> None:
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
     t = float_ctype(prog, x)
-    geo = _transpose_geometry(x.type.shape, w.type.shape, attrs_of(node))
+    geo = _transpose_geometry(x.type.shape, w.type.shape, node_attrs(node))
     if node.outputs[0].type.numel == 0:
         return
     kernel = w.type.shape[2:]

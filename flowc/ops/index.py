@@ -17,7 +17,7 @@ import numpy as np
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, get_op
+from flowc.ops.registry import InferCtx, defop, node_attrs, row_major_strides
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -59,18 +59,6 @@ def _input(node: Node, i: int) -> Value:
     return v
 
 
-def _attrs(node: Node) -> Attrs:
-    return node.attrs.merged(get_op(node.op).attrs)
-
-
-def _strides(shape: Sequence[int]) -> list[int]:
-    """Row-major element strides."""
-    out = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        out[k] = out[k + 1] * shape[k + 1]
-    return out
-
-
 def _c_int64(v: int) -> str:
     return "INT64_MIN" if v == -(1 << 63) else f"INT64_C({v})"
 
@@ -101,7 +89,7 @@ def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 def _gather_emit(prog: Program, node: Node) -> None:
     x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
-    axis = _attrs(node)["axis"] % x.type.rank
+    axis = node_attrs(node)["axis"] % x.type.rank
     name = prog.kernel(
         "index.cu.j2",
         "gather",
@@ -152,8 +140,8 @@ def _gather_elements_emit(prog: Program, node: Node) -> None:
     x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
     if x.type.rank == 0:
         raise prog.fail("cannot gather elements from a scalar")
-    axis = _attrs(node)["axis"] % x.type.rank
-    xs = _strides(x.type.shape)
+    axis = node_attrs(node)["axis"] % x.type.rank
+    xs = row_major_strides(x.type.shape)
     name = prog.kernel(
         "index.cu.j2",
         "gather_elements",
@@ -217,9 +205,9 @@ def _gather_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 def _gather_nd_emit(prog: Program, node: Node) -> None:
     x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
-    b = _attrs(node)["batch_dims"]
+    b = node_attrs(node)["batch_dims"]
     m = ind.type.shape[-1]
-    xs = _strides(x.type.shape)
+    xs = row_major_strides(x.type.shape)
     if out.type.numel == 0:
         return
     name = prog.kernel(
@@ -303,13 +291,13 @@ def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 def _scatter_elements_emit(prog: Program, node: Node) -> None:
     x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
-    a = _attrs(node)
+    a = node_attrs(node)
     axis = a["axis"] % x.type.rank
     prog.copy(out, x)
     shape = ind.type.shape
     if ind.type.numel == 0:
         return
-    xs, ids = _strides(x.type.shape), _strides(shape)
+    xs, ids = row_major_strides(x.type.shape), row_major_strides(shape)
     lines = [
         {"size": n, "istride": i, "ostride": o}
         for k, (n, i, o) in enumerate(zip(shape, ids, xs, strict=True))
@@ -373,7 +361,7 @@ def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 def _scatter_nd_emit(prog: Program, node: Node) -> None:
     x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
     m = ind.type.shape[-1]
-    xs = _strides(x.type.shape)
+    xs = row_major_strides(x.type.shape)
     prog.copy(out, x)
     rows = math.prod(ind.type.shape[:-1])
     inner = math.prod(x.type.shape[m:])
@@ -387,7 +375,7 @@ def _scatter_nd_emit(prog: Program, node: Node) -> None:
         axes=[{"size": x.type.shape[k], "stride": xs[k]} for k in range(m)],
         rows=rows,
         inner=inner,
-        reduction=_attrs(node)["reduction"],
+        reduction=node_attrs(node)["reduction"],
     )
     _indexed(prog, name, inner, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
 
@@ -434,7 +422,7 @@ def _trilu_emit(prog: Program, node: Node) -> None:
         ctype=prog.ctype(x),
         rows=rows,
         cols=cols,
-        upper=bool(_attrs(node)["upper"]),
+        upper=bool(node_attrs(node)["upper"]),
         k=_c_int64(k),
         k_at=k_at,
     )
@@ -494,7 +482,7 @@ def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 
 def _topk_emit(prog: Program, node: Node) -> None:
     x = _input(node, 0)
-    a = _attrs(node)
+    a = node_attrs(node)
     axis = a["axis"] % x.type.rank
     kv = _input(node, 1).const
     assert kv is not None
@@ -572,7 +560,7 @@ def _onehot_emit(prog: Program, node: Node) -> None:
     ind, values, out = _input(node, 0), _input(node, 2), node.outputs[0]
     dv = _input(node, 1).const
     assert dv is not None
-    axis = _attrs(node)["axis"] % (ind.type.rank + 1)
+    axis = node_attrs(node)["axis"] % (ind.type.rank + 1)
     name = prog.kernel(
         "index.cu.j2",
         "onehot",
@@ -626,7 +614,7 @@ def _eyelike_emit(prog: Program, node: Node) -> None:
         "eyelike",
         ctype=prog.ctype(out),
         cols=out.type.shape[1],
-        k=_c_int64(int(_attrs(node)["k"])),
+        k=_c_int64(int(node_attrs(node)["k"])),
     )
     n = out.type.numel
     prog.launch(name, n, [prog.ptr(out), f"(int64_t){n}"])

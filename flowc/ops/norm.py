@@ -20,8 +20,15 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
-from flowc.ops.conv import attrs_of, compute_dtype, float_ctype
-from flowc.ops.registry import InferCtx, defop, elementwise_flops, ints
+from flowc.ops.conv import compute_dtype, float_ctype
+from flowc.ops.registry import (
+    InferCtx,
+    defop,
+    elementwise_flops,
+    ints,
+    node_attrs,
+    row_major_strides,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -100,15 +107,6 @@ def offset_expr(var: str, dims: Sequence[tuple[int, int]]) -> str:
     return " + ".join(reversed(terms)) or "0"
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
-    out = []
-    s = 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return out[::-1]
-
-
 def _block_threads(size: int) -> int:
     """A power of two (the tree sum halves it), one warp at least, 256 at most."""
     return min(256, max(32, 1 << max(0, size - 1).bit_length()))
@@ -164,7 +162,7 @@ def _emit_normalize(
 def _layernorm_emit(prog: Program, node: Node) -> None:
     x = node.inputs[0]
     assert x is not None
-    a = attrs_of(node)
+    a = node_attrs(node)
     shape = x.type.shape
     axis = int(a["axis"]) % len(shape)
     norm = shape[axis:]
@@ -174,7 +172,9 @@ def _layernorm_emit(prog: Program, node: Node) -> None:
         if v is None:
             return "0"
         vs = (1,) * (len(norm) - v.type.rank) + v.type.shape
-        dims = [(n, s if d > 1 else 0) for n, d, s in zip(norm, vs, _strides(vs), strict=True)]
+        dims = [
+            (n, s if d > 1 else 0) for n, d, s in zip(norm, vs, row_major_strides(vs), strict=True)
+        ]
         return offset_expr("j", dims)
 
     scale = node.inputs[1]
@@ -205,7 +205,7 @@ def _instancenorm_emit(prog: Program, node: Node) -> None:
         size,
         f"row * {size}",
         "j",
-        float(attrs_of(node)["epsilon"]),
+        float(node_attrs(node)["epsilon"]),
         (node.inputs[1], channel, node.inputs[2], channel),
     )
 
@@ -213,7 +213,7 @@ def _instancenorm_emit(prog: Program, node: Node) -> None:
 def _groupnorm_emit(prog: Program, node: Node) -> None:
     x = node.inputs[0]
     assert x is not None
-    a = attrs_of(node)
+    a = node_attrs(node)
     n, c = x.type.shape[:2]
     groups = int(a["num_groups"])
     spatial = math.prod(x.type.shape[2:])
@@ -240,8 +240,8 @@ def _mvn_emit(prog: Program, node: Node) -> None:
     x = node.inputs[0]
     assert x is not None
     shape = x.type.shape
-    axes = sorted({int(ax) % len(shape) for ax in attrs_of(node)["axes"]})
-    strides = _strides(shape)
+    axes = sorted({int(ax) % len(shape) for ax in node_attrs(node)["axes"]})
+    strides = row_major_strides(shape)
     kept = [(shape[k], strides[k]) for k in range(len(shape)) if k not in axes]
     reduced = [(shape[k], strides[k]) for k in axes]
     _emit_normalize(
@@ -278,7 +278,7 @@ def _batchnorm_emit(prog: Program, node: Node) -> None:
         var_t=types[3],
         inner=inner,
         channels=x.type.shape[1],
-        eps=c_float(float(attrs_of(node)["epsilon"]), t),
+        eps=c_float(float(node_attrs(node)["epsilon"]), t),
     )
     n = y.type.numel
     args = [prog.cptr(x), *(prog.cptr(v) for v in params if v is not None), prog.ptr(y)]
@@ -290,7 +290,7 @@ def _lrn_emit(prog: Program, node: Node) -> None:
     assert x is not None
     y = node.outputs[0]
     t = float_ctype(prog, x)
-    a = attrs_of(node)
+    a = node_attrs(node)
     size = int(a["size"])
     name = prog.kernel(
         "norm.cu.j2",

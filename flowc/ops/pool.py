@@ -21,14 +21,13 @@ from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops.conv import (
     Window,
-    attrs_of,
     compute_dtype,
     flat_index,
     float_ctype,
     window,
     window_view,
 )
-from flowc.ops.registry import InferCtx, defop
+from flowc.ops.registry import InferCtx, defop, node_attrs
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -99,7 +98,7 @@ def _taps_inside(spatial: tuple[int, ...], w: Window, keep: tuple[int, ...]) -> 
 def _window_params(node: Node) -> tuple[Window, dict[str, object]]:
     x = node.inputs[0]
     assert x is not None
-    geo = _geometry(x.type.shape, attrs_of(node))
+    geo = _geometry(x.type.shape, node_attrs(node))
     spatial = x.type.shape[2:]
     nd = len(spatial)
     return geo, {
@@ -129,7 +128,7 @@ def _maxpool_emit(prog: Program, node: Node) -> None:
         lowest = f"static_cast<{t}>({int(np.iinfo(x.type.dtype.np).min)})"
     with_indices = len(node.outputs) > 1
     names = [f"b{d}" for d in range(nd)]
-    if int(attrs_of(node)["storage_order"]) == 1:  # column-major spatial positions
+    if int(node_attrs(node)["storage_order"]) == 1:  # column-major spatial positions
         index = flat_index(names[::-1], spatial[::-1])
     else:
         index = flat_index(names, spatial)
@@ -152,7 +151,7 @@ def _sum_pool_emit(prog: Program, node: Node) -> None:
     assert x is not None
     y = node.outputs[0]
     t = float_ctype(prog, x)
-    a = attrs_of(node)
+    a = node_attrs(node)
     geo, params = _window_params(node)
     spatial = x.type.shape[2:]
     if node.op == "AveragePool":
@@ -187,7 +186,7 @@ def _global_emit(prog: Program, node: Node) -> None:
     y = node.outputs[0]
     t = float_ctype(prog, x)
     mode = {"GlobalAveragePool": "avg", "GlobalMaxPool": "max", "GlobalLpPool": "lp"}[node.op]
-    p = int(attrs_of(node)["p"]) if mode == "lp" else 1
+    p = int(node_attrs(node)["p"]) if mode == "lp" else 1
     if p < 1:
         raise prog.fail(f"p must be a positive integer, got {p}")
     size = math.prod(x.type.shape[2:])

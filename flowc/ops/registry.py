@@ -297,6 +297,19 @@ def first(xs: Sequence[np.ndarray | None]) -> np.ndarray:
     return x
 
 
+def node_attrs(node: Node) -> Attrs:
+    """A node's attributes with its op's defaults filled in."""
+    return node.attrs.merged(get_op(node.op).attrs)
+
+
+def row_major_strides(shape: Sequence[int]) -> list[int]:
+    """Element strides of a C-order (row-major) tensor."""
+    out = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        out[k] = out[k + 1] * shape[k + 1]
+    return out
+
+
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 

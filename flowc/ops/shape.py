@@ -23,7 +23,15 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, is_splat, make_splat
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, get_op, ints, numel, same_as_input
+from flowc.ops.registry import (
+    InferCtx,
+    defop,
+    ints,
+    node_attrs,
+    numel,
+    row_major_strides,
+    same_as_input,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -101,18 +109,6 @@ def _const_input(node: Node, i: int) -> np.ndarray | None:
     return v.const
 
 
-def _attrs(node: Node) -> Attrs:
-    return node.attrs.merged(get_op(node.op).attrs)
-
-
-def _strides(shape: Sequence[int]) -> list[int]:
-    """Row-major element strides."""
-    out = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        out[k] = out[k + 1] * shape[k + 1]
-    return out
-
-
 def c_literal(value: Any, dtype: DType, ctype: str) -> str:
     """A C++ constant of the element type with exactly ``value`` (already of ``dtype``)."""
     if dtype.is_float:
@@ -158,7 +154,7 @@ def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, bo
         )
         return
     sizes = [size for size, _, _ in dims]
-    linear = [d for _, _, d in dims] == _strides(sizes)
+    linear = [d for _, _, d in dims] == row_major_strides(sizes)
     name = prog.kernel(
         "shape.cu.j2",
         "strided_copy",
@@ -176,8 +172,8 @@ def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, bo
 def _emit_permuted(prog: Program, node: Node, view: Sequence[int], perm: Sequence[int]) -> None:
     """The output is the input seen as ``view``, transposed by ``perm``, made contiguous."""
     x, out = _input(node, 0), node.outputs[0]
-    vs = _strides(view)
-    ts = _strides([view[p] for p in perm])
+    vs = row_major_strides(view)
+    ts = row_major_strides([view[p] for p in perm])
     emit_box(prog, x, 0, out, 0, [(view[p], vs[p], ts[k]) for k, p in enumerate(perm)])
 
 
@@ -416,13 +412,13 @@ def _concat_emit(prog: Program, node: Node) -> None:
     """One copy per input, into its place along the axis."""
     out = node.outputs[0]
     shape = out.type.shape
-    axis = _attrs(node)["axis"] % len(shape)
-    os = _strides(shape)
+    axis = node_attrs(node)["axis"] % len(shape)
+    os = row_major_strides(shape)
     at = 0
     for x in node.inputs:
         if x is None:
             continue
-        xs = _strides(x.type.shape)
+        xs = row_major_strides(x.type.shape)
         emit_box(prog, x, 0, out, at * os[axis], list(zip(x.type.shape, xs, os, strict=True)))
         at += x.type.shape[axis]
 
@@ -496,12 +492,19 @@ def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 
 def _split_emit(prog: Program, node: Node) -> None:
     x = _input(node, 0)
-    axis = _attrs(node)["axis"] % x.type.rank
-    xs = _strides(x.type.shape)
+    axis = node_attrs(node)["axis"] % x.type.rank
+    xs = row_major_strides(x.type.shape)
     at = 0
     for o in node.outputs:
         shape = o.type.shape
-        emit_box(prog, x, at * xs[axis], o, 0, list(zip(shape, xs, _strides(shape), strict=True)))
+        emit_box(
+            prog,
+            x,
+            at * xs[axis],
+            o,
+            0,
+            list(zip(shape, xs, row_major_strides(shape), strict=True)),
+        )
         at += shape[axis]
 
 
@@ -622,11 +625,11 @@ def _slice_emit(prog: Program, node: Node) -> None:
         None if axes is None else ints(axes),
         None if steps is None else ints(steps),
     )
-    xs = _strides(x.type.shape)
+    xs = row_major_strides(x.type.shape)
     first = sum((sl.start or 0) * st for sl, st in zip(slices, xs, strict=True))
     box = [
         (n, (sl.step or 1) * st, d)
-        for n, sl, st, d in zip(shape, slices, xs, _strides(shape), strict=True)
+        for n, sl, st, d in zip(shape, slices, xs, row_major_strides(shape), strict=True)
     ]
     emit_box(prog, x, first, out, 0, box)
 
@@ -676,7 +679,9 @@ def _expand_emit(prog: Program, node: Node) -> None:
     xshape = (1,) * (len(shape) - x.type.rank) + x.type.shape
     box = [
         (n, 0 if d == 1 else s, t)
-        for n, d, s, t in zip(shape, xshape, _strides(xshape), _strides(shape), strict=True)
+        for n, d, s, t in zip(
+            shape, xshape, row_major_strides(xshape), row_major_strides(shape), strict=True
+        )
     ]
     emit_box(prog, x, 0, out, 0, box)
 
@@ -711,7 +716,11 @@ def _tile_emit(prog: Program, node: Node) -> None:
     assert reps is not None
     box: Box = []
     for d, r, s, t in zip(
-        x.type.shape, ints(reps), _strides(x.type.shape), _strides(out.type.shape), strict=True
+        x.type.shape,
+        ints(reps),
+        row_major_strides(x.type.shape),
+        row_major_strides(out.type.shape),
+        strict=True,
     ):
         box += [(r, 0, d * t), (d, s, t)]
     emit_box(prog, x, 0, out, 0, box)
@@ -790,7 +799,7 @@ def _pad_import(n: OnnxNode) -> None:
 
 def _pad_emit(prog: Program, node: Node) -> None:
     x, out = _input(node, 0), node.outputs[0]
-    mode = _attrs(node)["mode"]
+    mode = node_attrs(node)["mode"]
     pads, axes = _const_input(node, 1), _const_input(node, 3)
     assert pads is not None
     shape = x.type.shape
@@ -809,7 +818,9 @@ def _pad_emit(prog: Program, node: Node) -> None:
             "crop": -min(b, 0),
             "padded": b > 0 or e > 0,
         }
-        for n, d, s, (b, e) in zip(out.type.shape, shape, _strides(shape), widths, strict=True)
+        for n, d, s, (b, e) in zip(
+            out.type.shape, shape, row_major_strides(shape), widths, strict=True
+        )
     ]
     value = node.inputs[2] if len(node.inputs) > 2 else None
     has_value = mode == "constant" and value is not None
@@ -1431,7 +1442,7 @@ def _emit_resize(
     coord = a["coordinate_transformation_mode"]
     dims = []
     for ax, (n_in, n_out, s, st) in enumerate(
-        zip(x.type.shape, plan.out_shape, plan.scales, _strides(x.type.shape), strict=True)
+        zip(x.type.shape, plan.out_shape, plan.scales, row_major_strides(x.type.shape), strict=True)
     ):
         resized = s != 1
         if not resized and n_out != n_in:
@@ -1479,7 +1490,7 @@ def _emit_resize(
 
 
 def _resize_emit(prog: Program, node: Node) -> None:
-    a = _attrs(node)
+    a = node_attrs(node)
     roi_in = node.inputs[1] if len(node.inputs) > 1 else None
     if (
         roi_in is not None
@@ -1550,7 +1561,7 @@ defop(
     flops=lambda ins, outs, a: _resize_flops(ins, outs, _upsample_attrs(a)),
     onnx_import=_upsample_import,
     emit=lambda prog, node: _emit_resize(
-        prog, node, _upsample_attrs(_attrs(node)), None, _const_input(node, 1), None
+        prog, node, _upsample_attrs(node_attrs(node)), None, _const_input(node, 1), None
     ),
 )
 
@@ -1590,7 +1601,7 @@ def _d2s_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _d2s_emit(prog: Program, node: Node) -> None:
-    a = _attrs(node)
+    a = node_attrs(node)
     b = a["blocksize"]
     n, c, h, w = _input(node, 0).type.shape
     if a["mode"] == "DCR":
@@ -1626,7 +1637,7 @@ def _s2d_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _s2d_emit(prog: Program, node: Node) -> None:
-    b = _attrs(node)["blocksize"]
+    b = node_attrs(node)["blocksize"]
     n, c, h, w = _input(node, 0).type.shape
     _emit_permuted(prog, node, (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4))
 
