@@ -272,6 +272,15 @@ def check_output_path(path: Path) -> Path:
     return path
 
 
+def read_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """--input NAME=PATH.npy options as arrays by input name."""
+    feeds = {}
+    for item in items:
+        name, path = _split_input(item, names)
+        feeds[name] = _read_npy(path, name)
+    return feeds
+
+
 def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """An .npz keyed by name, written to a temporary file beside ``path`` and then renamed, so
     there is never a half-written file. Written member by member (not np.savez(**arrays)) so
@@ -327,10 +336,7 @@ def eval_cmd(
     output = check_output_path(output)
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
-    feeds = {}
-    for item in inputs:
-        name, path = _split_input(item, names)
-        feeds[name] = _read_npy(path, name)
+    feeds = read_inputs(inputs, names)
     if random_inputs:
         for k, v in make_random(graph, seed).items():
             feeds.setdefault(k, v)
@@ -445,10 +451,7 @@ def run_cmd(
     output = check_output_path(output)
     info = project_info(project)
     names = [str(spec["name"]) for spec in info["inputs"]]  # type: ignore[attr-defined]
-    feeds = {}
-    for item in inputs:
-        name, path = _split_input(item, names)
-        feeds[name] = _read_npy(path, name)
+    feeds = read_inputs(inputs, names)
     results, _ = run(project, feeds, target=target, weights=weights)
     write_npz_atomic(output, results)
     out.print(f"wrote {escape(str(output))}")
@@ -497,10 +500,7 @@ def verify(
         raise InputError(f"{model}: verify compares with onnxruntime and needs an .onnx model")
     graph = load(model, shapes, dims, for_compile=True)
     names = [v.name for v in graph.inputs]
-    feeds = {}
-    for item in inputs:
-        name, path = _split_input(item, names)
-        feeds[name] = _read_npy(path, name)
+    feeds = read_inputs(inputs, names)
     for k, v in make_random(graph, seed).items():
         feeds.setdefault(k, v)
     with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:

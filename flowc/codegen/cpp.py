@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
@@ -81,3 +82,12 @@ def c_int(value: int, t: str) -> str:
     if v < 0:
         return f"static_cast<{t}>({v}LL)"
     return f"static_cast<{t}>({v}ULL)"
+
+
+def c_literal(value: Any, dtype: DType, t: str) -> str:
+    """A C++ constant of element type ``dtype`` (C++ type ``t``) with exactly ``value``."""
+    if dtype.is_float:
+        return c_float(float(value), t)
+    if dtype == DType.BOOL:
+        return "true" if bool(value) else "false"
+    return c_int(int(value), t)

@@ -24,7 +24,7 @@ import jinja2
 import numpy as np
 
 from flowc import __version__
-from flowc.codegen.cpp import CodegenError, c_float, c_ident, c_int, c_string, ctype
+from flowc.codegen.cpp import CodegenError, c_ident, c_literal, c_string, ctype
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
@@ -219,7 +219,7 @@ def _fill_statements(prog: Program) -> list[str]:
             continue
         t = ctype(c.type.dtype)
         value = c.const.reshape(-1)[0]
-        lit = c_float(float(value), t) if c.type.dtype.is_float else c_int(int(value), t)
+        lit = c_literal(value, c.type.dtype, t)
         k = prog.kernel("common.cu.j2", "fill", ctype=t)
         n = c.type.numel
         grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)

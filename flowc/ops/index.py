@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flowc.codegen.cpp import c_int
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
@@ -57,10 +58,6 @@ def _input(node: Node, i: int) -> Value:
     v = node.inputs[i] if i < len(node.inputs) else None
     assert v is not None, f"{node.op} node {node.name!r}: input {i} is missing"
     return v
-
-
-def _c_int64(v: int) -> str:
-    return "INT64_MIN" if v == -(1 << 63) else f"INT64_C({v})"
 
 
 def _indexed(prog: Program, kernel: str, n: int, args: list[str]) -> None:
@@ -423,7 +420,7 @@ def _trilu_emit(prog: Program, node: Node) -> None:
         rows=rows,
         cols=cols,
         upper=bool(node_attrs(node)["upper"]),
-        k=_c_int64(k),
+        k=c_int(k, "int64_t"),
         k_at=k_at,
     )
     n = out.type.numel
@@ -614,7 +611,7 @@ def _eyelike_emit(prog: Program, node: Node) -> None:
         "eyelike",
         ctype=prog.ctype(out),
         cols=out.type.shape[1],
-        k=_c_int64(int(node_attrs(node)["k"])),
+        k=c_int(int(node_attrs(node)["k"]), "int64_t"),
     )
     n = out.type.numel
     prog.launch(name, n, [prog.ptr(out), f"(int64_t){n}"])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flowc.codegen.cpp import c_float
+from flowc.codegen.cpp import c_float, c_literal
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, is_splat, make_splat
@@ -107,15 +107,6 @@ def _const_input(node: Node, i: int) -> np.ndarray | None:
         return None
     assert v.const is not None, f"{node.op} node {node.name!r}: input {i} is not a constant"
     return v.const
-
-
-def c_literal(value: Any, dtype: DType, ctype: str) -> str:
-    """A C++ constant of the element type with exactly ``value`` (already of ``dtype``)."""
-    if dtype.is_float:
-        return c_float(float(value), ctype)
-    if dtype == DType.BOOL:
-        return "true" if bool(value) else "false"
-    return f"static_cast<{ctype}>({int(value) % (1 << 64)}ULL)"
 
 
 # (size, source stride, destination stride) per axis of a box, outermost first.
