@@ -23,7 +23,7 @@ import numpy as np
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
-from flowc.ir.types import TensorType
+from flowc.ir.types import Sbp, TensorType
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -106,8 +106,30 @@ InferFn = Callable[[InferCtx], list[TensorType]]
 RefFn = Callable[[list[np.ndarray | None], Attrs], "np.ndarray | Sequence[np.ndarray]"]
 FlopsFn = Callable[[list[TensorType | None], list[TensorType], Attrs], int]
 OnnxAdapter = Callable[["OnnxNode"], "list[Value] | None"]
+SbpFn = Callable[[InferCtx, list[TensorType]], "list[SbpSignature]"]
+LocalizeFn = Callable[[Node, list[TensorType], list[TensorType]], dict[int, np.ndarray]]
 EmitFn = Callable[["Program", Node], None]
 CExprFn = Callable[[Attrs, tuple[bool, ...]], str]
+
+
+@dataclass(frozen=True)
+class SbpSignature:
+    """One way an op runs along one mesh axis: the Sbp each input must have (None for an
+    omitted optional input) and the Sbp each output then has.
+
+    ``physical`` names the op each rank runs instead when it differs from the logical one
+    (a Gather whose table is split on the vocabulary axis runs the masked GatherShard).
+    The all-B signature is implied for every op and need not be listed.
+    """
+
+    inputs: tuple[Sbp | None, ...]
+    outputs: tuple[Sbp, ...]
+    physical: str | None = None
+
+    def __str__(self) -> str:
+        ins = ", ".join("-" if s is None else str(s) for s in self.inputs)
+        outs = ", ".join(str(s) for s in self.outputs)
+        return f"({ins}) -> ({outs})" + (f" [{self.physical}]" if self.physical else "")
 
 
 _DSL_EXCEPTIONS = {"IsNaN": "is_nan", "PRelu": "prelu", "TopK": "topk"}
@@ -144,6 +166,12 @@ class OpDef:
     emit: EmitFn | None = None
     cexpr: CExprFn | None = None
     dsl_name: str = ""
+    # Parallel placement: the op's SBP signatures along one mesh axis, given the logical
+    # input types (and constant inputs) and output types; None means only all-B.
+    sbp: SbpFn | None = None
+    # When a signature splits an axis whose size a constant input spells out (Reshape's or
+    # Expand's target shape), the replacement constants for one rank's local types.
+    localize: LocalizeFn | None = None
 
     def ctx(self, node: Node) -> InferCtx:
         return InferCtx(
@@ -208,6 +236,8 @@ def defop(
     emit: EmitFn | None = None,
     cexpr: CExprFn | None = None,
     dsl_name: str = "",
+    sbp: SbpFn | None = None,
+    localize: LocalizeFn | None = None,
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
     return register(
@@ -226,6 +256,8 @@ def defop(
             emit=emit,
             cexpr=cexpr,
             dsl_name=dsl_name,
+            sbp=sbp,
+            localize=localize,
         )
     )
 

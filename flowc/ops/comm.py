@@ -1,0 +1,200 @@
+"""Communication ops: what boxing lowers to in a rank's (physical) graph.
+
+The four collectives work on the group of devices along one mesh axis with NCCL's
+contiguous-buffer semantics, over a leading "member" axis of size p (the group size):
+
+- ``AllReduce(x)``: every member gets the sum of all members' x.
+- ``AllGather(x)``: out[k] = member k's x; out has shape [p, *x.shape].
+- ``ReduceScatter(x)``: x has shape [p, *rest]; member k gets the sum over members of x[k].
+- ``AllToAll(x)``: x has shape [p, *rest]; out[m] on member k = member m's x[k].
+
+Boxing along a tensor axis other than the first wraps these in Reshape/Transpose nodes (see
+flowc.parallel.lower), so the wire format is always contiguous. Two local ops depend on the
+device's coordinate along the mesh axis: ``ShardSlice`` keeps chunk k of a tensor axis (B to
+S), ``ShardZero`` keeps x on coordinate 0 and zeros elsewhere (B to P).
+
+Every comm op has the attributes ``mesh`` (the mesh shape) and ``mesh_axis``. The
+collectives have no per-rank reference (they need every member's data): the NumPy
+simulator (flowc.parallel.simulate) runs them; the local ops read the device's coordinates
+from the ``coords`` attribute the simulator adds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.codegen.cpp import c_int
+from flowc.ir.graph import Attrs
+from flowc.ir.types import TensorType
+from flowc.ops.registry import InferCtx, defop, first
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
+    from flowc.ir.graph import Node
+
+FAMILY = "comm"
+COMM_ATTRS = {"mesh": None, "mesh_axis": 0}
+COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "AllToAll")
+
+
+def group_size(ctx: InferCtx | Attrs) -> int:
+    attrs = ctx.attrs if isinstance(ctx, InferCtx) else ctx
+    mesh = attrs["mesh"]
+    axis = int(attrs["mesh_axis"])
+    if mesh is None or not 0 <= axis < len(mesh):
+        raise ValueError(f"mesh axis {axis} is not an axis of mesh {mesh}")
+    return int(mesh[axis])
+
+
+def _collective_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
+    raise NotImplementedError(
+        "collectives need every member's data: run them with flowc.parallel.simulate"
+    )
+
+
+def _same_infer(ctx: InferCtx) -> list[TensorType]:
+    group_size(ctx)
+    return [ctx.type(0)]
+
+
+def _gather_infer(ctx: InferCtx) -> list[TensorType]:
+    p = group_size(ctx)
+    t = ctx.type(0)
+    return [t.with_shape((p, *t.shape))]
+
+
+def _stacked_infer(ctx: InferCtx) -> list[TensorType]:
+    p = group_size(ctx)
+    t = ctx.type(0)
+    if not t.shape or t.shape[0] != p:
+        raise ctx.fail(f"input shape {list(t.shape)} must start with the group size {p}")
+    return [t.with_shape(t.shape[1:])]
+
+
+def _all_to_all_infer(ctx: InferCtx) -> list[TensorType]:
+    p = group_size(ctx)
+    t = ctx.type(0)
+    if not t.shape or t.shape[0] != p:
+        raise ctx.fail(f"input shape {list(t.shape)} must start with the group size {p}")
+    return [t]
+
+
+def _emit_collective(prog: Program, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    attrs = node.attrs
+    fn = {
+        "AllReduce": ("all_reduce", y.type.numel),
+        "AllGather": ("all_gather", x.type.numel),
+        "ReduceScatter": ("reduce_scatter", y.type.numel),
+        "AllToAll": ("all_to_all", x.type.numel // group_size(attrs)),
+    }[node.op]
+    prog.collective(
+        node,
+        f"flowc::comm::{fn[0]}(*m->world, {int(attrs['mesh_axis'])}, {prog.cptr_void(x)}, "
+        f"{prog.ptr_void(y)}, {c_int(fn[1])}, {x.type.dtype.onnx}, comm_stream)",
+    )
+
+
+for _name, _infer in (
+    ("AllReduce", _same_infer),
+    ("AllGather", _gather_infer),
+    ("ReduceScatter", _stacked_infer),
+    ("AllToAll", _all_to_all_infer),
+):
+    defop(
+        _name,
+        FAMILY,
+        infer=_infer,
+        reference=_collective_ref,
+        attrs=COMM_ATTRS,
+        emit=_emit_collective,
+    )
+
+
+# -- local, coordinate-dependent ops -----------------------------------------------------------
+
+
+def _shard_slice_infer(ctx: InferCtx) -> list[TensorType]:
+    p = group_size(ctx)
+    t = ctx.type(0)
+    axis = ctx.axis(int(ctx.attr("axis")), t.rank)
+    if t.shape[axis] % p:
+        raise ctx.fail(f"axis {axis} of size {t.shape[axis]} does not split into {p} equal parts")
+    shape = list(t.shape)
+    shape[axis] //= p
+    return [t.with_shape(tuple(shape))]
+
+
+def _coord(attrs: Attrs) -> int:
+    coords = attrs.get("coords")
+    if coords is None:
+        raise ValueError("this op depends on the device's coordinates (attribute coords)")
+    return int(coords[int(attrs["mesh_axis"])])
+
+
+def _shard_slice_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
+    x = first(xs)
+    axis = int(attrs["axis"]) % x.ndim
+    size = x.shape[axis] // group_size(attrs)
+    k = _coord(attrs)
+    return np.array(np.take(x, range(k * size, (k + 1) * size), axis=axis), order="C")
+
+
+def _shard_zero_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
+    x = first(xs)
+    return x.copy() if _coord(attrs) == 0 else np.zeros_like(x)
+
+
+def _emit_shard_slice(prog: Program, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    axis = int(node.attrs["axis"]) % x.type.rank
+    outer = int(np.prod(x.type.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(x.type.shape[axis + 1 :], dtype=np.int64))
+    local = y.type.shape[axis]
+    k = prog.kernel("comm.cu.j2", "shard_slice", ctype=prog.ctype(x))
+    prog.launch(
+        k,
+        y.type.numel,
+        [
+            prog.cptr(x),
+            prog.ptr(y),
+            c_int(outer),
+            c_int(local),
+            c_int(inner),
+            f"(int64_t){prog.mesh_coord(int(node.attrs['mesh_axis']))} * {c_int(local)}",
+            c_int(x.type.shape[axis]),
+        ],
+    )
+
+
+def _emit_shard_zero(prog: Program, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    n = y.type.nbytes
+    coord = prog.mesh_coord(int(node.attrs["mesh_axis"]))
+    prog.stmt(
+        f"if ({coord} == 0) cudaMemcpyAsync({prog.ptr_void(y)}, {prog.cptr_void(x)}, {n}, "
+        f"cudaMemcpyDeviceToDevice, stream); else cudaMemsetAsync({prog.ptr_void(y)}, 0, {n}, stream);"
+    )
+
+
+defop(
+    "ShardSlice",
+    FAMILY,
+    infer=_shard_slice_infer,
+    reference=_shard_slice_ref,
+    attrs={**COMM_ATTRS, "axis": 0},
+    emit=_emit_shard_slice,
+)
+defop(
+    "ShardZero",
+    FAMILY,
+    infer=_same_infer,
+    reference=_shard_zero_ref,
+    attrs=COMM_ATTRS,
+    emit=_emit_shard_zero,
+)

@@ -1,0 +1,232 @@
+"""The cost model of a parallel plan: compute, memory traffic and collectives on one machine.
+
+Times come from a profile (a TOML file, see profiles/h200-nvlink.toml): a node runs for
+max(local FLOPs / rate, local bytes / memory bandwidth) plus a launch overhead; a collective
+along a mesh axis costs alpha + bytes sent per rank / link bandwidth (the alpha-beta model);
+the local boxing steps (slicing, zeroing for B -> P) are small memory-bound kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowc.errors import InputError
+from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.types import Mesh, NdSbp, TensorType
+from flowc.ops.registry import get_op
+from flowc.parallel.boxing import B_TO_P, LOCAL_SLICE, BoxingError, BoxingStep, boxing_steps
+from flowc.parallel.layout import broadcast, local_type
+from flowc.parallel.plan import Plan
+from flowc.parallel.strategies import Strategy
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = PROFILE_DIR / "h200-nvlink.toml"
+
+# Ops whose FLOPs run on the matrix units (the profile's [matmul] rates).
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "ConvInteger"})
+
+
+@dataclass(frozen=True)
+class Link:
+    """The alpha-beta parameters of collectives along one mesh axis."""
+
+    alpha: float  # seconds per collective
+    bandwidth: float  # bytes per second one rank sends
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    compute: Mapping[str, float]  # FLOP/s of non-GEMM work per dtype short name, "default"
+    matmul: Mapping[str, float]  # FLOP/s of GEMM-like work per dtype short name, "default"
+    memory_bandwidth: float  # bytes read + written per second
+    launch_overhead: float  # seconds per kernel
+    link: Link  # collectives along any mesh axis without an override
+    mesh_axis: Mapping[int, Link] = field(default_factory=dict)
+
+    def flop_rate(self, dtype: str, matmul: bool) -> float:
+        table = self.matmul if matmul else self.compute
+        return table.get(dtype, table["default"])
+
+    def axis_link(self, axis: int) -> Link:
+        return self.mesh_axis.get(axis, self.link)
+
+
+def load_profile(path: str | Path | None = None) -> Profile:
+    """Read a cost profile; None gives the shipped H200 NVLink profile."""
+    p = Path(path) if path is not None else DEFAULT_PROFILE
+    hint = f"start from the shipped profile {DEFAULT_PROFILE}"
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read cost profile {p}: {e.strerror or e}", hint=hint) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"cost profile {p} is not valid TOML: {e}", hint=hint) from None
+    return _parse_profile(data, p, hint)
+
+
+def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
+    def table(key: str, parent: dict[str, Any], where: str) -> dict[str, Any]:
+        t = parent.get(key)
+        if not isinstance(t, dict):
+            raise InputError(f"cost profile {path}: missing table [{where}{key}]", hint=hint)
+        return t
+
+    def number(t: dict[str, Any], key: str, where: str) -> float:
+        v = t.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputError(
+                f"cost profile {path}: [{where}] needs a number {key!r}"
+                + ("" if v is None else f", got {v!r}"),
+                hint=hint,
+            )
+        if not math.isfinite(v) or v <= 0:
+            raise InputError(
+                f"cost profile {path}: [{where}] {key} must be > 0, got {v}", hint=hint
+            )
+        return float(v)
+
+    def rates(key: str) -> dict[str, float]:
+        t = table(key, data, "")
+        number(t, "default", key)
+        return {k: number(t, k, key) for k in t}
+
+    def link(t: dict[str, Any], where: str) -> Link:
+        return Link(number(t, "alpha", where), number(t, "bandwidth", where))
+
+    memory = table("memory", data, "")
+    overrides = data.get("mesh_axis", {})
+    if not isinstance(overrides, dict):
+        raise InputError(f"cost profile {path}: mesh_axis must be a table", hint=hint)
+    axes: dict[int, Link] = {}
+    for k, t in overrides.items():
+        if not k.isdigit() or not isinstance(t, dict):
+            raise InputError(
+                f"cost profile {path}: [mesh_axis.{k}] must be a table named by a mesh axis "
+                "number, e.g. [mesh_axis.0]",
+                hint=hint,
+            )
+        axes[int(k)] = link(t, f"mesh_axis.{k}")
+    return Profile(
+        name=str(data.get("name", path.stem)),
+        compute=rates("compute"),
+        matmul=rates("matmul"),
+        memory_bandwidth=number(memory, "bandwidth", "memory"),
+        launch_overhead=number(memory, "launch_overhead", "memory"),
+        link=link(table("collective", data, ""), "collective"),
+        mesh_axis=axes,
+    )
+
+
+def memory_time(nbytes: int, profile: Profile) -> float:
+    """One memory-bound kernel moving ``nbytes`` (read plus written)."""
+    return profile.launch_overhead + nbytes / profile.memory_bandwidth
+
+
+def step_time(step: BoxingStep, profile: Profile, ttype: TensorType, mesh: Mesh) -> float:
+    """One boxing step of a ``ttype`` tensor: a collective's alpha-beta time, or the small
+    kernel of a local step (a slice reads and writes the new shard; B -> P zeroes it on all
+    ranks but one)."""
+    if step.collective == LOCAL_SLICE:
+        return memory_time(2 * local_type(ttype, step.dst, mesh).nbytes, profile)
+    if step.collective == B_TO_P:
+        return memory_time(local_type(ttype, step.dst, mesh).nbytes, profile)
+    link = profile.axis_link(step.mesh_axis)
+    return link.alpha + step.bytes_per_rank / link.bandwidth
+
+
+def boxing_plan(
+    ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile
+) -> list[BoxingStep]:
+    """The cheapest steps from ``src`` to ``dst`` under ``profile``."""
+    return boxing_steps(ttype, mesh, src, dst, lambda s: step_time(s, profile, ttype, mesh))
+
+
+def boxing_time(ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile) -> float:
+    """Seconds to turn layout ``src`` into ``dst``; inf when no sequence of steps does."""
+    try:
+        steps = boxing_plan(ttype, mesh, src, dst, profile)
+    except BoxingError:
+        return math.inf
+    return sum(step_time(s, profile, ttype, mesh) for s in steps)
+
+
+def node_time(node: Node, strategy: Strategy, mesh: Mesh, profile: Profile) -> float:
+    """Seconds one rank spends on ``node`` under ``strategy``.
+
+    FLOPs come from the op's own count on the local types, so a rank's share of the work
+    follows from its shard sizes: an output split p ways is 1/p of the work, and so is a
+    contraction split p ways into partial sums; a P operand is full-shape, hence full work.
+    """
+    opdef = get_op(node.op)
+    if opdef.view:
+        return 0.0
+    ins: list[TensorType | None] = []
+    for i, v in enumerate(node.inputs):
+        sbp = strategy.input(i)
+        ins.append(None if v is None or sbp is None else local_type(v.type, sbp, mesh))
+    outs = [local_type(o.type, strategy.output(j), mesh) for j, o in enumerate(node.outputs)]
+    flops = 0
+    if opdef.flops is not None:
+        flops = int(opdef.flops(ins, outs, node.attrs.merged(opdef.attrs)))
+    nbytes = sum(t.nbytes for t in ins if t is not None) + sum(t.nbytes for t in outs)
+    dtype = next((t.dtype for t in ins if t is not None), outs[0].dtype if outs else None)
+    rate = profile.flop_rate(dtype.short if dtype is not None else "", node.op in MATMUL_OPS)
+    return max(flops / rate, nbytes / profile.memory_bandwidth) + profile.launch_overhead
+
+
+@dataclass
+class PlanCost:
+    """The modeled time of a plan on one rank and what it stores.
+
+    ``boxing`` lists every step as (value, consumer node or None for the graph output, step);
+    a value boxed to one layout for several consumers is boxed once, listed under the first.
+    """
+
+    compute_s: float
+    comm_s: float
+    param_bytes: int  # per rank: every constant's local bytes under its layout
+    boxing: list[tuple[Value, Node | None, BoxingStep]]
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def value_targets(graph: Graph, plan: Plan) -> dict[Value, list[tuple[NdSbp, Node | None]]]:
+    """For every value, the distinct layouts its consumers want other than the one it is
+    produced in, each with the first consumer wanting it (None: a graph output, made B)."""
+    out: dict[Value, list[tuple[NdSbp, Node | None]]] = {}
+
+    def want(v: Value, sbp: NdSbp, who: Node | None) -> None:
+        targets = out.setdefault(v, [])
+        if sbp != plan.value_sbp[v] and all(sbp != t for t, _ in targets):
+            targets.append((sbp, who))
+
+    for node in graph.nodes:
+        for i, v in enumerate(node.inputs):
+            sbp = plan.wanted(node, i)
+            if v is not None and sbp is not None:
+                want(v, sbp, node)
+    for v in graph.outputs:
+        want(v, broadcast(plan.mesh), None)
+    return out
+
+
+def evaluate_plan(graph: Graph, plan: Plan, profile: Profile) -> PlanCost:
+    mesh = plan.mesh
+    compute = sum(node_time(n, plan.node_strategy[n], mesh, profile) for n in graph.nodes)
+    comm = 0.0
+    boxing: list[tuple[Value, Node | None, BoxingStep]] = []
+    for v, targets in value_targets(graph, plan).items():
+        for sbp, who in targets:
+            for step in boxing_plan(v.type, mesh, plan.value_sbp[v], sbp, profile):
+                comm += step_time(step, profile, v.type, mesh)
+                boxing.append((v, who, step))
+    params = sum(local_type(c.type, plan.value_sbp[c], mesh).nbytes for c in graph.constants)
+    return PlanCost(compute, comm, params, boxing)

@@ -1,0 +1,274 @@
+"""Lowering: a logical graph and its plan to one rank's (physical) graph.
+
+Every rank runs the same program (SPMD) on equal local shapes; what differs between ranks is
+the weights (each rank's file holds its shards) and the device coordinates that the
+coordinate-dependent ops read at run time. The physical graph:
+
+- takes every graph input whole (every rank reads the whole input) and cuts its shard with a
+  free local slice;
+- holds each constant at its local shape; ``Physical.shards`` maps it to the logical array and
+  layout each rank's piece is cut from;
+- runs every node on local shapes (constants that spell out shapes are replaced through the
+  op's ``localize`` hook; a signature may name another op to run, as a vocabulary-split
+  Gather runs GatherShard);
+- inserts the boxing steps wherever a consumer wants another layout than its producer gives,
+  as communication ops (flowc.ops.comm) with Reshape/Transpose around them when the tensor
+  axis is not the first, and makes every graph output whole (all-B) at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flowc.ir.graph import Graph, Node, Value, is_splat, make_splat
+from flowc.ir.types import Mesh, NdSbp, TensorType
+from flowc.ops.registry import get_op
+from flowc.parallel import boxing as bx
+from flowc.parallel.layout import broadcast, local_type, shard
+from flowc.parallel.plan import Plan
+
+
+@dataclass
+class Physical:
+    """One rank's graph plus what makes it rank-specific."""
+
+    graph: Graph
+    mesh: Mesh
+    # Physical constant -> (logical array, layout): rank r holds shard(array, layout, r).
+    shards: dict[Value, tuple[np.ndarray, NdSbp]] = field(default_factory=dict)
+    # Boxing that runs: (logical value, consumer or None for a graph output, step).
+    boxing: list[tuple[Value, Node | None, bx.BoxingStep]] = field(default_factory=list)
+    # Physical comm node -> the boxing step it carries out.
+    comm_steps: dict[Node, bx.BoxingStep] = field(default_factory=dict)
+
+    def constant_for(self, v: Value, coords: tuple[int, ...]) -> np.ndarray:
+        """Rank ``coords``'s data for physical constant ``v``."""
+        assert v.const is not None
+        if v not in self.shards:
+            return v.const
+        array, sbp = self.shards[v]
+        if is_splat(array):
+            t = local_type(TensorType(array.shape, v.type.dtype), sbp, self.mesh)
+            value = array.reshape(-1)[0] if array.size else 0
+            if any(p.kind == "P" for p in sbp.parts) and any(c != 0 for c in coords):
+                value = 0
+            return make_splat(value, t.shape, array.dtype)
+        return shard(array, sbp, self.mesh, coords)
+
+
+class _Lowerer:
+    def __init__(
+        self, graph: Graph, plan: Plan, step_time: Callable[[bx.BoxingStep], float] | None
+    ) -> None:
+        self.logical = graph
+        self.plan = plan
+        self.mesh = plan.mesh
+        self.step_time = step_time
+        self.g = Graph(graph.name)
+        self.g.mesh = plan.mesh
+        self.g.meta = dict(graph.meta)
+        self.phys = Physical(self.g, plan.mesh)
+        # (logical value, layout) -> the physical value holding it so.
+        self.held: dict[tuple[Value, NdSbp], Value] = {}
+        self.mesh_attr = tuple(plan.mesh.shape)
+
+    # -- building blocks --------------------------------------------------------------------
+
+    def add(self, op: str, inputs: list[Value | None], attrs: dict[str, Any], name: str) -> Node:
+        opdef = get_op(op)
+        probe = Node(op, inputs, [], attrs, name)
+        types = opdef.infer(opdef.ctx(probe))
+        probe.outputs = []
+        return self.g.add_node(op, inputs, types, attrs, name=name)
+
+    def const(self, name: str, array: np.ndarray) -> Value:
+        return self.g.add_constant(name, array)
+
+    def reshape(self, x: Value, shape: tuple[int, ...], name: str) -> Value:
+        if x.type.shape == shape:
+            return x
+        s = self.const(f"{name}/shape", np.array(shape, dtype=np.int64))
+        return self.add("Reshape", [x, s], {}, f"{name}/reshape").outputs[0]
+
+    def move_axis(self, x: Value, src: int, dst: int, name: str) -> Value:
+        """Move axis ``src`` to ``dst``: a Reshape when only size-1 axes are passed over."""
+        shape = list(x.type.shape)
+        perm = list(range(len(shape)))
+        perm.insert(dst, perm.pop(src))
+        lo, hi = min(src, dst), max(src, dst)
+        passed = [shape[k] for k in range(lo, hi + 1) if k != src]
+        new_shape = tuple(shape[k] for k in perm)
+        if math.prod(passed) == 1 or shape[src] == 1:
+            return self.reshape(x, new_shape, name)
+        return self.add("Transpose", [x], {"perm": perm}, f"{name}/transpose").outputs[0]
+
+    # -- boxing -----------------------------------------------------------------------------
+
+    def step(self, x: Value, step: bx.BoxingStep, name: str) -> Value:
+        a = step.mesh_axis
+        p = step.group_size
+        comm = {"mesh": self.mesh_attr, "mesh_axis": a}
+        src, dst = step.src.parts[a], step.dst.parts[a]
+        shape = x.type.shape
+        node: Node
+        if step.collective == bx.ALL_REDUCE:
+            node = self.add("AllReduce", [x], comm, name)
+            y = node.outputs[0]
+        elif step.collective == bx.B_TO_P:
+            node = self.add("ShardZero", [x], comm, name)
+            y = node.outputs[0]
+        elif step.collective == bx.LOCAL_SLICE:
+            node = self.add("ShardSlice", [x], {**comm, "axis": dst.axis}, name)
+            y = node.outputs[0]
+        elif step.collective == bx.ALL_GATHER:
+            d = src.axis
+            assert d is not None
+            node = self.add("AllGather", [x], comm, name)
+            stacked = self.move_axis(node.outputs[0], 0, d, name)
+            y = self.reshape(stacked, (*shape[:d], shape[d] * p, *shape[d + 1 :]), name)
+        elif step.collective == bx.REDUCE_SCATTER:
+            d = dst.axis
+            assert d is not None
+            split = self.reshape(x, (*shape[:d], p, shape[d] // p, *shape[d + 1 :]), name)
+            front = self.move_axis(split, d, 0, name)
+            node = self.add("ReduceScatter", [front], comm, name)
+            y = node.outputs[0]
+        else:  # all-to-all: S(i) -> S(j)
+            i, j = src.axis, dst.axis
+            assert i is not None and j is not None
+            split = self.reshape(x, (*shape[:j], p, shape[j] // p, *shape[j + 1 :]), name)
+            front = self.move_axis(split, j, 0, name)
+            node = self.add("AllToAll", [front], comm, name)
+            rest = (*shape[:j], shape[j] // p, *shape[j + 1 :])
+            back = self.move_axis(node.outputs[0], 0, i, name)
+            y = self.reshape(back, (*rest[:i], rest[i] * p, *rest[i + 1 :]), name)
+        self.phys.comm_steps[node] = step
+        return y
+
+    def box(self, v: Value, want: NdSbp, consumer: Node | None, have: NdSbp | None = None) -> Value:
+        key = (v, want)
+        if key in self.held:
+            return self.held[key]
+        have = self.plan.value_sbp[v] if have is None else have
+        base = self.held[(v, have)]
+        steps = bx.boxing_steps(v.type, self.mesh, have, want, self.step_time)
+        x = base
+        for k, st in enumerate(steps):
+            x = self.step(x, st, f"box/{v.name}/{k}")
+            self.phys.boxing.append((v, consumer, st))
+            self.held.setdefault((v, st.dst), x)
+        self.held[key] = x
+        return x
+
+    # -- the graph --------------------------------------------------------------------------
+
+    def run(self) -> Physical:
+        mesh = self.mesh
+        whole = broadcast(mesh)
+        for v in self.logical.inputs:
+            x = self.g.add_input(v.name, v.type)
+            self.held[(v, whole)] = x
+            layout = self.plan.value_sbp[v]
+            if layout != whole:
+                # Every rank reads the whole input and keeps its shard: free local slices.
+                self.box(v, layout, None, have=whole)
+        for c in self.logical.constants:
+            assert c.const is not None
+            layout = self.plan.value_sbp[c]
+            t = local_type(c.type, layout, mesh)
+            origin = (0,) * mesh.ndim
+            if layout == whole:
+                pc = self.const(c.name, c.const)
+            else:
+                piece = (
+                    make_splat(
+                        c.const.reshape(-1)[0] if c.const.size else 0, t.shape, c.const.dtype
+                    )
+                    if is_splat(c.const)
+                    else shard(c.const, layout, mesh, origin)
+                )
+                pc = self.const(c.name, piece)
+                self.phys.shards[pc] = (c.const, layout)
+            self.held[(c, layout)] = pc
+        for node in self.logical.nodes:
+            self.lower_node(node)
+        outs = [self.box(o, whole, None) for o in self.logical.outputs]
+        self.g.outputs = outs
+        return self.phys
+
+    def lower_node(self, node: Node) -> None:
+        strategy = self.plan.node_strategy[node]
+        opdef = get_op(node.op)
+        inputs: list[Value | None] = []
+        for i, v in enumerate(node.inputs):
+            if v is None:
+                inputs.append(None)
+                continue
+            want = strategy.input(i)
+            assert want is not None
+            inputs.append(self.box(v, want, node))
+        local_outs = [
+            local_type(o.type, strategy.output(j), self.mesh) for j, o in enumerate(node.outputs)
+        ]
+        if opdef.localize is not None:
+            local_ins = [None if x is None else x.type for x in inputs]
+            for i, array in opdef.localize(node, local_ins, local_outs).items():  # type: ignore[arg-type]
+                inputs[i] = self.const(f"{node.name or node.op}/local{i}", array)
+        op = node.op
+        attrs: dict[str, Any] = dict(node.attrs)
+        if strategy.physical is not None:
+            op = strategy.physical
+            attrs["mesh"] = self.mesh_attr
+            attrs["shard_axes"] = tuple(
+                a for a, sig in enumerate(strategy.axes) if sig.physical is not None
+            )
+        pnode = self.g.add_node(
+            op,
+            inputs,
+            local_outs,
+            attrs,
+            name=node.name,
+            output_names=[o.name for o in node.outputs],
+        )
+        got = get_op(op).infer_types(pnode)
+        if got != local_outs:
+            raise AssertionError(
+                f"{node.op} node {node.name!r} under {strategy}: local types {got} != planned {local_outs}"
+            )
+        pnode.stage = node.stage
+        for j, o in enumerate(node.outputs):
+            self.held[(o, strategy.output(j))] = pnode.outputs[j]
+
+
+def lower(
+    graph: Graph, plan: Plan, step_time: Callable[[bx.BoxingStep], float] | None = None
+) -> Physical:
+    """One rank's graph for ``plan`` (see the module docstring); ``step_time`` picks among
+    boxing sequences as the search's cost model did."""
+    plan.check(graph)
+    return _Lowerer(graph, plan, step_time).run()
+
+
+def lower_boxing(
+    ttype: TensorType,
+    mesh: Mesh,
+    src: NdSbp,
+    dst: NdSbp,
+    step_time: Callable[[bx.BoxingStep], float] | None = None,
+) -> Physical:
+    """A physical graph that only converts its input (held as ``src``) to ``dst``: the unit
+    the boxing tests run in the simulator."""
+    logical = Graph("boxing")
+    x = logical.add_input("x", ttype)
+    logical.outputs = [x]
+    plan = Plan(mesh, {}, {x: src}, method="given")
+    low = _Lowerer(logical, plan, step_time)
+    px = low.g.add_input("x", local_type(ttype, src, mesh))
+    low.held[(x, src)] = px
+    low.g.outputs = [low.box(x, dst, None)]
+    return low.phys
