@@ -6,6 +6,7 @@ from pathlib import Path
 
 from flowc.codegen.program import generate, write_project
 from flowc.ir.graph import Graph
+from flowc.parallel.lower import Physical
 
 
 def compile_graph(
@@ -15,10 +16,13 @@ def compile_graph(
     source: str = "",
     arch: str = "90",
     poison: bool = False,
+    physical: Physical | None = None,
 ) -> dict[str, str]:
     """Write OUT/ for ``graph``; returns the generated text files. ``poison`` fills dead arena
     bytes with NaN between uses (a debugging aid the tests use)."""
-    files, weights = generate(graph, prefix=prefix, source=source, arch=arch, poison=poison)
+    files, weights = generate(
+        graph, prefix=prefix, source=source, arch=arch, poison=poison, physical=physical
+    )
     write_project(out, files, weights)
     return files
 

@@ -18,7 +18,8 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import numpy as np
@@ -28,7 +29,11 @@ from flowc.codegen.cpp import CodegenError, c_ident, c_literal, c_string, ctype
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
+from flowc.passes.stream_schedule import stream_schedule
 from flowc.resources import runtime_dir, templates_dir
+
+if TYPE_CHECKING:
+    from flowc.parallel.lower import Physical
 
 BLOCK = 256
 MAX_GRID = 1 << 20
@@ -55,8 +60,11 @@ class WeightsLayout:
     layout_id: int  # names, types and offsets: a file for this layout fits any build of it
 
 
-def layout_weights(graph: Graph) -> WeightsLayout:
-    """Stored constants first (256-aligned), then room for splats, which stay fills."""
+def layout_weights(
+    graph: Graph, data_of: Callable[[Value], np.ndarray] | None = None
+) -> WeightsLayout:
+    """Stored constants first (256-aligned), then room for splats, which stay fills.
+    ``data_of`` gives a constant's bytes when they are not its own (one rank's shards)."""
     offsets: dict[Value, int] = {}
     chunks: list[bytes] = []
     pos = 0
@@ -65,7 +73,7 @@ def layout_weights(graph: Graph) -> WeightsLayout:
         if is_splat(c.const):
             continue
         offsets[c] = pos
-        raw = np.ascontiguousarray(c.const).tobytes()
+        raw = np.ascontiguousarray(c.const if data_of is None else data_of(c)).tobytes()
         pad = (-len(raw)) % ALIGN
         chunks.append(raw + b"\0" * pad)
         pos += len(raw) + pad
@@ -118,6 +126,10 @@ class Program:
             if is_view(graph, node) and node.inputs and node.inputs[0] is not None:
                 self._view_base[node.outputs[0]] = node.inputs[0]
         self.node: Node | None = None
+        # Multi-rank programs: collectives run on a communication stream; each one records an
+        # event that the compute stream waits on before the first reader of its result.
+        self.num_events = 1  # event 0: "the compute stream got here", reused by each collective
+        self.pending: dict[Value, int] = {}  # comm result -> its event, until waited on
 
     # -- pointers --------------------------------------------------------------------------
 
@@ -133,6 +145,42 @@ class Program:
 
     def cptr(self, v: Value) -> str:
         return f"reinterpret_cast<const {self.ctype(v)}*>({self._raw(v)})"
+
+    def ptr_void(self, v: Value) -> str:
+        return f"static_cast<void*>({self.ptr(v)})"
+
+    def cptr_void(self, v: Value) -> str:
+        return f"static_cast<const void*>({self.cptr(v)})"
+
+    def mesh_coord(self, axis: int) -> str:
+        """This rank's coordinate on mesh axis ``axis``, a C++ int expression in run()."""
+        return f"m->coords[{int(axis)}]"
+
+    def root(self, v: Value) -> Value:
+        while v in self._view_base:
+            v = self._view_base[v]
+        return v
+
+    def collective(self, node: Node, call: str) -> None:
+        """Run ``call`` (returning flowc::Status) on the communication stream, after the
+        compute stream's work so far; readers of the result wait for its event."""
+        k = self.num_events
+        self.num_events += 1
+        self.stmt("cudaEventRecord(events[0], stream);")
+        self.stmt("cudaStreamWaitEvent(comm_stream, events[0], 0);")
+        self.call(call, f"{node.op} {node.name}")
+        self.stmt(f"cudaEventRecord(events[{k}], comm_stream);")
+        for o in node.outputs:
+            self.pending[o] = k
+
+    def wait_for(self, values: list[Value | None]) -> None:
+        """Make the compute stream wait for the collectives that produced ``values``."""
+        for v in values:
+            if v is None:
+                continue
+            k = self.pending.pop(self.root(v), None)
+            if k is not None:
+                self.stmt(f"cudaStreamWaitEvent(stream, events[{k}], 0);")
 
     def _raw(self, v: Value) -> str:
         if v in self._view_base and v not in self.plan.value_buffer and v not in self._outputs:
@@ -241,11 +289,24 @@ def generate(
     source: str = "",
     arch: str = "90",
     poison: bool = False,
-) -> tuple[dict[str, str], WeightsLayout]:
-    """The project's text files (name -> content) and the weights."""
+    physical: Physical | None = None,
+) -> tuple[dict[str, str], list[WeightsLayout]]:
+    """The project's text files (name -> content) and the weights (one per rank). With
+    ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
     prefix = (prefix or c_ident(graph.name)) + "_"
-    plan = plan_memory(graph)
-    weights = layout_weights(graph)
+    mesh = physical.mesh if physical is not None else None
+    steps, joins = stream_schedule(graph) if mesh is not None else (None, None)
+    plan = plan_memory(graph, steps, joins)
+    if physical is None:
+        all_weights = [layout_weights(graph)]
+    else:
+        from flowc.parallel.layout import all_coords
+
+        all_weights = [
+            layout_weights(graph, lambda v, c=c: physical.constant_for(v, c))  # type: ignore[misc]
+            for c in all_coords(physical.mesh)
+        ]
+    weights = all_weights[0]
     prog = Program(graph, plan, weights, prefix)
     unsupported: dict[str, list[str]] = {}
     dies_at: dict[int, list[int]] = {}
@@ -263,6 +324,7 @@ def generate(
         opdef = get_op(node.op)
         if is_view(graph, node):
             continue
+        prog.wait_for(node.inputs)
         if opdef.view:
             # A view whose result is a graph output: copy the bytes.
             src = node.inputs[0]
@@ -285,6 +347,7 @@ def generate(
             + "\n".join(lines),
             hint="flowc eval runs these models with the NumPy reference",
         )
+    prog.wait_for(list(prog.pending))
     first_index: dict[Value, int] = {}
     for k, o in enumerate(graph.outputs):
         if o in first_index:
@@ -315,6 +378,9 @@ def generate(
         "max_rank": max_rank,
         "inputs": [_tensor_info(v, v.name) for v in graph.inputs],
         "outputs": [_tensor_info(v, v.name) for v in graph.outputs],
+        "mesh": list(mesh.shape) if mesh is not None else [],
+        "mesh_size": mesh.size if mesh is not None else 1,
+        "num_events": prog.num_events,
     }
     env = prog.env
     files = {
@@ -337,16 +403,23 @@ def generate(
                 "lower_bound": plan.lower_bound,
                 "naive_bytes": plan.naive_bytes,
                 "weights_bytes": weights.stored_bytes,
+                "mesh": list(mesh.shape) if mesh is not None else [],
             },
             indent=2,
             sort_keys=True,
         )
         + "\n",
     }
-    return files, weights
+    return files, all_weights
 
 
-def write_project(out: Path, files: dict[str, str], weights: WeightsLayout) -> None:
+def weights_file_name(rank: int, ranks: int) -> str:
+    """``weights.bin`` for a one-device program, ``weights.rank<R>.bin`` per rank otherwise
+    (model.cu.j2 derives the same names from the path it is given)."""
+    return "weights.bin" if ranks == 1 else f"weights.rank{rank}.bin"
+
+
+def write_project(out: Path, files: dict[str, str], weights: list[WeightsLayout]) -> None:
     """Write OUT/ as a whole: into a temporary directory beside it, then swapped in."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -354,7 +427,8 @@ def write_project(out: Path, files: dict[str, str], weights: WeightsLayout) -> N
     try:
         for name, text in files.items():
             (tmp / name).write_text(text)
-        write_weights(tmp / "weights.bin", weights)
+        for r, w in enumerate(weights):
+            write_weights(tmp / weights_file_name(r, len(weights)), w)
         shutil.copytree(runtime_dir() / "flowc", tmp / "flowc")
         if out.exists():
             old = out.with_name(f".{out.name}.old")

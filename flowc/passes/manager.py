@@ -23,7 +23,12 @@ def register_pass(name: str) -> Callable[[PassFn], PassFn]:
 
 
 def _load() -> None:
-    from flowc.passes import fold_constants, fuse_elementwise, simplify  # noqa: F401
+    from flowc.passes import (  # noqa: F401
+        fold_constants,
+        fuse_elementwise,
+        simplify,
+        split_projections,
+    )
 
 
 @dataclass

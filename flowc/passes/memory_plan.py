@@ -86,8 +86,15 @@ def _storage_roots(graph: Graph, steps: list[Node]) -> dict[Value, Value]:
     return root
 
 
-def plan_memory(graph: Graph, steps: list[Node] | None = None) -> MemoryPlan:
+def plan_memory(
+    graph: Graph, steps: list[Node] | None = None, joins: dict[int, int] | None = None
+) -> MemoryPlan:
+    """``joins`` maps the step of a node that runs on another stream (a collective) to the
+    step where the compute stream waits for it: until then the other stream may still read
+    its inputs and write its outputs, so their bytes stay reserved through that step (the
+    happens-before order the events define, not the linear one)."""
     steps = schedule(graph) if steps is None else steps
+    joins = joins or {}
     root = _storage_roots(graph, steps)
     outputs = set(graph.outputs)
     external = set(graph.inputs) | set(graph.constants) | outputs
@@ -98,7 +105,10 @@ def plan_memory(graph: Graph, steps: list[Node] | None = None) -> MemoryPlan:
     for t, node in enumerate(steps):
         for i in node.inputs:
             if i is not None:
-                last_use[root[i]] = t
+                last_use[root[i]] = max(last_use.get(root[i], 0), joins.get(t, t))
+        for o in node.outputs:
+            if t in joins:
+                last_use[root[o]] = max(last_use.get(root[o], t), joins[t])
 
     # Buffers: one per arena root, unless an element-wise node can write over a dying input.
     buffer_of: dict[Value, Buffer] = {}
