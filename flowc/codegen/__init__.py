@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flowc.codegen.program import generate, write_project
 from flowc.ir.graph import Graph
-from flowc.parallel.lower import Physical
+
+if TYPE_CHECKING:
+    from flowc.parallel.lower import Physical
 
 
 def compile_graph(

@@ -1,0 +1,181 @@
+"""Parallel placement: choose a layout (nd-SBP) for every value on a device mesh, insert
+the collectives, and lower to one rank's program.
+
+``parallelize`` is the entry point the CLI uses: it parses nothing, it takes a logical graph
+and ``ParallelOptions``; ``parse_mesh`` and ``parse_sbp`` read the command-line forms.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flowc.errors import InputError
+from flowc.ir.graph import Graph, Value
+from flowc.ir.types import Mesh, NdSbp, Sbp
+from flowc.parallel.cost import PlanCost, Profile, evaluate_plan, load_profile
+from flowc.parallel.layout import fits
+from flowc.parallel.lower import Physical, lower
+from flowc.parallel.plan import Plan
+
+METHODS = ("auto", "data", "none")
+
+
+def parse_mesh(text: str) -> Mesh:
+    """``4`` or ``2x4`` (also ``2,4``) -> Mesh."""
+    parts = re.split(r"[x,]", text.strip().lower())
+    if not parts or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise InputError(
+            f"--mesh {text!r}: expected device counts per mesh axis, like 4 or 2x4",
+        )
+    return Mesh("gpus", tuple(int(p) for p in parts))
+
+
+_ONE = re.compile(r"^\s*(?:S\s*\(\s*(\d+)\s*\)|S\s*(\d+)|(B)|(P))\s*$", re.IGNORECASE)
+
+
+def parse_sbp(text: str, mesh: Mesh) -> tuple[str, NdSbp]:
+    """``NAME=SBP``: ``x=S(0)``, ``x=S0``, ``w=(B,S(1))``, ``w=B,S1`` -> (name, NdSbp)."""
+    name, eq, spec = text.rpartition("=")
+    if not eq or not name:
+        raise InputError(f"--sbp {text!r}: expected NAME=SBP, like x=S(0) or w=(B,S(1))")
+    body = spec.strip()
+    if body.startswith("(") and body.endswith(")") and not _ONE.match(body):
+        body = body[1:-1]
+    items = re.split(r",(?![^(]*\))", body)
+    parts = []
+    for item in items:
+        m = _ONE.match(item)
+        if m is None:
+            raise InputError(
+                f"--sbp {text!r}: {item.strip()!r} is not a layout",
+                hint="each mesh axis takes S(i) (or Si) to split tensor axis i, B or P",
+            )
+        axis = m.group(1) or m.group(2)
+        parts.append(Sbp("S", int(axis)) if axis is not None else Sbp("B" if m.group(3) else "P"))
+    if len(parts) != mesh.ndim:
+        raise InputError(
+            f"--sbp {text!r}: gives {len(parts)} entr{'y' if len(parts) == 1 else 'ies'} but mesh "
+            f"{'x'.join(map(str, mesh.shape))} has {mesh.ndim} axes",
+            hint="give one layout per mesh axis, e.g. (S(0), B) on a 2-D mesh",
+        )
+    return name, NdSbp(tuple(parts))
+
+
+@dataclass
+class ParallelOptions:
+    mesh: Mesh
+    method: str = "auto"
+    sbp: dict[str, NdSbp] = field(default_factory=dict)  # value name -> fixed layout
+    mem_limit: int | None = None  # per-device bytes: parameters + arena
+    profile: Path | None = None
+
+
+@dataclass
+class Memory:
+    """Per-device bytes of a lowered program."""
+
+    params: int
+    arena: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.arena
+
+
+@dataclass
+class Parallelized:
+    plan: Plan
+    physical: Physical
+    cost: PlanCost
+    memory: Memory
+    profile: Profile
+    attempts: int = 1
+
+
+def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
+    by_name = {v.name: v for v in graph.values()}
+    out: dict[Value, NdSbp] = {}
+    for name, sbp in opts.sbp.items():
+        v = by_name.get(name)
+        if v is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(by_name), n=3)
+            raise InputError(
+                f"--sbp {name}=...: the graph has no value named {name!r}",
+                hint=("did you mean " + ", ".join(repr(c) for c in close) + "?")
+                if close
+                else "`flowc inspect MODEL --print-ir` lists the value names",
+            )
+        if not fits(v.type.shape, sbp, opts.mesh):
+            raise InputError(
+                f"--sbp {name}={sbp}: does not split {v.type} evenly on mesh {opts.mesh}",
+                hint="split only axes whose size divides by the mesh axes that split them",
+            )
+        if sbp.parts and any(p.kind == "P" for p in sbp.parts) and v in graph.inputs:
+            raise InputError(f"--sbp {name}={sbp}: a graph input cannot be partial (P)")
+        out[v] = sbp
+    return out
+
+
+def measure(physical: Physical) -> Memory:
+    """Per-device bytes of the program as compiled: weights (incl. fills) and the arena
+    under the stream schedule (boxing buffers are arena values). Fuses ``physical.graph``
+    in place, as compilation would."""
+    from flowc.codegen.program import layout_weights
+    from flowc.passes.fuse_elementwise import fuse_elementwise
+    from flowc.passes.memory_plan import plan_memory
+    from flowc.passes.stream_schedule import stream_schedule
+
+    g = fuse_elementwise(physical.graph)
+    physical.graph = g
+    steps, joins = stream_schedule(g)
+    return Memory(layout_weights(g).device_bytes, plan_memory(g, steps, joins).arena_bytes)
+
+
+def make_plan(graph: Graph, opts: ParallelOptions, profile: Profile, method: str, param_limit: int | None = None) -> Plan:
+    from flowc.parallel.search import broadcast_plan, data_parallel_plan, search
+
+    fixed = _fixed(graph, opts)
+    if method == "none":
+        if fixed:
+            raise InputError("--sbp needs --parallel auto or data (none keeps everything whole)")
+        return broadcast_plan(graph, opts.mesh)
+    if method == "data":
+        return data_parallel_plan(graph, opts.mesh, profile, fixed)
+    return search(graph, opts.mesh, profile, fixed=fixed, param_limit=param_limit)
+
+
+def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> Parallelized:
+    """Plan, lower and measure; under ``mem_limit``, re-plan with a tighter parameter budget
+    until the real per-device bytes (parameters + arena) fit."""
+    if opts.method not in METHODS:
+        raise InputError(f"--parallel {opts.method!r}: expected one of {', '.join(METHODS)}")
+    profile = load_profile(opts.profile)
+    param_limit = opts.mem_limit
+    for attempt in range(1, max_attempts + 1):
+        plan = make_plan(graph, opts, profile, opts.method, param_limit)
+        physical = lower(graph, plan, profile)
+        memory = measure(physical)
+        cost = evaluate_plan(graph, plan, profile)
+        if opts.mem_limit is None or memory.total <= opts.mem_limit:
+            return Parallelized(plan, physical, cost, memory, profile, attempt)
+        if opts.method != "auto":
+            raise InputError(
+                f"the {opts.method} plan needs {memory.total} bytes per device "
+                f"({memory.params} parameters + {memory.arena} arena), over --mem-limit {opts.mem_limit}",
+                hint="use --parallel auto, a larger mesh, or a higher limit",
+            )
+        # The parameter budget is what the search controls: take the excess off it.
+        excess = memory.total - opts.mem_limit
+        param_limit = max(0, min(cost.param_bytes, param_limit or cost.param_bytes) - excess)
+    raise InputError(
+        f"no plan found within --mem-limit {opts.mem_limit} bytes per device after {max_attempts} attempts "
+        f"(the last needed {memory.total}: {memory.params} parameters + {memory.arena} arena)",
+        hint="raise the limit or use a larger mesh",
+    )
+
+
+__all__ = ["METHODS", "ParallelOptions", "Parallelized", "parallelize", "parse_mesh", "parse_sbp"]

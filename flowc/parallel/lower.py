@@ -19,7 +19,6 @@ coordinate-dependent ops read at run time. The physical graph:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel import boxing as bx
 from flowc.parallel.layout import broadcast, local_type, shard
+from flowc.parallel.cost import Profile, boxing_plan
 from flowc.parallel.plan import Plan
 
 
@@ -62,13 +62,11 @@ class Physical:
 
 
 class _Lowerer:
-    def __init__(
-        self, graph: Graph, plan: Plan, step_time: Callable[[bx.BoxingStep], float] | None
-    ) -> None:
+    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None) -> None:
         self.logical = graph
         self.plan = plan
         self.mesh = plan.mesh
-        self.step_time = step_time
+        self.profile = profile
         self.g = Graph(graph.name)
         self.g.mesh = plan.mesh
         self.g.meta = dict(graph.meta)
@@ -156,7 +154,11 @@ class _Lowerer:
             return self.held[key]
         have = self.plan.value_sbp[v] if have is None else have
         base = self.held[(v, have)]
-        steps = bx.boxing_steps(v.type, self.mesh, have, want, self.step_time)
+        steps = (
+            bx.boxing_steps(v.type, self.mesh, have, want)
+            if self.profile is None
+            else boxing_plan(v.type, self.mesh, have, want, self.profile)
+        )
         x = base
         for k, st in enumerate(steps):
             x = self.step(x, st, f"box/{v.name}/{k}")
@@ -245,13 +247,11 @@ class _Lowerer:
             self.held[(o, strategy.output(j))] = pnode.outputs[j]
 
 
-def lower(
-    graph: Graph, plan: Plan, step_time: Callable[[bx.BoxingStep], float] | None = None
-) -> Physical:
-    """One rank's graph for ``plan`` (see the module docstring); ``step_time`` picks among
-    boxing sequences as the search's cost model did."""
+def lower(graph: Graph, plan: Plan, profile: Profile | None = None) -> Physical:
+    """One rank's graph for ``plan`` (see the module docstring); with ``profile`` the boxing
+    sequences are the ones the cost model priced."""
     plan.check(graph)
-    return _Lowerer(graph, plan, step_time).run()
+    return _Lowerer(graph, plan, profile).run()
 
 
 def lower_boxing(
@@ -259,7 +259,7 @@ def lower_boxing(
     mesh: Mesh,
     src: NdSbp,
     dst: NdSbp,
-    step_time: Callable[[bx.BoxingStep], float] | None = None,
+    profile: Profile | None = None,
 ) -> Physical:
     """A physical graph that only converts its input (held as ``src``) to ``dst``: the unit
     the boxing tests run in the simulator."""
@@ -267,7 +267,7 @@ def lower_boxing(
     x = logical.add_input("x", ttype)
     logical.outputs = [x]
     plan = Plan(mesh, {}, {x: src}, method="given")
-    low = _Lowerer(logical, plan, step_time)
+    low = _Lowerer(logical, plan, profile)
     px = low.g.add_input("x", local_type(ttype, src, mesh))
     low.held[(x, src)] = px
     low.g.outputs = [low.box(x, dst, None)]

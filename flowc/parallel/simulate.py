@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from flowc.errors import InputError
+from flowc.ir.builder import evaluate_node
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ops.comm import COLLECTIVES
 from flowc.ops.registry import get_op
@@ -82,7 +83,10 @@ def run_physical(phys: Physical, feeds: Mapping[Value, Mapping[Coords, np.ndarra
             if "mesh" in attrs:
                 attrs = Attrs({**attrs, "coords": c})
             args = [None if i is None else env[c][i] for i in node.inputs]
-            for o, r in zip(node.outputs, opdef.evaluate(args, attrs), strict=True):
+            types = [o.type for o in node.outputs]
+            outs = evaluate_node(opdef, args, attrs, types, f"{node.op} node {node.name!r}")
+            # Ops may compute optional outputs the node does not have (LayerNorm's mean).
+            for o, r in zip(node.outputs, outs, strict=False):
                 env[c][o] = r
     return env
 
