@@ -117,6 +117,99 @@ def model_options(fn: F) -> F:
     return click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(fn)
 
 
+def parse_bytes(text: str, what: str) -> int:
+    """``1000000``, ``64MiB``, ``1.5GB``, ``512k`` -> bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if m is None:
+        raise InputError(f"{what} {text!r}: expected a byte count like 1000000, 64MiB or 1.5GB")
+    scale = (1024 if m.group(3) else 1000) ** "_kmgt".index(m.group(2) or "_")
+    return int(float(m.group(1)) * scale)
+
+
+def parallel_options(fn: F) -> F:
+    fn = click.option(
+        "--cost-profile",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Device and link rates for the search (TOML; default: H200 with NVLink).",
+    )(fn)
+    fn = click.option(
+        "--mem-limit",
+        default=None,
+        metavar="BYTES",
+        help="Per-device bytes for parameters + arena, e.g. 64MiB.",
+    )(fn)
+    fn = click.option(
+        "--sbp",
+        "sbps",
+        multiple=True,
+        metavar="NAME=SBP",
+        help="Fix the layout of an input, parameter or value: x=S(0), w=(B,S(1)), x=S0.",
+    )(fn)
+    fn = click.option(
+        "--parallel",
+        type=click.Choice(["auto", "data", "none"]),
+        default="auto",
+        show_default=True,
+        help="auto: searched; data: inputs split on batch, parameters whole; none: all whole.",
+    )(fn)
+    return click.option(
+        "--mesh",
+        default=None,
+        metavar="N|AxB",
+        help="Devices to run on: 4, or 2x4 for a 2-D mesh (one MPI rank per device).",
+    )(fn)
+
+
+def parallel_settings(
+    mesh: str | None,
+    parallel: str,
+    sbps: Sequence[str],
+    mem_limit: str | None,
+    cost_profile: Path | None,
+) -> Any:
+    """ParallelOptions from the command line, or None for a one-device program."""
+    from flowc.parallel import ParallelOptions, parse_mesh, parse_sbp
+
+    if mesh is None:
+        given = [o for o, v in (("--sbp", sbps), ("--mem-limit", mem_limit)) if v]
+        if parallel != "auto":
+            given.append("--parallel")
+        if cost_profile is not None:
+            given.append("--cost-profile")
+        if given:
+            raise InputError(
+                f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --mesh",
+                hint="e.g. --mesh 4 or --mesh 2x2",
+            )
+        return None
+    m = parse_mesh(mesh)
+    fixed = dict(parse_sbp(t, m) for t in sbps)
+    limit = parse_bytes(mem_limit, "--mem-limit") if mem_limit is not None else None
+    return ParallelOptions(m, parallel, fixed, limit, cost_profile)
+
+
+def load_parallel(
+    model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any
+) -> tuple[Any, Any]:
+    """The logical graph and its parallelized form (plan, rank graph, cost, memory)."""
+    from flowc.parallel import parallelize
+    from flowc.passes.split_projections import split_projections
+
+    graph = split_projections(load(model, shapes, dims))
+    graph.verify()
+    _progress(
+        f"placing {len(graph.nodes)} nodes on mesh {'x'.join(map(str, popts.mesh.shape))} "
+        f"({popts.method})"
+    )
+    t0 = time.perf_counter()
+    result = parallelize(graph, popts)
+    _progress(f"plan ready in {time.perf_counter() - t0:.2f} s")
+    return graph, result
+
+
 def load(
     model: Path, shapes: Sequence[str], dims: Sequence[str], *, for_compile: bool = False
 ) -> Any:
@@ -176,12 +269,28 @@ def cli() -> None:
     help="Write the IR (DSL text) to stdout; the summary goes to stderr.",
 )
 @click.option("--memory", is_flag=True, help="Plan memory: arena bytes, lower bound, naive sum.")
+@parallel_options
 def inspect(
-    model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], print_ir: bool, memory: bool
+    model: Path,
+    shapes: tuple[str, ...],
+    dims: tuple[str, ...],
+    print_ir: bool,
+    memory: bool,
+    mesh: str | None,
+    parallel: str,
+    sbps: tuple[str, ...],
+    mem_limit: str | None,
+    cost_profile: Path | None,
 ) -> None:
-    """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs."""
+    """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
+    parallel plan beside the data-parallel and all-broadcast ones."""
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
+
+    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    if popts is not None:
+        _inspect_plan(model, shapes, dims, popts, print_ir)
+        return
 
     # With --memory the plan is the one code generation uses: after fusion.
     graph = load(model, shapes, dims, for_compile=memory)
@@ -231,6 +340,38 @@ def inspect(
             f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
             f"{plan.inplace} outputs written in place"
         )
+
+
+def _inspect_plan(
+    model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any, print_ir: bool
+) -> None:
+    import dataclasses
+
+    from flowc.parallel import parallelize
+    from flowc.parallel.report import Summary, print_plan, summarize
+
+    graph, result = load_parallel(model, shapes, dims, popts)
+    if print_ir:
+        sys.stdout.write(str(result.physical.graph))
+        sys.stdout.flush()
+    others: list[tuple[str, Summary | str]] = []
+    for method in ("data", "none"):
+        if method == popts.method:
+            continue
+        try:
+            alt = parallelize(graph, dataclasses.replace(popts, method=method, mem_limit=None))
+            others.append((method, summarize(alt)))
+        except FlowcError as e:
+            others.append((method, f"not possible: {e.message}"))
+    base = err if print_ir else out
+    # Plans are wide tables: do not squeeze them to 80 columns when piped.
+    console = (
+        base
+        if base.is_terminal
+        else Console(file=base.file, width=160, highlight=False, soft_wrap=True)
+    )
+    console.print(f"[bold]{escape(model.name)}[/]  graph {escape(repr(graph.name))}")
+    print_plan(console, graph, result, others, popts.mem_limit)
 
 
 def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
@@ -320,6 +461,7 @@ def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     required=True,
     help="OUT.npz, keyed by output name.",
 )
+@parallel_options
 def eval_cmd(
     model: Path,
     shapes: tuple[str, ...],
@@ -328,12 +470,35 @@ def eval_cmd(
     random_inputs: bool,
     seed: int,
     output: Path,
+    mesh: str | None,
+    parallel: str,
+    sbps: tuple[str, ...],
+    mem_limit: str | None,
+    cost_profile: Path | None,
 ) -> None:
-    """Evaluate MODEL with flowc's NumPy reference; write the outputs to OUT.npz."""
+    """Evaluate MODEL with flowc's NumPy reference; write the outputs to OUT.npz. With
+    --mesh, every rank of the parallel program runs in the multi-rank simulator."""
     from flowc.interpreter import evaluate
     from flowc.interpreter import random_inputs as make_random
 
     output = check_output_path(output)
+    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    if popts is not None:
+        from flowc.interpreter import check_feeds
+        from flowc.parallel.simulate import simulate
+
+        graph, result = load_parallel(model, shapes, dims, popts)
+        feeds = read_inputs(inputs, [v.name for v in graph.inputs])
+        if random_inputs:
+            for k, v in make_random(graph, seed).items():
+                feeds.setdefault(k, v)
+        checked = check_feeds(graph, feeds)
+        _progress(f"simulating {popts.mesh.size} ranks")
+        outs = simulate(result.physical, checked)
+        results = {v.name: a for v, a in zip(graph.outputs, outs, strict=True)}
+        write_npz_atomic(output, results)
+        out.print(f"wrote {output} (simulated on {popts.mesh.size} ranks)")
+        return
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
     feeds = read_inputs(inputs, names)
@@ -392,6 +557,7 @@ def _progress(msg: str) -> None:
     "--arch", default="sm_90", show_default=True, help="CUDA architecture for the CUDA build."
 )
 @click.option("--prefix", default=None, help="C symbol prefix (default: from the model's name).")
+@parallel_options
 def compile_cmd(
     model: Path,
     shapes: tuple[str, ...],
@@ -400,17 +566,51 @@ def compile_cmd(
     target: str,
     arch: str,
     prefix: str | None,
+    mesh: str | None,
+    parallel: str,
+    sbps: tuple[str, ...],
+    mem_limit: str | None,
+    cost_profile: Path | None,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights, CMake)."""
-    from flowc.codegen import compile_graph
-
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
-    graph = load(model, shapes, dims, for_compile=True)
-    _progress(f"generating {project}/")
-    compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch[3:])
+    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:])
     out.print(
         f"wrote {escape(str(project))}/; build it with: flowc build {escape(str(project))} --target {target}"
+    )
+
+
+def compile_model(
+    model: Path,
+    shapes: Sequence[str],
+    dims: Sequence[str],
+    project: Path,
+    popts: Any,
+    prefix: str | None = None,
+    arch: str = "90",
+) -> None:
+    """Load, (parallelize,) and write OUT/: what compile and verify share."""
+    from flowc.codegen import compile_graph
+
+    if popts is None:
+        graph = load(model, shapes, dims, for_compile=True)
+        _progress(f"generating {project}/")
+        compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch)
+        return
+    logical, result = load_parallel(model, shapes, dims, popts)
+    _progress(
+        f"generating {project}/ for {popts.mesh.size} ranks "
+        f"({result.memory.total} bytes per device)"
+    )
+    compile_graph(
+        result.physical.graph,
+        project,
+        prefix=prefix or logical.name,
+        source=model.name,
+        arch=arch,
+        physical=result.physical,
     )
 
 
@@ -479,6 +679,7 @@ def run_cmd(
     default=None,
     help="Keep the project here (default: a temporary directory).",
 )
+@parallel_options
 def verify(
     model: Path,
     shapes: tuple[str, ...],
@@ -488,9 +689,13 @@ def verify(
     seed: int,
     tol: float,
     out_dir: Path | None,
+    mesh: str | None,
+    parallel: str,
+    sbps: tuple[str, ...],
+    mem_limit: str | None,
+    cost_profile: Path | None,
 ) -> None:
     """Compile MODEL, build, run, and compare every output with onnxruntime."""
-    from flowc.codegen import compile_graph
     from flowc.harness.build import build, run
     from flowc.harness.compare import compare
     from flowc.harness.ort import run_onnxruntime
@@ -498,7 +703,8 @@ def verify(
 
     if model.suffix.lower() != ".onnx":
         raise InputError(f"{model}: verify compares with onnxruntime and needs an .onnx model")
-    graph = load(model, shapes, dims, for_compile=True)
+    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
     feeds = read_inputs(inputs, names)
     for k, v in make_random(graph, seed).items():
@@ -506,7 +712,7 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:
         project = out_dir or Path(tmp) / "out"
         _progress(f"compiling {model.name}")
-        compile_graph(graph, project, source=model.name)
+        compile_model(model, shapes, dims, project, popts)
         build(project, target, progress=_progress)
         if target == "cuda":
             import shutil

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -49,14 +51,15 @@ def build(
     ]
     if target == "cuda":
         tk = find_cuda()
-        missing = tk.missing(["cublasLt", "cudnn"])
+        needed = ["cublasLt", "cudnn"] + (["nccl"] if num_ranks(out) > 1 else [])
+        missing = tk.missing(needed)
         if missing:
             raise BuildError(
                 f"the CUDA build needs {', '.join(missing)}, not found on this machine"
             )
         assert tk.nvcc is not None
-        libdirs = sorted({str(tk.libs[n].lib_dir) for n in ("cublasLt", "cudnn")})
-        incdirs = sorted({str(tk.libs[n].include_dir) for n in ("cublasLt", "cudnn")})
+        libdirs = sorted({str(tk.libs[n].lib_dir) for n in needed})
+        incdirs = sorted({str(tk.libs[n].include_dir) for n in needed})
         args += [
             f"-DCMAKE_CUDA_COMPILER={tk.nvcc}",
             f"-DFLOWC_CUDA_LIB_DIRS={';'.join(libdirs)}",
@@ -86,6 +89,34 @@ def build(
 def project_info(out: Path) -> dict[str, object]:
     info: dict[str, object] = json.loads((out / "flowc_model.json").read_text())
     return info
+
+
+def num_ranks(out: Path) -> int:
+    mesh = project_info(out).get("mesh") or []
+    assert isinstance(mesh, list)
+    return math.prod(int(d) for d in mesh)
+
+
+def launcher(ranks: int, target: str) -> tuple[list[str], dict[str, str]]:
+    """The mpirun prefix and environment for a program of ``ranks`` ranks ([] for one).
+    On the host target ranks share the machine's cores: oversubscribe, one thread each."""
+    if ranks <= 1:
+        return [], {}
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise InputError(
+            f"this program runs on {ranks} ranks and needs mpirun, which is not on PATH",
+            hint="install Open MPI (Debian: openmpi-bin)",
+        )
+    cmd = [mpirun, "-np", str(ranks)]
+    env = {}
+    if target == "host":
+        cmd.append("--oversubscribe")
+        env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    if os.geteuid() == 0:
+        # Open MPI refuses to start as root without both of these.
+        env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return cmd, env
 
 
 def run(
@@ -126,7 +157,13 @@ def run(
             args += ["--input", f"{name}={path}"]
         if bench:
             args += ["--bench", str(bench)]
-        r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        prefix, launch_env = launcher(num_ranks(out), target)
+        r = subprocess.run(
+            prefix + args,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **launch_env, **(env or {})},
+        )
         if r.returncode != 0:
             raise FlowcError(
                 f"the compiled model failed (exit {r.returncode}):\n{r.stderr.strip()}"

@@ -94,7 +94,7 @@ def _emit_collective(prog: Program, node: Node) -> None:
     prog.collective(
         node,
         f"flowc::comm::{fn[0]}(*m->world, {int(attrs['mesh_axis'])}, {prog.cptr_void(x)}, "
-        f"{prog.ptr_void(y)}, {c_int(fn[1])}, {x.type.dtype.onnx}, comm_stream)",
+        f"{prog.ptr_void(y)}, {c_int(fn[1], 'size_t')}, {x.type.dtype.onnx}, comm_stream)",
     )
 
 
@@ -162,11 +162,11 @@ def _emit_shard_slice(prog: Program, node: Node) -> None:
         [
             prog.cptr(x),
             prog.ptr(y),
-            c_int(outer),
-            c_int(local),
-            c_int(inner),
-            f"(int64_t){prog.mesh_coord(int(node.attrs['mesh_axis']))} * {c_int(local)}",
-            c_int(x.type.shape[axis]),
+            c_int(outer, "int64_t"),
+            c_int(local, "int64_t"),
+            c_int(inner, "int64_t"),
+            f"(int64_t){prog.mesh_coord(int(node.attrs['mesh_axis']))} * {c_int(local, 'int64_t')}",
+            c_int(x.type.shape[axis], "int64_t"),
         ],
     )
 

@@ -200,8 +200,25 @@ class _Lowerer:
         for node in self.logical.nodes:
             self.lower_node(node)
         outs = [self.box(o, whole, None) for o in self.logical.outputs]
+        for o, x in zip(self.logical.outputs, outs, strict=True):
+            self.rename_output(x, o.name)
         self.g.outputs = outs
         return self.phys
+
+    def rename_output(self, x: Value, name: str) -> None:
+        """Outputs keep their logical names (the C API and flowc_model.json show them): the
+        value holding the name before boxing takes another."""
+        if x.name == name:
+            return
+        holder = next((v for v in self.g.values() if v.name == name), None)
+        if holder is not None:
+            if holder in self.g.inputs:
+                return
+            holder.name = self.g.unique_name(f"{name}/local")
+            self.g._names.add(holder.name)
+        self.g._names.discard(x.name)
+        x.name = name
+        self.g._names.add(name)
 
     def lower_node(self, node: Node) -> None:
         strategy = self.plan.node_strategy[node]

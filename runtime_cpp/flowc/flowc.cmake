@@ -26,3 +26,26 @@ function(flowc_target target build)
     message(FATAL_ERROR "FLOWC_TARGET must be cuda or host, not '${build}'")
   endif()
 endfunction()
+
+# flowc_target_comm(TARGET BUILD): for programs whose mesh has more than one device. Links MPI
+# (which starts the ranks in both builds) and, for BUILD cuda, NCCL; defines FLOWC_MULTI_RANK,
+# which flowc/comm.h requires. Call it beside flowc_target().
+function(flowc_target_comm target build)
+  # Only MPI's C API is used: skip the deprecated C++ bindings (libmpi_cxx).
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+  target_link_libraries(${target} PUBLIC MPI::MPI_CXX)
+  target_compile_definitions(${target} PUBLIC FLOWC_MULTI_RANK)
+  if(build STREQUAL "cuda")
+    find_package(CUDAToolkit REQUIRED)
+    # NCCL comes with a system CUDA or as the nvidia-nccl-cu13 wheel (libnccl.so.2 only).
+    find_library(FLOWC_NCCL NAMES nccl libnccl.so.2
+                 HINTS ${FLOWC_CUDA_LIB_DIRS} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64 REQUIRED)
+    find_path(FLOWC_NCCL_INCLUDE nccl.h
+              HINTS ${FLOWC_CUDA_INCLUDE_DIRS} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include REQUIRED)
+    target_include_directories(${target} PUBLIC ${FLOWC_NCCL_INCLUDE})
+    target_link_libraries(${target} PUBLIC ${FLOWC_NCCL})
+  elseif(NOT build STREQUAL "host")
+    message(FATAL_ERROR "FLOWC_TARGET must be cuda or host, not '${build}'")
+  endif()
+endfunction()

@@ -1,0 +1,149 @@
+"""The printed plan of `flowc inspect --mesh ...`: layouts, collectives, totals, memory, and
+the same figures for the data-parallel and all-broadcast plans beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from flowc.ir.graph import Graph
+from flowc.parallel import Parallelized
+from flowc.parallel.layout import broadcast, local_type
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+@dataclass
+class Summary:
+    """One plan's headline figures, for the comparison table."""
+
+    method: str
+    total_s: float
+    compute_s: float
+    comm_s: float
+    collectives: int
+    comm_bytes: int
+    params: int
+    memory: int
+
+
+def summarize(result: Parallelized) -> Summary:
+    steps = [st for _, _, st in result.cost.boxing if not st.is_local]
+    return Summary(
+        result.plan.method,
+        result.cost.total_s,
+        result.cost.compute_s,
+        result.cost.comm_s,
+        len(steps),
+        sum(st.bytes_per_rank for st in steps),
+        result.memory.params,
+        result.memory.total,
+    )
+
+
+def print_plan(
+    console: Console,
+    graph: Graph,
+    result: Parallelized,
+    others: list[tuple[str, Summary | str]],
+    mem_limit: int | None,
+) -> None:
+    plan, cost, mesh = result.plan, result.cost, result.plan.mesh
+    whole = broadcast(mesh)
+    stats = plan.stats
+    head = f"[bold]plan ({plan.method})[/] on mesh {'x'.join(map(str, mesh.shape))} ({mesh.size} devices)"
+    if "solve_s" in stats:
+        head += (
+            f"; search: {int(stats.get('nodes_before', 0))} nodes, "
+            f"{int(stats.get('nodes_after', 0))} after reductions, "
+            f"{int(stats.get('variables', 0))} ILP variables, solved in {stats['solve_s']:.2f} s"
+        )
+    if result.attempts > 1:
+        head += f"; {result.attempts} attempts to fit the memory limit"
+    console.print(head)
+
+    layouts = Table(
+        title="layout per value (B = whole on every device)", title_justify="left", show_edge=False
+    )
+    for col in ("value", "kind", "type", "layout", "per device"):
+        layouts.add_column(col)
+    values = [(v, "input") for v in graph.inputs] + [(c, "param") for c in graph.constants]
+    values += [(o, n.op) for n in graph.nodes for o in n.outputs]
+    for v, kind in values:
+        sbp = plan.value_sbp[v]
+        layouts.add_row(
+            escape(v.name),
+            escape(kind),
+            str(v.type),
+            str(sbp),
+            "" if sbp == whole else str(local_type(v.type, sbp, mesh)),
+        )
+    console.print(layouts)
+
+    coll = Table(title="collectives", title_justify="left", show_edge=False)
+    for col in ("value", "for", "collective", "mesh axis", "layouts", "bytes sent/rank", "modeled"):
+        coll.add_column(col)
+    from flowc.parallel.cost import step_time
+
+    for v, who, st in cost.boxing:
+        coll.add_row(
+            escape(v.name),
+            "output" if who is None else escape(who.name or who.op),
+            st.collective,
+            str(st.mesh_axis),
+            f"{st.src} -> {st.dst}",
+            str(st.bytes_per_rank),
+            _us(step_time(st, result.profile, v.type, mesh)),
+        )
+    if cost.boxing:
+        console.print(coll)
+    else:
+        console.print("collectives: none")
+    me = summarize(result)
+    console.print(
+        f"per rank: {me.collectives} collectives, {me.comm_bytes} bytes sent ({_bytes(me.comm_bytes)}); "
+        f"modeled time {_us(me.total_s)} = compute {_us(me.compute_s)} + communication {_us(me.comm_s)}"
+    )
+    console.print(
+        f"memory per device: {result.memory.total} B ({_bytes(result.memory.total)}) = parameters "
+        f"{result.memory.params} B + arena {result.memory.arena} B"
+        + (f"; limit {mem_limit} B" if mem_limit is not None else "")
+    )
+    cmp = Table(title="compared with", title_justify="left", show_edge=False)
+    for col in (
+        "plan",
+        "modeled time",
+        "compute",
+        "communication",
+        "collectives",
+        "bytes sent/rank",
+        "memory/device",
+    ):
+        cmp.add_column(col)
+    for name, s in [(plan.method, me), *others]:
+        if isinstance(s, str):
+            cmp.add_row(escape(name), escape(s), "", "", "", "", "")
+        else:
+            cmp.add_row(
+                escape(name),
+                _us(s.total_s),
+                _us(s.compute_s),
+                _us(s.comm_s),
+                str(s.collectives),
+                str(s.comm_bytes),
+                f"{s.memory} B",
+            )
+    console.print(cmp)
