@@ -24,7 +24,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from flowc.codegen.cpp import CTYPES
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, node_attrs
+from flowc.ops import sbp_rules as sr
+from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, node_attrs
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -196,6 +197,30 @@ def flat_index(names: Sequence[str], sizes: Sequence[int]) -> str:
     for name, size in zip(names[1:], sizes[1:], strict=True):
         expr = f"({expr}) * {size} + {name}" if " " in expr else f"{expr} * {size} + {name}"
     return expr
+
+
+# -- SBP ----------------------------------------------------------------------------------------
+
+
+def _conv_sbp(w_out: int, w_in: int) -> SbpFn:
+    """Conv is linear in X and in W (and adds the bias): split the batch; with one group,
+    split the output channels (W's axis ``w_out``, the bias with them) or the input channels
+    (W's axis ``w_in``) into partial sums, the bias then P so that it is added once. Split
+    groups would need a local ``group`` attribute, and spatial splits a halo: neither is
+    offered."""
+
+    def sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+        sigs = [
+            sr.sig(ctx, {0: sr.S(0)}, sr.S(0), 1),
+            sr.partial(ctx, outs, (0, 2)),
+            sr.partial(ctx, outs, (1, 2)),
+        ]
+        if ctx.attr("group") == 1:
+            sigs.append(sr.sig(ctx, {1: sr.S(w_out), 2: sr.S(0)}, sr.S(1), 1))
+            sigs.append(sr.sig(ctx, {0: sr.S(1), 1: sr.S(w_in), 2: sr.P}, sr.P, 1))
+        return sigs
+
+    return sbp
 
 
 # -- Conv -------------------------------------------------------------------------------------
@@ -392,6 +417,7 @@ defop(
     },
     inputs=(2, 3),
     flops=_conv_flops,
+    sbp=_conv_sbp(w_out=0, w_in=1),
     emit=_conv_emit,
 )
 
@@ -568,5 +594,6 @@ defop(
     },
     inputs=(2, 3),
     flops=_conv_transpose_flops,
+    sbp=_conv_sbp(w_out=1, w_in=0),
     emit=_conv_transpose_emit,
 )

@@ -20,9 +20,12 @@ from flowc.codegen.elementwise import emit_elementwise, emit_fused
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
 from flowc.ops.registry import (
     CExprFn,
     InferCtx,
+    SbpFn,
+    SbpSignature,
     broadcast_shapes,
     defop,
     elementwise_flops,
@@ -191,6 +194,34 @@ def codegen(name: str) -> dict[str, Any]:
     return {}
 
 
+# -- SBP ----------------------------------------------------------------------------------------
+# Every element-wise op splits along any output axis (inputs split on their aligned axis, B
+# where they broadcast). P passes only through ops linear in the P operands: ``linear`` lists
+# the sets of inputs that may be P together, the rest staying B (None: every input). Integer
+# sums wrap exactly, but integer division truncates each part: ``float_linear`` ops (Div,
+# Mean) are linear only on floats.
+
+
+def ew_sbp(*linear: Sequence[int] | None, float_linear: bool = False) -> SbpFn:
+    def sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+        sigs = sr.broadcast_splits(ctx, outs)
+        if float_linear and not outs[0].dtype.is_float:
+            return sigs
+        every = range(ctx.num_inputs)
+        return [*sigs, *(sr.partial(ctx, outs, every if p is None else p) for p in linear)]
+
+    return sbp
+
+
+def _cast_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # A cast between float types is linear up to rounding; CastLike's second input only
+    # names the type, so it stays B.
+    sigs = sr.broadcast_splits(ctx, outs, data=(0,))
+    if ctx.dtype(0).is_float and outs[0].dtype.is_float:
+        sigs.append(sr.partial(ctx, outs))
+    return sigs
+
+
 # -- unary ------------------------------------------------------------------------------------
 
 
@@ -200,6 +231,7 @@ def unary(
     attrs: dict[str, object] | None = None,
     cost: int = 1,
     float_only: bool = False,
+    linear: bool = False,
 ) -> None:
     def infer(ctx: InferCtx) -> list[TensorType]:
         t = ctx.type(0)
@@ -220,6 +252,7 @@ def unary(
         reference=ref,
         attrs=attrs,
         flops=elementwise_flops(cost),
+        sbp=ew_sbp((0,)) if linear else ew_sbp(),
         **codegen(name),
     )
 
@@ -232,7 +265,7 @@ def _sel(x: np.ndarray, cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.nd
     return np.where(cond, a, b).astype(x.dtype)
 
 
-unary("Neg", _f(np.negative))
+unary("Neg", _f(np.negative), linear=True)
 unary("Abs", _f(np.abs))
 unary("Sqrt", _f(np.sqrt), float_only=True)
 unary("Reciprocal", _f(np.reciprocal), float_only=True)
@@ -350,6 +383,8 @@ def binary(
     same_dtype: bool = True,
     attrs: dict[str, object] | None = None,
     fn_attrs: Callable[[np.ndarray, np.ndarray, Attrs], np.ndarray] | None = None,
+    linear: Sequence[Sequence[int]] = (),
+    float_linear: bool = False,
 ) -> None:
     def ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
         a, b = xs[0], xs[1]
@@ -366,6 +401,7 @@ def binary(
         inputs=2,
         attrs=attrs,
         flops=elementwise_flops(1),
+        sbp=ew_sbp(*linear, float_linear=float_linear),
         **codegen(name),
     )
 
@@ -392,10 +428,10 @@ def _mod(a: np.ndarray, b: np.ndarray, at: Attrs) -> np.ndarray:
     return np.mod(a, np.where(b == 0, 1, b))
 
 
-binary("Add", np.add)
-binary("Sub", np.subtract)
-binary("Mul", np.multiply)
-binary("Div", _int_div)
+binary("Add", np.add, linear=[(0, 1)])
+binary("Sub", np.subtract, linear=[(0, 1)])
+binary("Mul", np.multiply, linear=[(0,), (1,)])
+binary("Div", _int_div, linear=[(0,)], float_linear=True)
 binary("Pow", _pow, same_dtype=False)
 binary("Mod", np.mod, attrs={"fmod": 0}, fn_attrs=_mod)
 binary("PRelu", lambda x, s: np.where(x < 0, x * s, x))
@@ -431,7 +467,12 @@ def _variadic_infer(ctx: InferCtx) -> list[TensorType]:
     return [TensorType(broadcast_shapes(ctx, *(ctx.shape(i) for i in range(ctx.num_inputs))), dt)]
 
 
-def variadic(name: str, fn: Callable[[Sequence[np.ndarray]], np.ndarray]) -> None:
+def variadic(
+    name: str,
+    fn: Callable[[Sequence[np.ndarray]], np.ndarray],
+    linear: bool = False,
+    float_linear: bool = False,
+) -> None:
     def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         arrays = [x for x in xs if x is not None]
         with np.errstate(all="ignore"):
@@ -444,6 +485,7 @@ def variadic(name: str, fn: Callable[[Sequence[np.ndarray]], np.ndarray]) -> Non
         reference=ref,
         inputs=(1, 1 << 30),
         flops=elementwise_flops(1),
+        sbp=ew_sbp(None, float_linear=float_linear) if linear else ew_sbp(),
         **codegen(name),
     )
 
@@ -460,10 +502,15 @@ def _fold(
     return run
 
 
-variadic("Sum", _fold(np.add))
+variadic("Sum", _fold(np.add), linear=True)
 variadic("Max", _fold(np.maximum))
 variadic("Min", _fold(np.minimum))
-variadic("Mean", lambda xs: _fold(np.add)(xs) / np.asarray(len(xs), xs[0].dtype))
+variadic(
+    "Mean",
+    lambda xs: _fold(np.add)(xs) / np.asarray(len(xs), xs[0].dtype),
+    linear=True,
+    float_linear=True,
+)
 
 
 # -- logic and tests ----------------------------------------------------------------------------
@@ -485,6 +532,7 @@ defop(
     infer=_not_infer,
     reference=lambda xs, a: np.logical_not(first(xs)),
     flops=elementwise_flops(1),
+    sbp=ew_sbp(),
     **codegen("Not"),
 )
 defop(
@@ -493,6 +541,7 @@ defop(
     infer=_bool_out,
     reference=lambda xs, a: np.isnan(first(xs)),
     flops=elementwise_flops(1),
+    sbp=ew_sbp(),
     **codegen("IsNaN"),
 )
 
@@ -512,6 +561,7 @@ defop(
     reference=_isinf,
     attrs={"detect_negative": 1, "detect_positive": 1},
     flops=elementwise_flops(1),
+    sbp=ew_sbp(),
     **codegen("IsInf"),
 )
 
@@ -533,6 +583,7 @@ defop(
     reference=lambda xs, a: np.where(xs[0], xs[1], xs[2]),  # type: ignore[arg-type]
     inputs=3,
     flops=elementwise_flops(1),
+    sbp=ew_sbp(),
     **codegen("Where"),
 )
 
@@ -579,6 +630,7 @@ defop(
     reference=_clip_ref,
     inputs=(1, 3),
     flops=elementwise_flops(2),
+    sbp=ew_sbp(),
     onnx_import=_clip_import,
     **codegen("Clip"),
 )
@@ -620,6 +672,7 @@ defop(
     reference=lambda xs, a: _cast_to(xs[0], DType.from_onnx(int(a["to"])), a["saturate"]),  # type: ignore[arg-type]
     attrs={"saturate": 1, "round_mode": "up"},
     flops=elementwise_flops(1),
+    sbp=_cast_sbp,
     **codegen("Cast"),
 )
 defop(
@@ -630,6 +683,7 @@ defop(
     attrs={"saturate": 1, "round_mode": "up"},
     inputs=2,
     flops=elementwise_flops(1),
+    sbp=_cast_sbp,
     onnx_import=_castlike_import,
     **codegen("CastLike"),
 )
@@ -688,5 +742,6 @@ defop(
     reference=_fused_ref,
     inputs=(1, 1 << 30),
     flops=_fused_flops,
+    sbp=ew_sbp(),
     emit=emit_fused,
 )

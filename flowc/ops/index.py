@@ -1,5 +1,6 @@
 """Indexing ops: Gather, GatherElements, GatherND, ScatterElements, ScatterND, Trilu, TopK,
-OneHot and EyeLike.
+OneHot and EyeLike, and GatherShard: the Gather a rank runs on its chunk of a table split
+along the gathered axis (vocabulary-parallel embeddings).
 
 Negative indices count from the end of their axis. An index outside [-n, n) is an error
 (onnxruntime rejects it too); the reference raises IndexError naming the axis and the range.
@@ -18,7 +19,8 @@ from flowc.codegen.cpp import c_int
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, node_attrs, row_major_strides
+from flowc.ops import sbp_rules as sr
+from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs, row_major_strides
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -99,6 +101,21 @@ def _gather_emit(prog: Program, node: Node) -> None:
     _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
 
 
+def _gather_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """Index axes map to the output's axes [axis, axis + q), the table's other axes around
+    them. A table split along the gathered axis runs GatherShard: each rank gathers the rows
+    it holds and zeros for the rest, so the parts add up to the result (P)."""
+    rank, q = len(ctx.shape(0)), len(ctx.shape(1))
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    table = ((d, d if d < axis else d + q - 1) for d in range(rank) if d != axis)
+    return [
+        *sr.splits(ctx, outs, ((k, axis + k) for k in range(q)), data=1),
+        *sr.splits(ctx, outs, table),
+        sr.partial(ctx, outs),
+        sr.sig(ctx, {0: sr.S(axis)}, sr.P, 1, physical="GatherShard"),
+    ]
+
+
 defop(
     "Gather",
     FAMILY,
@@ -107,6 +124,73 @@ defop(
     attrs={"axis": 0},
     inputs=2,
     emit=_gather_emit,
+    sbp=_gather_sbp,
+)
+
+
+# GatherShard: Gather on this rank's chunk of a table split along ``axis`` by the mesh axes
+# ``shard_axes`` (of the mesh of shape ``mesh``; chunks in mixed radix, mesh axis 0
+# outermost, as flowc.parallel.layout numbers them). Indices are global: those in the chunk
+# are offset to it, the others give zeros. The reference reads the rank's mesh coordinates
+# from the ``coords`` attribute the simulator adds; generated code reads them at run time.
+
+
+def _shard_digits(a: Attrs) -> list[tuple[int, int]]:
+    """(mesh axis, its size) for each digit of the chunk number, most significant first."""
+    return [(m, int(a["mesh"][m])) for m in sorted(a["shard_axes"])]
+
+
+def _gather_shard_infer(ctx: InferCtx) -> list[TensorType]:
+    mesh, axes = ctx.attrs.get("mesh"), ctx.attrs.get("shard_axes")
+    if not mesh or not axes or any(not 0 <= m < len(mesh) for m in axes):
+        raise ctx.fail(f"shard_axes {axes} must name axes of the mesh {mesh}")
+    return _gather_infer(ctx)
+
+
+def _gather_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _in(xs, 0)
+    axis = a["axis"] % x.ndim
+    rows = x.shape[axis]
+    chunk, count = 0, 1
+    for m, n in _shard_digits(a):
+        chunk, count = chunk * n + int(a["coords"][m]), count * n
+    i = _wrap(_in(xs, 1), rows * count, f"index on axis {axis}") - chunk * rows
+    inside = (i >= 0) & (i < rows)
+    picked = np.take(x, np.where(inside, i, 0), axis=axis)
+    mask = inside.reshape((1,) * axis + inside.shape + (1,) * (x.ndim - axis - 1))
+    return np.asarray(np.where(mask, picked, np.zeros((), x.dtype)))
+
+
+def _gather_shard_emit(prog: Program, node: Node) -> None:
+    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    a = node_attrs(node)
+    axis = a["axis"] % x.type.rank
+    rows = x.type.shape[axis]
+    chunk, count = "0", 1
+    for m, n in _shard_digits(a):
+        chunk, count = f"({chunk}) * {n} + static_cast<int64_t>({prog.mesh_coord(m)})", count * n
+    name = prog.kernel(
+        "index.cu.j2",
+        "gather_shard",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        dim=rows,
+        total=rows * count,
+        count=ind.type.numel,
+        inner=math.prod(x.type.shape[axis + 1 :]),
+    )
+    args = [prog.cptr(x), prog.cptr(ind), prog.ptr(out), f"({chunk}) * {rows}"]
+    _indexed(prog, name, out.type.numel, args)
+
+
+defop(
+    "GatherShard",
+    FAMILY,
+    infer=_gather_shard_infer,
+    reference=_gather_shard_ref,
+    attrs={"axis": 0, "mesh": None, "shard_axes": None},
+    inputs=2,
+    emit=_gather_shard_emit,
 )
 
 
@@ -436,6 +520,11 @@ defop(
     attrs={"upper": 1},
     inputs=(1, 2),
     emit=_trilu_emit,
+    # Batch axes split; zeroing a fixed triangle is linear.
+    sbp=lambda ctx, outs: [
+        *sr.same_axes(ctx, outs, range(outs[0].rank - 2)),
+        sr.partial(ctx, outs),
+    ],
 )
 
 
@@ -503,6 +592,12 @@ def _topk_emit(prog: Program, node: Node) -> None:
     prog.launch(name, n, [prog.cptr(x), *outs, f"(int64_t){n}"])
 
 
+def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    return sr.same_axes(ctx, outs, (d for d in range(rank) if d != axis))
+
+
 def _topk_import(n: OnnxNode) -> None:
     if n.opset < 10 and "k" in n.attrs:
         n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
@@ -519,6 +614,7 @@ defop(
     flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
     onnx_import=_topk_import,
     emit=_topk_emit,
+    sbp=_topk_sbp,
 )
 
 
@@ -553,6 +649,12 @@ def _onehot_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.where(hot, values[1], values[0]).astype(values.dtype)
 
 
+def _onehot_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # The new depth axis sits at ``axis``; the indices' axes keep their order around it.
+    axis = ctx.axis(ctx.attr("axis"), outs[0].rank)
+    return sr.splits(ctx, outs, ((d, d + (d >= axis)) for d in range(outs[0].rank - 1)))
+
+
 def _onehot_emit(prog: Program, node: Node) -> None:
     ind, values, out = _input(node, 0), _input(node, 2), node.outputs[0]
     dv = _input(node, 1).const
@@ -578,6 +680,7 @@ defop(
     attrs={"axis": -1},
     inputs=3,
     emit=_onehot_emit,
+    sbp=_onehot_sbp,
 )
 
 

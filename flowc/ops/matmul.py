@@ -17,7 +17,8 @@ from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, broadcast_shapes, defop, get_op
+from flowc.ops import sbp_rules as sr
+from flowc.ops.registry import InferCtx, SbpSignature, broadcast_shapes, defop, get_op
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -324,6 +325,27 @@ def _matmul_infer(ctx: InferCtx) -> list[TensorType]:
     return [TensorType(tuple(out), dt)]
 
 
+def _matmul_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # A 1-D operand has no m (or n) axis to split, and the output has none either.
+    ra, rb = len(ctx.shape(0)), len(ctx.shape(1))
+    ro = len(outs[0].shape)
+    sigs = [
+        sr.sig(ctx, {0: sr.S(ra - 1), 1: sr.S(max(rb - 2, 0))}, sr.P, 1),
+        sr.partial(ctx, outs, (0,)),
+        sr.partial(ctx, outs, (1,)),
+    ]
+    if ra > 1:
+        sigs.append(sr.sig(ctx, {0: sr.S(ra - 2)}, sr.S(ro - 1 - (rb > 1)), 1))
+    if rb > 1:
+        sigs.append(sr.sig(ctx, {1: sr.S(rb - 1)}, sr.S(ro - 1), 1))
+    batch = ro - (ra > 1) - (rb > 1)
+    for j in range(batch):
+        if outs[0].shape[j] != 1:
+            given = {i: sr.aligned(ctx.shape(i)[:-2], batch, j) for i in (0, 1)}
+            sigs.append(sr.sig(ctx, given, sr.S(j), 1))
+    return sigs
+
+
 def _matmul_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
     a, b = xs[0], xs[1]
     assert a is not None and b is not None
@@ -343,6 +365,7 @@ defop(
     reference=_matmul_ref,
     inputs=2,
     flops=_matmul_flops,
+    sbp=_matmul_sbp,
     emit=_matmul_emit,
 )
 
@@ -367,6 +390,27 @@ def _gemm_infer(ctx: InferCtx) -> list[TensorType]:
         if len(c) > 2 or any(d not in (1, t) for d, t in zip(c[::-1], (n, m), strict=False)):
             raise ctx.fail(f"C of shape {list(c)} does not broadcast to [{m}, {n}]")
     return [TensorType((m, n), dt)]
+
+
+def _gemm_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # A' = A or A^T: A's m axis is 0 and its k axis 1, swapped by transA; likewise B's k and
+    # n axes by transB. C broadcasts to [M, N] and follows the output's split where it has
+    # that axis; under a k split every part adds its own share of C, so C must be P.
+    # Integer products scaled by alpha or beta truncate, which is not linear.
+    am, ak = (1, 0) if ctx.attr("transA") else (0, 1)
+    bk, bn = (1, 0) if ctx.attr("transB") else (0, 1)
+    c = ctx.shape(2) if ctx.has(2) else ()
+    sigs = [
+        sr.sig(ctx, {0: sr.S(am), 2: sr.aligned(c, 2, 0)}, sr.S(0), 1),
+        sr.sig(ctx, {1: sr.S(bn), 2: sr.aligned(c, 2, 1)}, sr.S(1), 1),
+    ]
+    if outs[0].dtype.is_float or ctx.attr("alpha") == ctx.attr("beta") == 1.0:
+        sigs += [
+            sr.sig(ctx, {0: sr.S(ak), 1: sr.S(bk), 2: sr.P}, sr.P, 1),
+            sr.partial(ctx, outs, (0, 2)),
+            sr.partial(ctx, outs, (1, 2)),
+        ]
+    return sigs
 
 
 def _gemm_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
@@ -405,5 +449,6 @@ defop(
     inputs=(2, 3),
     flops=_gemm_flops,
     onnx_import=_gemm_import,
+    sbp=_gemm_sbp,
     emit=_gemm_emit,
 )

@@ -9,7 +9,7 @@ deployed graphs, and a node asking for training statistics is rejected with a cl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,9 +20,11 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import compute_dtype, float_ctype
 from flowc.ops.registry import (
     InferCtx,
+    SbpSignature,
     defop,
     elementwise_flops,
     ints,
@@ -325,6 +327,18 @@ def _batchnorm_infer(ctx: InferCtx) -> list[TensorType]:
     return [x]
 
 
+def _channel_sbp(ctx: InferCtx, outs: list[TensorType], free: Iterable[int]) -> list[SbpSignature]:
+    """Per-channel parameters (every input but X) follow a channel split and are B under the
+    splits of ``free`` (axes other than the channel's that the statistics do not span)."""
+    params = dict.fromkeys(range(1, ctx.num_inputs), sr.S(0))
+    return [sr.sig(ctx, {0: sr.S(1), **params}, sr.S(1), 1), *sr.same_axes(ctx, outs, free)]
+
+
+def _batchnorm_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # The statistics are inputs (inference form): no axis is normalized over.
+    return _channel_sbp(ctx, outs, (d for d in range(outs[0].rank) if d != 1))
+
+
 def _batchnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = _req(xs, 0)
     scale, bias, mean, var = (_channel_view(_req(xs, i), x.ndim) for i in range(1, 5))
@@ -365,6 +379,7 @@ defop(
     attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
     inputs=5,
     flops=elementwise_flops(2),
+    sbp=_batchnorm_sbp,
     onnx_import=_batchnorm_import,
     emit=_batchnorm_emit,
 )
@@ -393,6 +408,11 @@ def _layernorm_infer(ctx: InferCtx) -> list[TensorType]:
     return [x, stats, stats][: max(ctx.num_outputs, 1)]
 
 
+def _layernorm_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Y and the statistics (same rank, size 1 on the normalized axes) split alike.
+    return sr.same_axes(ctx, outs, range(ctx.axis(int(ctx.attr("axis")), outs[0].rank)))
+
+
 def _layernorm_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     x = _req(xs, 0)
     axis = int(a["axis"]) % x.ndim
@@ -417,6 +437,7 @@ defop(
     inputs=(2, 3),
     outputs=(1, 3),
     flops=elementwise_flops(8),
+    sbp=_layernorm_sbp,
     emit=_layernorm_emit,
 )
 
@@ -453,6 +474,7 @@ defop(
     attrs={"epsilon": 1e-5},
     inputs=3,
     flops=elementwise_flops(6),
+    sbp=lambda ctx, outs: _channel_sbp(ctx, outs, (0,)),
     emit=_instancenorm_emit,
 )
 
@@ -515,6 +537,8 @@ defop(
     attrs={"epsilon": 1e-5, "num_groups": None, "stash_type": 1},
     inputs=3,
     flops=elementwise_flops(6),
+    # A channel split would need a local num_groups; batch entries are independent.
+    sbp=lambda ctx, outs: sr.same_axes(ctx, outs, (0,)),
     onnx_import=_groupnorm_import,
     emit=_groupnorm_emit,
 )
@@ -551,6 +575,8 @@ defop(
     reference=_lrn_ref,
     attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": None},
     flops=elementwise_flops(8),
+    # The window runs over channels only.
+    sbp=lambda ctx, outs: sr.same_axes(ctx, outs, (d for d in range(outs[0].rank) if d != 1)),
     emit=_lrn_emit,
 )
 
@@ -561,6 +587,12 @@ def _mvn_infer(ctx: InferCtx) -> list[TensorType]:
     if len(set(axes)) != len(axes):
         raise ctx.fail(f"axes {list(ctx.attr('axes'))} repeat an axis")
     return [x]
+
+
+def _mvn_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axes = {int(a) % rank for a in ctx.attr("axes")}
+    return sr.same_axes(ctx, outs, (d for d in range(rank) if d not in axes))
 
 
 def _mvn_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -580,5 +612,6 @@ defop(
     reference=_mvn_ref,
     attrs={"axes": (0, 2, 3)},
     flops=elementwise_flops(6),
+    sbp=_mvn_sbp,
     emit=_mvn_emit,
 )

@@ -19,6 +19,7 @@ from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import (
     Window,
     compute_dtype,
@@ -27,7 +28,7 @@ from flowc.ops.conv import (
     window,
     window_view,
 )
-from flowc.ops.registry import InferCtx, defop, node_attrs
+from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, node_attrs
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -205,6 +206,23 @@ def _global_emit(prog: Program, node: Node) -> None:
     prog.launch(name, planes, [prog.cptr(x), prog.ptr(y), f"(int64_t){planes}"])
 
 
+# -- SBP --------------------------------------------------------------------------------------------
+
+
+def _pool_sbp(linear: bool) -> SbpFn:
+    """Windows never cross batch entries or channels: split either. An average is linear.
+    MaxPool's Indices count positions in the whole tensor, so a split would number them
+    locally: with that output, only all-B."""
+
+    def sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+        if len(outs) > 1:
+            return []
+        sigs = sr.same_axes(ctx, outs, (0, 1))
+        return [*sigs, sr.partial(ctx, outs)] if linear else sigs
+
+    return sbp
+
+
 # -- MaxPool --------------------------------------------------------------------------------------
 
 
@@ -260,6 +278,7 @@ defop(
     attrs={**_WINDOW_ATTRS, "storage_order": 0},
     outputs=(1, 2),
     flops=_pool_flops,
+    sbp=_pool_sbp(linear=False),
     emit=_maxpool_emit,
 )
 
@@ -294,6 +313,7 @@ defop(
     reference=_avgpool_ref,
     attrs={**_WINDOW_ATTRS, "count_include_pad": 0},
     flops=_pool_flops,
+    sbp=_pool_sbp(linear=True),
     emit=_sum_pool_emit,
 )
 
@@ -315,6 +335,7 @@ defop(
     reference=_lppool_ref,
     attrs={**_WINDOW_ATTRS, "p": 2},
     flops=_pool_flops,
+    sbp=_pool_sbp(linear=False),
     emit=_sum_pool_emit,
 )
 
@@ -368,6 +389,7 @@ defop(
     infer=_global_infer,
     reference=_global_avg,
     flops=_global_flops,
+    sbp=_pool_sbp(linear=True),
     emit=_global_emit,
 )
 defop(
@@ -376,6 +398,7 @@ defop(
     infer=_global_infer,
     reference=_global_max,
     flops=_global_flops,
+    sbp=_pool_sbp(linear=False),
     emit=_global_emit,
 )
 defop(
@@ -385,5 +408,6 @@ defop(
     reference=_global_lp,
     attrs={"p": 2},
     flops=_global_flops,
+    sbp=_pool_sbp(linear=False),
     emit=_global_emit,
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from flowc.codegen.cpp import CodegenError, c_float, ctype
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, first, get_op, ints
+from flowc.ops import sbp_rules as sr
+from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, first, get_op, ints
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -478,7 +479,35 @@ def _ref_axes(xs: list[np.ndarray | None], a: Attrs) -> Axes:
     return tuple(sorted({k % x.ndim for k in given}))
 
 
-def reduction(name: str, kernel: Kernel, allow_bool: bool = False, new_since: int = 18) -> None:
+Linear = Literal["none", "all", "float"]
+
+
+def _reduce_sbp(linear: Linear) -> SbpFn:
+    """Kept axes split through. A sum over a split axis is the sum of the parts' sums (P);
+    no other reduction combines that way (a mean would need the global count, a max a
+    partial max), so they never split a reduced axis. ``linear`` says which reductions are
+    linear (P -> P): "all" for Sum, "float" for Mean (an integer mean truncates each part)."""
+
+    def sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+        rank = len(ctx.shape(0))
+        axes = _reduce_axes(ctx, rank)
+        sigs = sr.splits(ctx, outs, sr.kept_axes(rank, axes, bool(ctx.attr("keepdims"))))
+        if linear == "all" or (linear == "float" and outs[0].dtype.is_float):
+            sigs.append(sr.partial(ctx, outs))
+        if linear == "all":
+            sigs += [sr.sig(ctx, {0: sr.S(a)}, sr.P, 1) for a in axes]
+        return sigs
+
+    return sbp
+
+
+def reduction(
+    name: str,
+    kernel: Kernel,
+    allow_bool: bool = False,
+    new_since: int = 18,
+    linear: Linear = "none",
+) -> None:
     def infer(ctx: InferCtx) -> list[TensorType]:
         dt = _check_numeric(ctx, allow_bool)
         shape = ctx.shape(0)
@@ -509,12 +538,13 @@ def reduction(name: str, kernel: Kernel, allow_bool: bool = False, new_since: in
         inputs=(1, 2),
         flops=_input_flops,
         onnx_import=adapt,
+        sbp=_reduce_sbp(linear),
         emit=emit_reduce,
     )
 
 
-reduction("ReduceSum", _sum, new_since=13)
-reduction("ReduceMean", _mean)
+reduction("ReduceSum", _sum, new_since=13, linear="all")
+reduction("ReduceMean", _mean, linear="float")
 reduction("ReduceMax", _extreme(largest=True), allow_bool=True)
 reduction("ReduceMin", _extreme(largest=False), allow_bool=True)
 reduction("ReduceProd", _prod)
@@ -526,6 +556,12 @@ reduction("ReduceSumSquare", _sum_square)
 
 
 # -- ArgMax / ArgMin --------------------------------------------------------------------------
+
+
+def _arg_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = len(ctx.shape(0))
+    axis = ctx.axis(int(ctx.attr("axis")), rank)
+    return sr.splits(ctx, outs, sr.kept_axes(rank, (axis,), bool(ctx.attr("keepdims"))))
 
 
 def arg_reduction(name: str, largest: bool) -> None:
@@ -564,6 +600,7 @@ def arg_reduction(name: str, largest: bool) -> None:
         reference=ref,
         attrs={"axis": 0, "keepdims": 1, "select_last_index": 0},
         flops=_input_flops,
+        sbp=_arg_sbp,
         emit=emit_arg(largest),
     )
 
@@ -595,6 +632,13 @@ def _cumsum_infer(ctx: InferCtx) -> list[TensorType]:
     return [t]
 
 
+def _cumsum_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Lines along the axis are independent, and a running sum is linear.
+    axis = _cumsum_axis(ctx)
+    others = (d for d in range(outs[0].rank) if d != axis)
+    return [*sr.same_axes(ctx, outs, others), sr.partial(ctx, outs)]
+
+
 def _cumsum_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x, ax = xs[0], xs[1]
     assert x is not None and ax is not None
@@ -623,5 +667,6 @@ defop(
     attrs={"exclusive": 0, "reverse": 0},
     inputs=2,
     flops=_input_flops,
+    sbp=_cumsum_sbp,
     emit=emit_cumsum,
 )

@@ -23,8 +23,10 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, is_splat, make_splat
 from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
 from flowc.ops.registry import (
     InferCtx,
+    SbpSignature,
     defop,
     ints,
     node_attrs,
@@ -169,6 +171,15 @@ def _emit_permuted(prog: Program, node: Node, view: Sequence[int], perm: Sequenc
 
 
 # -- Reshape, Flatten, Transpose, Squeeze, Unsqueeze -------------------------------------------
+# Moving data is linear, so every op here passes P through. A row-major reshape (Reshape,
+# Flatten, Squeeze, Unsqueeze) maps a split through as sbp_rules.reshape_pairs says.
+
+
+def _reshape_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    return [
+        *sr.splits(ctx, outs, sr.reshape_pairs(ctx.shape(0), outs[0].shape)),
+        sr.partial(ctx, outs),
+    ]
 
 
 def _reshape_target(
@@ -235,6 +246,8 @@ defop(
     inputs=2,
     view=True,
     onnx_import=_reshape_import,
+    sbp=_reshape_sbp,
+    localize=sr.local_shape_input(1),
 )
 
 
@@ -256,7 +269,15 @@ def _flatten_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, shape, lambda v: v.reshape(shape))
 
 
-defop("Flatten", FAMILY, infer=_flatten_infer, reference=_flatten_ref, attrs={"axis": 1}, view=True)
+defop(
+    "Flatten",
+    FAMILY,
+    infer=_flatten_infer,
+    reference=_flatten_ref,
+    attrs={"axis": 1},
+    view=True,
+    sbp=_reshape_sbp,
+)
 
 
 def _perm(fail: Fail, a: Mapping[str, Any], rank: int) -> list[int]:
@@ -281,6 +302,11 @@ def _transpose_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, [x.shape[p] for p in perm], lambda v: np.transpose(v, perm))
 
 
+def _transpose_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    perm = _perm(ctx.fail, ctx.attrs, outs[0].rank)
+    return [*sr.splits(ctx, outs, ((p, j) for j, p in enumerate(perm))), sr.partial(ctx, outs)]
+
+
 def _transpose_emit(prog: Program, node: Node) -> None:
     x = _input(node, 0)
     _emit_permuted(prog, node, x.type.shape, _perm(prog.fail, node.attrs, x.type.rank))
@@ -293,6 +319,7 @@ defop(
     reference=_transpose_ref,
     attrs={"perm": None},
     emit=_transpose_emit,
+    sbp=_transpose_sbp,
 )
 
 
@@ -322,6 +349,11 @@ def _squeeze_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, shape, lambda v: v.reshape(shape))
 
 
+def _squeeze_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Without axes, each rank would also drop the axes a split leaves at size 1.
+    return _reshape_sbp(ctx, outs) if ctx.has(1) else [sr.partial(ctx, outs)]
+
+
 def _axes_attr_to_input(n: OnnxNode) -> None:
     if n.opset < 13:
         n.attr_to_input("axes", 1)
@@ -335,6 +367,7 @@ defop(
     inputs=(1, 2),
     view=True,
     onnx_import=_axes_attr_to_input,
+    sbp=_squeeze_sbp,
 )
 
 
@@ -364,6 +397,7 @@ defop(
     inputs=2,
     view=True,
     onnx_import=_axes_attr_to_input,
+    sbp=_reshape_sbp,
 )
 
 
@@ -392,6 +426,16 @@ def _concat_infer(ctx: InferCtx) -> list[TensorType]:
     shape = list(first.shape)
     shape[axis] = total
     return [first.with_shape(shape)]
+
+
+def _concat_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    every = range(ctx.num_inputs)
+    return [
+        *(sr.sig(ctx, dict.fromkeys(every, sr.S(j)), sr.S(j), 1) for j in range(rank) if j != axis),
+        sr.partial(ctx, outs, every),
+    ]
 
 
 def _concat_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -428,6 +472,7 @@ defop(
     inputs=(1, MANY),
     onnx_import=_concat_import,
     emit=_concat_emit,
+    sbp=_concat_sbp,
 )
 
 
@@ -467,6 +512,12 @@ def _split_infer(ctx: InferCtx) -> list[TensorType]:
         shape[axis] = s
         outs.append(x.with_shape(shape))
     return outs
+
+
+def _split_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    return [*sr.same_axes(ctx, outs, (j for j in range(rank) if j != axis)), sr.partial(ctx, outs)]
 
 
 def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
@@ -526,6 +577,7 @@ defop(
     outputs=(1, MANY),
     onnx_import=_split_import,
     emit=_split_emit,
+    sbp=_split_sbp,
 )
 
 
@@ -581,6 +633,21 @@ def _slice_infer(ctx: InferCtx) -> list[TensorType]:
     return [ctx.type(0).with_shape(shape)]
 
 
+def _slice_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """Axes the slice leaves whole split through: those not sliced and those sliced from
+    the start to past the end with step 1 (the same constants keep all of a chunk)."""
+    shape = ctx.shape(0)
+    starts, ends = _const_ints(ctx, 1, "starts"), _const_ints(ctx, 2, "ends")
+    axes = _const_ints(ctx, 3, "axes") if ctx.has(3) else list(range(len(starts)))
+    steps = _const_ints(ctx, 4, "steps") if ctx.has(4) else [1] * len(starts)
+    whole = set(range(len(shape)))
+    for a, b, e, st in zip(axes, starts, ends, steps, strict=True):
+        d = shape[a % len(shape)]
+        if not (st == 1 and (b == 0 or b <= -d) and e >= d):
+            whole.discard(a % len(shape))
+    return [*sr.same_axes(ctx, outs, whole), sr.partial(ctx, outs)]
+
+
 def _slice_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = _in(xs, 0)
     axes, steps = _opt(xs, 3), _opt(xs, 4)
@@ -633,6 +700,7 @@ defop(
     inputs=(3, 5),
     onnx_import=_slice_import,
     emit=_slice_emit,
+    sbp=_slice_sbp,
 )
 
 
@@ -677,7 +745,17 @@ def _expand_emit(prog: Program, node: Node) -> None:
     emit_box(prog, x, 0, out, 0, box)
 
 
-defop("Expand", FAMILY, infer=_expand_infer, reference=_expand_ref, inputs=2, emit=_expand_emit)
+defop(
+    "Expand",
+    FAMILY,
+    infer=_expand_infer,
+    reference=_expand_ref,
+    inputs=2,
+    emit=_expand_emit,
+    # Split like a broadcasting element-wise op; each rank expands to its own output shape.
+    sbp=lambda ctx, outs: [*sr.broadcast_splits(ctx, outs, data=(0,)), sr.partial(ctx, outs)],
+    localize=sr.local_shape_input(1),
+)
 
 
 def _tile_shape(fail: Fail, shape: tuple[int, ...], repeats: Sequence[int]) -> tuple[int, ...]:
@@ -717,7 +795,20 @@ def _tile_emit(prog: Program, node: Node) -> None:
     emit_box(prog, x, 0, out, 0, box)
 
 
-defop("Tile", FAMILY, infer=_tile_infer, reference=_tile_ref, inputs=2, emit=_tile_emit)
+def _tile_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    once = (j for j, r in enumerate(_const_ints(ctx, 1, "repeats")) if r == 1)
+    return [*sr.same_axes(ctx, outs, once), sr.partial(ctx, outs)]
+
+
+defop(
+    "Tile",
+    FAMILY,
+    infer=_tile_infer,
+    reference=_tile_ref,
+    inputs=2,
+    emit=_tile_emit,
+    sbp=_tile_sbp,
+)
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -758,6 +849,20 @@ def _pad_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"constant_value must hold one value, got shape {list(ctx.shape(2))}")
     widths = _pad_widths(ctx.fail, x.shape, pads, axes, ctx.attr("mode"))
     return [x.with_shape([d + b + e for d, (b, e) in zip(x.shape, widths, strict=True)])]
+
+
+def _pad_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """Unpadded axes split through. Padding copies elements or adds a constant: linear
+    unless that constant is non-zero (or unknown until run time)."""
+    shape = ctx.shape(0)
+    axes = _const_ints(ctx, 3, "axes") if ctx.has(3) else None
+    mode = ctx.attr("mode")
+    widths = _pad_widths(ctx.fail, shape, _const_ints(ctx, 1, "pads"), axes, mode)
+    sigs = sr.same_axes(ctx, outs, (j for j, w in enumerate(widths) if w == (0, 0)))
+    value = ctx.maybe_const(2)
+    if mode != "constant" or not ctx.has(2) or (value is not None and not value.any()):
+        sigs.append(sr.partial(ctx, outs))
+    return sigs
 
 
 def _pad_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -832,6 +937,7 @@ defop(
     inputs=(2, 4),
     onnx_import=_pad_import,
     emit=_pad_emit,
+    sbp=_pad_sbp,
 )
 
 
@@ -1021,6 +1127,7 @@ defop(
     reference=lambda xs, a: _in(xs, 0),
     view=True,
     onnx_import=_identity_import,
+    sbp=lambda ctx, outs: [*sr.same_axes(ctx, outs, range(outs[0].rank)), sr.partial(ctx, outs)],
 )
 
 
@@ -1071,6 +1178,8 @@ defop(
     inputs=(1, 3),
     outputs=(1, 2),
     onnx_import=_dropout_import,
+    # The mask output is bool: it cannot be a partial sum.
+    sbp=lambda ctx, outs: sr.same_axes(ctx, outs, range(outs[0].rank)),
 )
 
 
@@ -1608,6 +1717,12 @@ defop(
     reference=_d2s_ref,
     attrs={"blocksize": None, "mode": "DCR"},
     emit=_d2s_emit,
+    # Each input row or column becomes blocksize consecutive ones; in CRD mode each input
+    # channel block becomes one output channel (in DCR the output channel is innermost).
+    sbp=lambda ctx, outs: [
+        *sr.same_axes(ctx, outs, (0, 1, 2, 3) if ctx.attr("mode") == "CRD" else (0, 2, 3)),
+        sr.partial(ctx, outs),
+    ],
 )
 
 
@@ -1640,4 +1755,6 @@ defop(
     reference=_s2d_ref,
     attrs={"blocksize": None},
     emit=_s2d_emit,
+    # Output channels interleave the blocks with the input channels: no channel split.
+    sbp=lambda ctx, outs: [*sr.same_axes(ctx, outs, (0, 2, 3)), sr.partial(ctx, outs)],
 )

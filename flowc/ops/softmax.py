@@ -21,8 +21,17 @@ import numpy as np
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
 from flowc.ops.reduce import kernel_ctype, outer_inner, row_layout
-from flowc.ops.registry import EmitFn, InferCtx, defop, elementwise_flops, first, get_op
+from flowc.ops.registry import (
+    EmitFn,
+    InferCtx,
+    SbpSignature,
+    defop,
+    elementwise_flops,
+    first,
+    get_op,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -42,6 +51,12 @@ def _infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail("needs an input of rank >= 1, got a scalar")
     ctx.axis(int(ctx.attr("axis")), t.rank)
     return [t]
+
+
+def _sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axis = ctx.axis(int(ctx.attr("axis")), rank)
+    return sr.same_axes(ctx, outs, (d for d in range(rank) if d != axis))
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
@@ -151,6 +166,7 @@ def normalizer(name: str, kernel: Kernel, cost: int, mode: str) -> None:
         reference=_reference(kernel),
         attrs={"axis": -1},
         flops=elementwise_flops(cost),
+        sbp=_sbp,
         onnx_import=_coerce_2d,
         emit=_emitter(mode),
     )
