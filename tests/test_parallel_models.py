@@ -70,13 +70,18 @@ def tensor_parallel(graph: Graph, mesh: Mesh) -> dict[str, NdSbp]:
     return fixed
 
 
-def check(name: str, result: Parallelized, batch: int = 2) -> float:
-    feeds, ref = reference(name, batch)
-    outs = simulate(result.physical, feeds)
+def check_outputs(
+    name: str, outs: list[np.ndarray], ref: dict[str, np.ndarray], batch: int = 2
+) -> float:
     names = [o.name for o in logical(name, batch).outputs]
     err = max(max_rel_error(got, ref[n]) for n, got in zip(names, outs, strict=True))
     assert err < 1e-4, f"{name}: error {err:.2e} against onnxruntime"
     return err
+
+
+def check(name: str, result: Parallelized, batch: int = 2) -> float:
+    feeds, ref = reference(name, batch)
+    return check_outputs(name, simulate(result.physical, feeds), ref, batch)
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
