@@ -135,7 +135,13 @@ def measure(physical: Physical) -> Memory:
     return Memory(layout_weights(g).device_bytes, plan_memory(g, steps, joins).arena_bytes)
 
 
-def make_plan(graph: Graph, opts: ParallelOptions, profile: Profile, method: str, param_limit: int | None = None) -> Plan:
+def make_plan(
+    graph: Graph,
+    opts: ParallelOptions,
+    profile: Profile,
+    method: str,
+    param_limit: int | None = None,
+) -> Plan:
     from flowc.parallel.search import broadcast_plan, data_parallel_plan, search
 
     fixed = _fixed(graph, opts)

@@ -75,7 +75,9 @@ def _rewrite(graph: Graph, proj: Node, users: dict[Value, list[Node]]) -> bool:
     for k, (size, out) in enumerate(zip(sizes, split.outputs, strict=True)):
         cols = slice(start, start + size)
         start += size
-        wk = graph.add_constant(f"{w.name}/part{k}", w.const[:, cols] if col == 1 else w.const[cols, :])
+        wk = graph.add_constant(
+            f"{w.name}/part{k}", w.const[:, cols] if col == 1 else w.const[cols, :]
+        )
         ins: list[Value | None] = [proj.inputs[0], wk]
         if bias is not None:
             assert bias.const is not None
