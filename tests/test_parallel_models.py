@@ -126,3 +126,51 @@ def test_auto_under_a_memory_limit_shards_gpt2() -> None:
     result = parallelize(g, ParallelOptions(m, "auto", mem_limit=limit))
     assert result.memory.total <= limit
     check("gpt2_tiny", result)
+
+
+def test_gpt2_under_a_memory_limit_needs_two_all_reduces_per_layer() -> None:
+    # 1 MB per device is below the parameters' 2.6 MB: every layer's weights must be split,
+    # and the Megatron layout costs one all-reduce after attention and one after the MLP.
+    import re
+
+    m = Mesh("gpus", (4,))
+    g = logical("gpt2_tiny")
+    result = parallelize(g, ParallelOptions(m, "auto", mem_limit=1_000_000))
+    reduced = set()
+    for v, _, st in result.cost.boxing:
+        if st.collective != "all-reduce":
+            continue
+        assert v.producer is not None
+        weight = v.producer.inputs[1]
+        assert weight is not None
+        found = re.search(r"h\.(\d+)\.(attn|mlp)\.c_proj", weight.name)
+        assert found, (
+            f"all-reduce of {v.name} (from {weight.name}) is not after a layer's output projection"
+        )
+        reduced.add((int(found.group(1)), found.group(2)))
+    assert sorted(reduced) == [(0, "attn"), (0, "mlp"), (1, "attn"), (1, "mlp")]
+    n_all_reduce = sum(st.collective == "all-reduce" for _, _, st in result.cost.boxing)
+    assert n_all_reduce == 4
+    check("gpt2_tiny", result)
+
+
+@pytest.mark.parametrize("mesh", ["4", "2x2"])
+@pytest.mark.parametrize("name", MODELS)
+def test_auto_is_at_most_the_best_baseline(name: str, mesh: str) -> None:
+    from flowc.errors import InputError
+
+    m = Mesh("gpus", MESHES[mesh])
+    g = logical(name)
+    auto = parallelize(g, ParallelOptions(m, "auto")).cost.total_s
+    baselines = {
+        "none": parallelize(g, ParallelOptions(m, "none")).cost.total_s,
+        "tensor": parallelize(
+            g, ParallelOptions(m, "auto", sbp=tensor_parallel(g, m))
+        ).cost.total_s,
+    }
+    try:
+        baselines["data"] = parallelize(g, ParallelOptions(m, "data")).cost.total_s
+    except InputError:
+        assert any(v.type.shape[0] % m.size for v in g.inputs)  # a batch of 1 or 2
+    for what, t in baselines.items():
+        assert auto <= t * (1 + 1e-9), f"{name}: auto {auto:.3e} s > {what} {t:.3e} s"
