@@ -52,8 +52,10 @@ def planned_log(result: Parallelized) -> list[str]:
     return lines
 
 
-def build_and_run(name: str, result: Parallelized, out: Path) -> None:
-    compile_graph(result.physical.graph, out, prefix=name, physical=result.physical)
+def build_and_run(
+    name: str, result: Parallelized, out: Path, orders: tuple[str, ...] = (), poison: bool = False
+) -> None:
+    compile_graph(result.physical.graph, out, prefix=name, physical=result.physical, poison=poison)
     build(out, "host")
     assert "warning" not in (out / "build-host" / "flowc-build.log").read_text().lower()
     feeds, ref = reference(name)
@@ -61,6 +63,12 @@ def build_and_run(name: str, result: Parallelized, out: Path) -> None:
     got, _ = run(out, feeds, target="host", env={"FLOWC_COMM_LOG": str(log)})
     names = [o.name for o in logical(name).outputs]
     check_outputs(name, [got[n] for n in names], ref)
+    # The emulator can run streams, blocks and threads in other orders: a missing event
+    # between the compute and communication streams, or a buffer reused while the other
+    # stream still reads it (poisoned with NaN once dead), changes the result.
+    for order in orders:
+        again, _ = run(out, feeds, target="host", env={"FLOWC_SIM_ORDER": order})
+        check_outputs(name, [again[n] for n in names], ref)
 
     mesh = result.plan.mesh
     want = planned_log(result)
@@ -105,8 +113,11 @@ def matmuls(graph):  # type: ignore[no-untyped-def]
         ("gpt2_tiny", (4,)),
         ("resnet_tiny", (4,)),
         ("vit_tiny", (4,)),
+        ("mlp", (2, 2)),
+        ("bert_tiny", (2, 2)),
         ("gpt2_tiny", (2, 2)),
         ("resnet_tiny", (2, 2)),
+        ("vit_tiny", (2, 2)),
     ],
 )
 def test_tensor_parallel_program_on_host_ranks(
@@ -123,7 +134,9 @@ def test_auto_plan_under_memory_limit_on_host_ranks(tmp_path: Path) -> None:
     g = logical("gpt2_tiny")
     limit = parallelize(g, ParallelOptions(m, "none")).memory.total // 2
     result = parallelize(g, ParallelOptions(m, "auto", mem_limit=limit))
-    build_and_run("gpt2_tiny", result, tmp_path / "out")
+    build_and_run(
+        "gpt2_tiny", result, tmp_path / "out", orders=("reverse", "shuffle:7"), poison=True
+    )
 
 
 def test_cuda_build_of_a_four_rank_program_links_nccl_and_mpi(tmp_path: Path) -> None:

@@ -41,6 +41,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -282,10 +284,31 @@ inline MPI_Datatype mpi_type(int dtype) {
   }
 }
 
-inline Status host_sync(const char* what, cudaStream_t stream) {
-  const cudaError_t e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess)
-    return LibraryError(std::string(what) + ": cudaStreamSynchronize failed: " + cudaGetErrorString(e));
+// On the host a collective is a host function in the stream: it runs (a blocking MPI call)
+// when the emulator reaches it in stream order, after the work the stream waits for. Every
+// rank issues the same collectives in the same order on one stream, so the blocking calls
+// meet. A failure there has no caller to return to: it stops the whole job.
+struct HostCall {
+  std::function<Status()> body;
+};
+
+inline void run_host_call(void* p) {
+  std::unique_ptr<HostCall> call(static_cast<HostCall*>(p));
+  const Status st = call->body();
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+inline Status host_enqueue(std::function<Status()> body, cudaStream_t stream, const char* what) {
+  auto* call = new HostCall{std::move(body)};
+  const cudaError_t e = cudaLaunchHostFunc(stream, run_host_call, call);
+  if (e != cudaSuccess) {
+    delete call;
+    return LibraryError(std::string(what) + ": cudaLaunchHostFunc failed: " + cudaGetErrorString(e));
+  }
   return Status::Ok();
 }
 #else
@@ -471,17 +494,23 @@ inline Status all_reduce(World& w, int mesh_axis, const void* send, void* recv, 
   detail::log_call(w, what, mesh_axis, bytes, dtype);
   if (count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
-  if (Status st = detail::host_sync(what, stream); !st.ok()) return st;
-  const int n = static_cast<int>(count);
-  MPI_Comm comm = w.axis_mpi[mesh_axis];
-  if (dtype == 10 || dtype == 16) {
-    std::vector<float> wide = detail::widen(send, count, dtype);
-    FLOWC_COMM_MPI(what, MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
-    detail::narrow(wide.data(), count, dtype, recv);
-    return Status::Ok();
-  }
-  const void* src = send == recv ? MPI_IN_PLACE : send;
-  FLOWC_COMM_MPI(what, MPI_Allreduce(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+  // Deferred into the stream like any other work, so the emulator's stream orders
+  // exercise the events around it.
+  return detail::host_enqueue(
+      [=, &w]() -> Status {
+        const int n = static_cast<int>(count);
+        MPI_Comm comm = w.axis_mpi[mesh_axis];
+        if (dtype == 10 || dtype == 16) {
+          std::vector<float> wide = detail::widen(send, count, dtype);
+          FLOWC_COMM_MPI(what, MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
+          detail::narrow(wide.data(), count, dtype, recv);
+          return Status::Ok();
+        }
+        const void* src = send == recv ? MPI_IN_PLACE : send;
+        FLOWC_COMM_MPI(what, MPI_Allreduce(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+        return Status::Ok();
+      },
+      stream, what);
 #else
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm,
@@ -505,15 +534,21 @@ inline Status all_gather(World& w, int mesh_axis, const void* send, void* recv, 
   detail::log_call(w, what, mesh_axis, bytes, dtype);
   if (send_count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
-  if (Status st = detail::host_sync(what, stream); !st.ok()) return st;
-  const int n = static_cast<int>(send_count);
-  const MPI_Datatype t = detail::mpi_type(dtype);
-  if (in_place) {
-    FLOWC_COMM_MPI(what,
-                   MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, t, w.axis_mpi[mesh_axis]));
-  } else {
-    FLOWC_COMM_MPI(what, MPI_Allgather(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
-  }
+  // Deferred into the stream like any other work, so the emulator's stream orders
+  // exercise the events around it.
+  return detail::host_enqueue(
+      [=, &w]() -> Status {
+        const int n = static_cast<int>(send_count);
+        const MPI_Datatype t = detail::mpi_type(dtype);
+        if (in_place) {
+          FLOWC_COMM_MPI(
+              what, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, t, w.axis_mpi[mesh_axis]));
+        } else {
+          FLOWC_COMM_MPI(what, MPI_Allgather(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
+        }
+        return Status::Ok();
+      },
+      stream, what);
 #else
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm, ncclAllGather(send, recv, send_count, detail::nccl_type(dtype), comm, stream));
@@ -536,20 +571,27 @@ inline Status reduce_scatter(World& w, int mesh_axis, const void* send, void* re
   detail::log_call(w, what, mesh_axis, bytes * p, dtype);
   if (recv_count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
-  if (Status st = detail::host_sync(what, stream); !st.ok()) return st;
-  const int n = static_cast<int>(recv_count);
-  MPI_Comm comm = w.axis_mpi[mesh_axis];
-  if (dtype == 10 || dtype == 16) {
-    std::vector<float> wide = detail::widen(send, recv_count * p, dtype);
-    FLOWC_COMM_MPI(what, MPI_Reduce_scatter_block(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
-    detail::narrow(wide.data(), recv_count, dtype, recv);  // MPI leaves the result at the start
-    return Status::Ok();
-  }
-  // MPI's in-place form puts the result at the start of the buffer, not at chunk k: copy instead.
-  std::vector<char> copy;
-  if (in_place) copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes * p);
-  const void* src = in_place ? copy.data() : send;
-  FLOWC_COMM_MPI(what, MPI_Reduce_scatter_block(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+  // Deferred into the stream like any other work, so the emulator's stream orders
+  // exercise the events around it.
+  return detail::host_enqueue(
+      [=, &w]() -> Status {
+        const int n = static_cast<int>(recv_count);
+        MPI_Comm comm = w.axis_mpi[mesh_axis];
+        if (dtype == 10 || dtype == 16) {
+          std::vector<float> wide = detail::widen(send, recv_count * p, dtype);
+          FLOWC_COMM_MPI(what,
+                         MPI_Reduce_scatter_block(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
+          detail::narrow(wide.data(), recv_count, dtype, recv);  // MPI leaves the result at the start
+          return Status::Ok();
+        }
+        // MPI's in-place form puts the result at the start of the buffer, not at chunk k: copy instead.
+        std::vector<char> copy;
+        if (in_place) copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes * p);
+        const void* src = in_place ? copy.data() : send;
+        FLOWC_COMM_MPI(what, MPI_Reduce_scatter_block(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+        return Status::Ok();
+      },
+      stream, what);
 #else
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm,
@@ -570,10 +612,16 @@ inline Status all_to_all(World& w, int mesh_axis, const void* send, void* recv, 
   detail::log_call(w, what, mesh_axis, bytes, dtype);
   if (count_per_peer == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
-  if (Status st = detail::host_sync(what, stream); !st.ok()) return st;
-  const int n = static_cast<int>(count_per_peer);
-  const MPI_Datatype t = detail::mpi_type(dtype);
-  FLOWC_COMM_MPI(what, MPI_Alltoall(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
+  // Deferred into the stream like any other work, so the emulator's stream orders
+  // exercise the events around it.
+  return detail::host_enqueue(
+      [=, &w]() -> Status {
+        const int n = static_cast<int>(count_per_peer);
+        const MPI_Datatype t = detail::mpi_type(dtype);
+        FLOWC_COMM_MPI(what, MPI_Alltoall(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
+        return Status::Ok();
+      },
+      stream, what);
 #else
   // Grouped point-to-point calls: the all-to-all every NCCL release has.
   ncclComm_t comm = w.axis_nccl[mesh_axis];
