@@ -70,7 +70,17 @@ def main(model: Path) -> int:
     console.print(
         f"the generated project is in {project}/ (model.cu, model.h, main.cu, weights.bin, CMakeLists.txt)"
     )
-    return 0 if ok and verify.returncode == 0 else 1
+
+    # Two devices with less memory each than the model needs whole: the search splits the
+    # parameters, and the program runs as two MPI ranks on the host target.
+    limit = ["--mesh", "2", "--mem-limit", "200KB"]
+    console.rule(f"flowc inspect {model} {' '.join(limit)} (the parallel plan)")
+    subprocess.run([*flowc, "inspect", str(model), *limit], check=True)
+    console.rule(f"flowc verify {model} {' '.join(limit)} --target host (2 MPI ranks)")
+    parallel = subprocess.run(
+        [*flowc, "verify", str(model), *limit, "--target", "host", *args, "-o", str(work / "mesh2")]
+    )
+    return 0 if ok and verify.returncode == 0 and parallel.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -110,3 +110,15 @@ def test_bad_cost_profile_is_reported(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("name = 'x'\n[compute]\ndefault = 'fast'\n")
     assert_clean_error(flowc("inspect", MLP, "--mesh", "2", "--cost-profile", str(bad)), "bad.toml")
+
+
+def test_multi_rank_compile_is_deterministic(tmp_path: Path) -> None:
+    gpt2 = str(SHARED_MODELS / "gpt2_tiny.onnx")
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        r = flowc("compile", gpt2, "--mesh", "2x2", "--mem-limit", "1.5MB", "-o", str(d))
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.relative_to(dirs[0]) for p in dirs[0].rglob("*") if p.is_file())
+    assert len([f for f in files if f.name.startswith("weights.rank")]) == 4
+    for f in files:
+        assert (dirs[0] / f).read_bytes() == (dirs[1] / f).read_bytes(), f

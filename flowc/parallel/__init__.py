@@ -161,10 +161,23 @@ def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> P
         raise InputError(f"--parallel {opts.method!r}: expected one of {', '.join(METHODS)}")
     profile = load_profile(opts.profile)
     param_limit = opts.mem_limit
+    last: Memory | None = None
     for attempt in range(1, max_attempts + 1):
-        plan = make_plan(graph, opts, profile, opts.method, param_limit)
+        try:
+            plan = make_plan(graph, opts, profile, opts.method, param_limit)
+        except InputError as e:
+            if last is None:
+                raise
+            # The parameters fit the limit alone, but not beside the arena the plans need.
+            raise InputError(
+                f"no plan fits --mem-limit {opts.mem_limit} bytes per device: the last one "
+                f"tried needed {last.total} bytes ({last.params} parameters + {last.arena} "
+                f"arena), and the parameters cannot be split further ({e.message})",
+                hint="raise the limit or use a larger mesh",
+            ) from None
         physical = lower(graph, plan, profile)
         memory = measure(physical)
+        last = memory
         cost = evaluate_plan(graph, plan, profile)
         if opts.mem_limit is None or memory.total <= opts.mem_limit:
             return Parallelized(plan, physical, cost, memory, profile, attempt)
