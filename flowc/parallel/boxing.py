@@ -89,6 +89,63 @@ def _default_time(step: BoxingStep) -> float:
     return step.bytes_per_rank + 1e-3
 
 
+Tree = dict[NdSbp, tuple[float, "BoxingStep | None"]]
+
+
+def shortest_paths(
+    ttype: TensorType,
+    mesh: Mesh,
+    src: NdSbp,
+    step_time: Callable[[BoxingStep], float] | None = None,
+) -> Tree:
+    """Dijkstra from ``src`` over every layout that fits: layout -> (cost, last step).
+    Ties keep the first path found, so results are deterministic."""
+    cost_of = step_time or _default_time
+    choices = [Sbp("B"), Sbp("P"), *(Sbp("S", d) for d in range(ttype.rank))]
+    tree: Tree = {src: (0.0, None)}
+    heap: list[tuple[float, int, NdSbp]] = [(0.0, 0, src)]
+    counter = 1
+    done: set[NdSbp] = set()
+    while heap:
+        cost, _, state = heapq.heappop(heap)
+        if state in done:
+            continue
+        done.add(state)
+        for axis in range(mesh.ndim):
+            a = state.parts[axis]
+            for b in choices:
+                coll = _collective(a, b)
+                if coll is None or not _sound(state, axis, a, b):
+                    continue
+                nxt = NdSbp((*state.parts[:axis], b, *state.parts[axis + 1 :]))
+                if nxt in done or not fits(ttype.shape, nxt, mesh):
+                    continue
+                step = BoxingStep(
+                    coll,
+                    axis,
+                    state,
+                    nxt,
+                    mesh.shape[axis],
+                    step_bytes(ttype, mesh, state, axis, coll),
+                )
+                c = cost + cost_of(step)
+                if c < tree.get(nxt, (float("inf"), None))[0]:
+                    tree[nxt] = (c, step)
+                    heapq.heappush(heap, (c, counter, nxt))
+                    counter += 1
+    return tree
+
+
+def path_to(tree: Tree, dst: NdSbp) -> list[BoxingStep]:
+    """The steps to ``dst`` in a tree from shortest_paths (KeyError if unreachable)."""
+    steps: list[BoxingStep] = []
+    step = tree[dst][1]
+    while step is not None:
+        steps.append(step)
+        step = tree[step.src][1]
+    return steps[::-1]
+
+
 def boxing_steps(
     ttype: TensorType,
     mesh: Mesh,
@@ -102,50 +159,7 @@ def boxing_steps(
     for what, s in (("source", src), ("target", dst)):
         if not fits(ttype.shape, s, mesh):
             raise BoxingError(f"{what} layout {s} does not fit {ttype} on mesh {mesh}")
-    cost_of = step_time or _default_time
-    choices = [Sbp("B"), Sbp("P"), *(Sbp("S", d) for d in range(ttype.rank))]
-    # Dijkstra; ties broken by insertion order so the result is deterministic.
-    best: dict[NdSbp, float] = {src: 0.0}
-    prev: dict[NdSbp, BoxingStep] = {}
-    heap: list[tuple[float, int, NdSbp]] = [(0.0, 0, src)]
-    counter = 1
-    done: set[NdSbp] = set()
-    while heap:
-        cost, _, state = heapq.heappop(heap)
-        if state in done:
-            continue
-        done.add(state)
-        if state == dst:
-            break
-        for axis in range(mesh.ndim):
-            a = state.parts[axis]
-            for b in choices:
-                coll = _collective(a, b)
-                if coll is None or not _sound(state, axis, a, b):
-                    continue
-                nxt = NdSbp(state.parts[:axis] + (b,) + state.parts[axis + 1 :])
-                if nxt in done or not fits(ttype.shape, nxt, mesh):
-                    continue
-                step = BoxingStep(
-                    coll,
-                    axis,
-                    state,
-                    nxt,
-                    mesh.shape[axis],
-                    step_bytes(ttype, mesh, state, axis, coll),
-                )
-                c = cost + cost_of(step)
-                if c < best.get(nxt, float("inf")):
-                    best[nxt] = c
-                    prev[nxt] = step
-                    heapq.heappush(heap, (c, counter, nxt))
-                    counter += 1
-    if dst not in prev:
+    tree = shortest_paths(ttype, mesh, src, step_time)
+    if dst not in tree:
         raise BoxingError(f"no boxing from {src} to {dst} for {ttype} on mesh {mesh}")
-    steps: list[BoxingStep] = []
-    state = dst
-    while state != src:
-        step = prev[state]
-        steps.append(step)
-        state = step.src
-    return steps[::-1]
+    return path_to(tree, dst)

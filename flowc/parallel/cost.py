@@ -8,6 +8,7 @@ the local boxing steps (slicing, zeroing for B -> P) are small memory-bound kern
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -19,8 +20,16 @@ from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
-from flowc.parallel.boxing import B_TO_P, LOCAL_SLICE, BoxingError, BoxingStep, boxing_steps
-from flowc.parallel.layout import broadcast, local_type
+from flowc.parallel.boxing import (
+    B_TO_P,
+    LOCAL_SLICE,
+    BoxingError,
+    BoxingStep,
+    Tree,
+    path_to,
+    shortest_paths,
+)
+from flowc.parallel.layout import broadcast, fits, local_type
 from flowc.parallel.plan import Plan
 from flowc.parallel.strategies import Strategy
 
@@ -28,7 +37,7 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 DEFAULT_PROFILE = PROFILE_DIR / "h200-nvlink.toml"
 
 # Ops whose FLOPs run on the matrix units (the profile's [matmul] rates).
-MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "ConvInteger"})
+MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 
 
 @dataclass(frozen=True)
@@ -41,13 +50,14 @@ class Link:
 
 @dataclass(frozen=True)
 class Profile:
+    # Hashable (the tables are left out of the hash) so boxing costs can be cached per profile.
     name: str
-    compute: Mapping[str, float]  # FLOP/s of non-GEMM work per dtype short name, "default"
-    matmul: Mapping[str, float]  # FLOP/s of GEMM-like work per dtype short name, "default"
+    compute: Mapping[str, float] = field(hash=False)  # FLOP/s of non-GEMM work per dtype
+    matmul: Mapping[str, float] = field(hash=False)  # FLOP/s of GEMM-like work per dtype
     memory_bandwidth: float  # bytes read + written per second
     launch_overhead: float  # seconds per kernel
     link: Link  # collectives along any mesh axis without an override
-    mesh_axis: Mapping[int, Link] = field(default_factory=dict)
+    mesh_axis: Mapping[int, Link] = field(default_factory=dict, hash=False)
 
     def flop_rate(self, dtype: str, matmul: bool) -> float:
         table = self.matmul if matmul else self.compute
@@ -71,10 +81,10 @@ def load_profile(path: str | Path | None = None) -> Profile:
 
 
 def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
-    def table(key: str, parent: dict[str, Any], where: str) -> dict[str, Any]:
-        t = parent.get(key)
+    def table(key: str) -> dict[str, Any]:
+        t = data.get(key)
         if not isinstance(t, dict):
-            raise InputError(f"cost profile {path}: missing table [{where}{key}]", hint=hint)
+            raise InputError(f"cost profile {path}: missing table [{key}]", hint=hint)
         return t
 
     def number(t: dict[str, Any], key: str, where: str) -> float:
@@ -92,14 +102,15 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
         return float(v)
 
     def rates(key: str) -> dict[str, float]:
-        t = table(key, data, "")
+        t = table(key)
         number(t, "default", key)
         return {k: number(t, k, key) for k in t}
 
     def link(t: dict[str, Any], where: str) -> Link:
         return Link(number(t, "alpha", where), number(t, "bandwidth", where))
 
-    memory = table("memory", data, "")
+    compute, matmul = rates("compute"), rates("matmul")
+    memory = table("memory")
     overrides = data.get("mesh_axis", {})
     if not isinstance(overrides, dict):
         raise InputError(f"cost profile {path}: mesh_axis must be a table", hint=hint)
@@ -114,11 +125,11 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
         axes[int(k)] = link(t, f"mesh_axis.{k}")
     return Profile(
         name=str(data.get("name", path.stem)),
-        compute=rates("compute"),
-        matmul=rates("matmul"),
+        compute=compute,
+        matmul=matmul,
         memory_bandwidth=number(memory, "bandwidth", "memory"),
         launch_overhead=number(memory, "launch_overhead", "memory"),
-        link=link(table("collective", data, ""), "collective"),
+        link=link(table("collective"), "collective"),
         mesh_axis=axes,
     )
 
@@ -140,13 +151,29 @@ def step_time(step: BoxingStep, profile: Profile, ttype: TensorType, mesh: Mesh)
     return link.alpha + step.bytes_per_rank / link.bandwidth
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _paths_from(ttype: TensorType, mesh: Mesh, src: NdSbp, profile: Profile) -> Tree:
+    # One Dijkstra per (type, source layout) serves every target the search asks about.
+    return shortest_paths(ttype, mesh, src, lambda s: step_time(s, profile, ttype, mesh))
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def boxing_plan(
     ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile
-) -> list[BoxingStep]:
+) -> tuple[BoxingStep, ...]:
     """The cheapest steps from ``src`` to ``dst`` under ``profile``."""
-    return boxing_steps(ttype, mesh, src, dst, lambda s: step_time(s, profile, ttype, mesh))
+    if src == dst:
+        return ()
+    for what, s in (("source", src), ("target", dst)):
+        if not fits(ttype.shape, s, mesh):
+            raise BoxingError(f"{what} layout {s} does not fit {ttype} on mesh {mesh}")
+    tree = _paths_from(ttype, mesh, src, profile)
+    if dst not in tree:
+        raise BoxingError(f"no boxing from {src} to {dst} for {ttype} on mesh {mesh}")
+    return tuple(path_to(tree, dst))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def boxing_time(ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile) -> float:
     """Seconds to turn layout ``src`` into ``dst``; inf when no sequence of steps does."""
     try:
@@ -175,8 +202,8 @@ def node_time(node: Node, strategy: Strategy, mesh: Mesh, profile: Profile) -> f
     if opdef.flops is not None:
         flops = int(opdef.flops(ins, outs, node.attrs.merged(opdef.attrs)))
     nbytes = sum(t.nbytes for t in ins if t is not None) + sum(t.nbytes for t in outs)
-    dtype = next((t.dtype for t in ins if t is not None), outs[0].dtype if outs else None)
-    rate = profile.flop_rate(dtype.short if dtype is not None else "", node.op in MATMUL_OPS)
+    dtype = next((t.dtype for t in ins if t is not None), outs[0].dtype)
+    rate = profile.flop_rate(dtype.short, node.op in MATMUL_OPS)
     return max(flops / rate, nbytes / profile.memory_bandwidth) + profile.launch_overhead
 
 

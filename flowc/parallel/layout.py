@@ -11,6 +11,7 @@ simulator, the boxing tests and the lowering of weights to per-rank files.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ def coords_of(mesh: Mesh, rank: int) -> Coords:
 
 def group_of(mesh: Mesh, coords: Coords, axis: int) -> list[Coords]:
     """The devices that differ from ``coords`` only along mesh axis ``axis``, in order."""
-    return [coords[:axis] + (k,) + coords[axis + 1 :] for k in range(mesh.shape[axis])]
+    return [(*coords[:axis], k, *coords[axis + 1 :]) for k in range(mesh.shape[axis])]
 
 
 def split_factor(sbp: NdSbp, mesh: Mesh, tensor_axis: int) -> int:
@@ -56,6 +57,7 @@ def split_factor(sbp: NdSbp, mesh: Mesh, tensor_axis: int) -> int:
     )
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def fits(shape: tuple[int, ...], sbp: NdSbp, mesh: Mesh) -> bool:
     """True when every split axis exists and divides evenly (flowc splits only evenly, so
     every rank runs the same program on the same shapes)."""
@@ -67,6 +69,7 @@ def fits(shape: tuple[int, ...], sbp: NdSbp, mesh: Mesh) -> bool:
     return all(shape[d] % split_factor(sbp, mesh, d) == 0 for d in range(len(shape)))
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def local_shape(shape: tuple[int, ...], sbp: NdSbp, mesh: Mesh) -> tuple[int, ...]:
     if not fits(shape, sbp, mesh):
         raise ValueError(

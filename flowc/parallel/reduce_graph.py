@@ -45,8 +45,10 @@ class Fanout:
 
 @dataclass
 class CostGraph:
+    """Vertices (a cost per choice), pairwise edges and fanouts; see the module docstring."""
+
     unary: list[np.ndarray] = field(default_factory=list)
-    # Bytes each choice keeps per rank (constants), for the memory constraint; None: nothing.
+    # Whole bytes each choice keeps per rank (constants), for the memory limit; None: none.
     memory: list[np.ndarray | None] = field(default_factory=list)
     # (u, v, matrix[choice of u, choice of v]); several edges may join one pair.
     edges: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
@@ -84,7 +86,7 @@ class CostGraph:
         that prefers earlier choices (choice 0 first), so equal plans resolve the same way
         however the solver explores them."""
         count = 1 + sum(len(u) - 1 for u in self.unary)
-        out = CostGraph(
+        return CostGraph(
             [np.round(u / resolution) + np.arange(len(u)) / count for u in self.unary],
             list(self.memory),
             [(u, v, np.round(m / resolution)) for u, v, m in self.edges],
@@ -93,7 +95,6 @@ class CostGraph:
                 for f in self.fanouts
             ],
         )
-        return out
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,10 @@ def merge_edges(
     return edges, merged
 
 
-def reduce(cg: CostGraph, pinned: set[int] | None = None) -> Reduction:
+def reduce(cg: CostGraph, pinned: set[int] | None = None, eliminate: bool = True) -> Reduction:
     """Eliminate every vertex that is not ``pinned`` (e.g. one the memory constraint sums
-    over) nor part of a fanout, and has at most two neighbours, until none is left."""
+    over) nor part of a fanout, and has at most two neighbours, until none is left. With
+    ``eliminate`` false only parallel edges merge."""
     n = cg.num_vertices
     unary = [u.copy() for u in cg.unary]
     edges, merged = merge_edges(cg.edges)
@@ -171,7 +173,7 @@ def reduce(cg: CostGraph, pinned: set[int] | None = None) -> Reduction:
             edges.pop((min(v, w), max(v, w)))
         nbrs[v].clear()
 
-    changed = True
+    changed = eliminate
     while changed:
         changed = False
         for v in range(n):

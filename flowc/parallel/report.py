@@ -71,6 +71,11 @@ def print_plan(
             f"{int(stats.get('nodes_after', 0))} after reductions, "
             f"{int(stats.get('variables', 0))} ILP variables, solved in {stats['solve_s']:.2f} s"
         )
+    if "gap_s" in stats:
+        head += (
+            f" (memory priced: {int(stats.get('lagrangian_solves', 0))} solves, "
+            f"within {_us(stats['gap_s'])} of the optimum)"
+        )
     if result.attempts > 1:
         head += f"; {result.attempts} attempts to fit the memory limit"
     console.print(head)

@@ -1,0 +1,510 @@
+"""Choosing a parallel plan: an exact integer program over the cost model, as Alpa does.
+
+Every node picks one of its strategies, every graph input and constant one layout (one-hot
+binaries x); the cost is the sum of node times plus the boxing time on every edge where a
+producer's layout differs from what a consumer's strategy wants, plus making the graph
+outputs whole (B). An edge's cost depends on the choices at both ends, so it gets
+continuous variables e for pairs of choices whose rows and columns add up to the two ends'
+x (the local-consistency form of the product, integral once x is). A value read by several
+nodes is boxed once per distinct wanted layout: z >= e of every reader carries that cost.
+A limit on the parameter bytes each rank keeps is one linear constraint over the constants'
+x. Before solving, ``reduce_graph`` removes chains and leaves exactly, as OneFlow does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+
+from flowc.errors import InputError
+from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.types import Mesh, NdSbp, Sbp
+from flowc.parallel.cost import Profile, boxing_time, node_time
+from flowc.parallel.layout import broadcast, fits, local_type, nd_sbps
+from flowc.parallel.plan import Plan
+from flowc.parallel.reduce_graph import CostGraph, Fanout, Reduction, reduce
+from flowc.parallel.strategies import Strategy, all_broadcast_signature, strategies
+
+# Modeled times are compared at nanosecond resolution: closer plans are ties, broken
+# towards earlier choices (the all-B strategy first).
+RESOLUTION_S = 1e-9
+DEFAULT_TIME_LIMIT_S = 60.0
+# Above this many variables a program with a memory limit is solved by pricing memory
+# (see _lagrangian) rather than by branch and bound on the limit.
+EXACT_LIMITED_VARIABLES = 8000
+LAGRANGIAN_STEPS = 12
+
+
+@dataclass
+class Solution:
+    choice: list[int]  # one choice index per vertex of the cost graph
+    objective: float  # the cost graph's total for ``choice``, in its own units
+    stats: dict[str, float]
+
+
+class _Program:
+    """The integer program of a reduced cost graph, assembled column by column."""
+
+    def __init__(self, red: Reduction, memory_limit: float | None) -> None:
+        self.cost: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[tuple[list[int], list[float], float, float]] = []
+        cg = red.graph
+        unary = {v: cg.unary[v] for v in range(cg.num_vertices) if red.alive[v]}
+        # An edge whose cost depends on one end only is that end's cost: folded in first.
+        pairs = []
+        for (u, v), m in red.edges.items():
+            rows, row_of = _classes(m, 0)
+            cols, col_of = _classes(rows, 1)
+            if len(rows) == 1:
+                unary[v] = unary[v] + rows[0]
+            elif cols.shape[1] == 1:
+                unary[u] = unary[u] + m[:, 0]
+            else:
+                pairs.append((u, v, cols, row_of, col_of))
+        self.x = {v: [self.var(c, True) for c in cost] for v, cost in unary.items()}
+        for cols_x in self.x.values():
+            self.row(cols_x, [1.0] * len(cols_x), 1.0, 1.0)
+        for u, v, table, row_of, col_of in pairs:
+            self.pair(u, v, table, row_of, col_of, charge=True)
+        for f in cg.fanouts:
+            self.fanout(f)
+        if memory_limit is not None:
+            # Bytes in units of their greatest common divisor: whole numbers, so the solver's
+            # feasibility tolerance cannot let a plan a few bytes over the limit through, and
+            # small ones (raw bytes make HiGHS's LPs several times slower).
+            mem = {v: m for v, m in enumerate(cg.memory) if m is not None and red.alive[v]}
+            unit = math.gcd(*(int(b) for m in mem.values() for b in m)) or 1
+            mem_cols = [c for v in mem for c in self.x[v]]
+            units = [float(int(b) // unit) for m in mem.values() for b in m]
+            self.row(mem_cols, units, -np.inf, float(int(memory_limit) // unit))
+
+    def var(self, cost: float, integer: bool) -> int:
+        # An infinite cost marks a forbidden combination: its variable is held at 0.
+        allowed = bool(np.isfinite(cost))
+        self.cost.append(float(cost) if allowed else 0.0)
+        self.upper.append(1.0 if allowed else 0.0)
+        self.integer.append(int(integer))
+        return len(self.cost) - 1
+
+    def row(self, cols: list[int], coefs: list[float], lo: float, hi: float) -> None:
+        self.rows.append((cols, coefs, lo, hi))
+
+    def marginal(self, cols: Iterable[int], x_cols: Iterable[int]) -> None:
+        """sum(cols) = sum(x_cols)"""
+        a, b = [int(c) for c in cols], list(x_cols)
+        self.row(a + b, [1.0] * len(a) + [-1.0] * len(b), 0.0, 0.0)
+
+    def pair(
+        self,
+        u: int,
+        v: int,
+        table: np.ndarray,
+        row_of: np.ndarray,
+        col_of: np.ndarray,
+        charge: bool,
+    ) -> np.ndarray:
+        """Variables e[r, c] for the classes of u's and v's choices (u's choice i is in class
+        row_of[i]), whose row r sums to x of u's choices in class r and column c to x of v's
+        in class c; ``charge`` puts table's costs on them (else they only forbid inf)."""
+        e = np.zeros(table.shape, dtype=np.int64)
+        for (r, c), t in np.ndenumerate(table):
+            e[r, c] = self.var(t if charge or not np.isfinite(t) else 0.0, False)
+        for r in range(table.shape[0]):
+            self.marginal(e[r], (self.x[u][i] for i in np.flatnonzero(row_of == r)))
+        for c in range(table.shape[1]):
+            self.marginal(e[:, c], (self.x[v][j] for j in np.flatnonzero(col_of == c)))
+        return e
+
+    def fanout(self, f: Fanout) -> None:
+        """Each reader gets its own e[a, b] (producer layout a, wanted layout b); z[a, b] >=
+        every reader's e[a, b] is 1 when anyone needs a boxed to b and is charged once."""
+        src_ids = sorted({int(a) for a in f.src})
+        src_class = np.searchsorted(src_ids, f.src)
+        z: dict[tuple[int, int], int] = {}
+        for c, wanted in f.uses:
+            dst_ids = sorted({int(b) for b in wanted})
+            table = f.cost[np.ix_(src_ids, dst_ids)]
+            if not table.any():
+                continue
+            e = self.pair(
+                f.producer, c, table, src_class, np.searchsorted(dst_ids, wanted), charge=False
+            )
+            for (r, k), t in np.ndenumerate(table):
+                if 0 < t < np.inf:
+                    key = (src_ids[r], dst_ids[k])
+                    if key not in z:
+                        z[key] = self.var(float(t), False)
+                    self.row([z[key], int(e[r, k])], [1.0, -1.0], 0.0, np.inf)
+
+    def solve(self, time_limit: float) -> tuple[dict[int, int], bool]:
+        """Each vertex's choice, and whether it is proven optimal (else the time ran out)."""
+        n = len(self.cost)
+        r: list[int] = []
+        c: list[int] = []
+        d: list[float] = []
+        for k, (cols, coefs, _, _) in enumerate(self.rows):
+            r.extend([k] * len(cols))
+            c.extend(cols)
+            d.extend(coefs)
+        matrix = coo_array((d, (r, c)), shape=(len(self.rows), n)).tocsr()
+        res = milp(
+            np.array(self.cost),
+            integrality=np.array(self.integer),
+            bounds=Bounds(np.zeros(n), np.array(self.upper)),
+            constraints=LinearConstraint(
+                matrix, [row[2] for row in self.rows], [row[3] for row in self.rows]
+            ),
+            options={"time_limit": time_limit, "mip_rel_gap": 0.0},
+        )
+        if res.x is None:
+            raise InputError(
+                f"the placement search found no plan ({res.message}; {n} variables, "
+                f"{len(self.rows)} constraints, time limit {time_limit:g} s)",
+                hint="use data parallelism, or fix some placements to make the search smaller",
+            )
+        return {v: int(np.argmax(res.x[cols])) for v, cols in self.x.items()}, res.status == 0
+
+
+def _classes(matrix: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows (axis 0) or columns (axis 1) of ``matrix``, and which is whose."""
+    uniq, inverse = np.unique(matrix, axis=axis, return_inverse=True)
+    return uniq, np.asarray(inverse).reshape(-1)
+
+
+def solve_cost_graph(
+    cg: CostGraph,
+    *,
+    memory_limit: float | None = None,
+    resolution: float = 1.0,
+    reduce_first: bool = True,
+    time_limit: float = DEFAULT_TIME_LIMIT_S,
+) -> Solution:
+    """The choice per vertex of least total cost, with memory at most ``memory_limit``.
+
+    Costs are compared in whole units of ``resolution``. The caller checks that the limit
+    can be met at all (the vertices' smallest memories add up to at most the limit).
+    """
+    rounded = cg.rounded(resolution)
+    pinned = set()
+    if memory_limit is not None:
+        pinned = {v for v, m in enumerate(cg.memory) if m is not None}
+    red = reduce(rounded, pinned, eliminate=reduce_first)
+    start = time.perf_counter()
+    prog = _Program(red, memory_limit)
+    if memory_limit is not None and len(prog.cost) > EXACT_LIMITED_VARIABLES:
+        return _lagrangian(cg, memory_limit, resolution, reduce_first, time_limit)
+    alive: dict[int, int] = {}
+    optimal = True
+    if prog.x:
+        alive, optimal = prog.solve(time_limit)
+    choice = red.recover(alive)
+    stats = {
+        "variables": float(len(prog.cost)),
+        "constraints": float(len(prog.rows)),
+        "solve_s": time.perf_counter() - start,
+        "optimal": float(optimal),
+        "nodes_before": float(cg.num_vertices),
+        "nodes_after": float(sum(red.alive)),
+        **{k: float(n) for k, n in red.counts.items()},
+    }
+    return Solution(choice, cg.evaluate(choice), stats)
+
+
+def _priced(cg: CostGraph, lam: float) -> CostGraph:
+    """The cost graph with memory priced at ``lam`` per byte and no limit."""
+    unary = [u if m is None else u + lam * m for u, m in zip(cg.unary, cg.memory, strict=True)]
+    return CostGraph(unary, [None] * cg.num_vertices, list(cg.edges), list(cg.fanouts))
+
+
+def _lagrangian(
+    cg: CostGraph, limit: float, resolution: float, reduce_first: bool, time_limit: float
+) -> Solution:
+    """Large programs under a memory limit: the limit makes branch and bound slow (its LP
+    relaxation splits constants fractionally), while without it the programs solve at once.
+    So price memory instead (Lagrangian relaxation): bisect the price per byte for the
+    cheapest plan within the limit. The result fits the limit and is deterministic; its
+    distance from the optimum is bounded by the dual (``gap_s`` in the stats)."""
+    start = time.perf_counter()
+    solves = 0
+
+    def solve(lam: float) -> Solution:
+        nonlocal solves
+        solves += 1
+        return solve_cost_graph(
+            _priced(cg, lam),
+            resolution=resolution,
+            reduce_first=reduce_first,
+            time_limit=time_limit,
+        )
+
+    best: Solution | None = None
+    bound = -math.inf
+
+    def consider(lam: float, sol: Solution) -> bool:
+        nonlocal best, bound
+        mem = cg.memory_of(sol.choice)
+        bound = max(bound, sol.objective - lam * limit)
+        if mem <= limit:
+            cost = cg.evaluate(sol.choice)
+            if best is None or cost < cg.evaluate(best.choice):
+                best = sol
+            return True
+        return False
+
+    if consider(0.0, solve(0.0)):
+        lo, hi = 0.0, 0.0
+    else:
+        # Prices grow until the cheapest priced plan fits (at a high enough price it is the
+        # plan of least memory, which fits: the caller checked that).
+        scale = max(abs(float(np.sum([u.max() for u in cg.unary]))), resolution)
+        lo, hi = 0.0, scale / max(limit, 1.0)
+        for _ in range(64):
+            if consider(hi, solve(hi)):
+                break
+            lo, hi = hi, hi * 4
+        for _ in range(LAGRANGIAN_STEPS):
+            mid = (lo + hi) / 2
+            if consider(mid, solve(mid)):
+                hi = mid
+            else:
+                lo = mid
+    assert best is not None
+    cost = cg.evaluate(best.choice)
+    stats = {
+        **best.stats,
+        "solve_s": time.perf_counter() - start,
+        "optimal": float(cost - bound <= resolution),
+        "lagrangian_solves": float(solves),
+        "gap_s": max(0.0, cost - bound),
+    }
+    return Solution(best.choice, cost, stats)
+
+
+# -- from a graph to a cost graph ------------------------------------------------------------
+
+
+class PlacementProblem:
+    """The cost graph of placing ``graph`` on ``mesh``: one vertex per graph input and
+    constant (choosing a layout) and per node (choosing a strategy)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: Mesh,
+        profile: Profile,
+        fixed: Mapping[Value, NdSbp] | None = None,
+    ) -> None:
+        self.graph = graph
+        self.mesh = mesh
+        self.profile = profile
+        self.cg = CostGraph()
+        fixed = dict(fixed or {})
+        self._check_fixed(fixed)
+        self.vertex: dict[Value | Node, int] = {}
+        self.layouts: dict[Value, list[NdSbp]] = {}
+        self.strategies: dict[Node, list[Strategy]] = {}
+        readers: dict[Value, list[tuple[Node, int]]] = {}
+        for node in graph.nodes:
+            for i, read in enumerate(node.inputs):
+                if read is not None:
+                    readers.setdefault(read, []).append((node, i))
+        for node in graph.nodes:
+            self.strategies[node] = self._node_strategies(node, fixed)
+        outputs = set(graph.outputs)
+        for v in [*graph.inputs, *graph.constants]:
+            self.layouts[v] = self._source_layouts(v, fixed.get(v))
+            memory = None
+            if v.is_const:
+                memory = [local_type(v.type, s, mesh).nbytes for s in self.layouts[v]]
+            self.vertex[v] = self.cg.add_vertex([0.0] * len(self.layouts[v]), memory)
+        for node in graph.nodes:
+            times = [node_time(node, s, mesh, profile) for s in self.strategies[node]]
+            self.vertex[node] = self.cg.add_vertex(times)
+        for v in [*graph.inputs, *graph.constants]:
+            self._add_value(v, self.vertex[v], self.layouts[v], readers.get(v, []), v in outputs)
+        for node in graph.nodes:
+            for j, o in enumerate(node.outputs):
+                made = [s.output(j) for s in self.strategies[node]]
+                self._add_value(o, self.vertex[node], made, readers.get(o, []), o in outputs)
+
+    def _check_fixed(self, fixed: dict[Value, NdSbp]) -> None:
+        known = {*self.graph.inputs, *self.graph.constants}
+        known.update(o for n in self.graph.nodes for o in n.outputs)
+        for v, sbp in fixed.items():
+            if v not in known:
+                raise InputError(f"a placement is given for {v.name!r}, which is not in the graph")
+            if len(sbp.parts) != self.mesh.ndim:
+                raise InputError(
+                    f"placement {sbp} of {v.name!r} has {len(sbp.parts)} entries but mesh "
+                    f"{self.mesh} has {self.mesh.ndim} axes"
+                )
+            if not fits(v.type.shape, sbp, self.mesh):
+                raise InputError(
+                    f"placement {sbp} does not split {v.name!r} ({v.type}) evenly on mesh "
+                    f"{self.mesh}",
+                    hint="flowc splits only evenly; choose a placement whose split axes divide",
+                )
+
+    def _source_layouts(self, v: Value, fixed: NdSbp | None) -> list[NdSbp]:
+        # Every rank reads a whole input (or constant) and keeps its shard, so any layout
+        # without P costs nothing to make; B -> P is free to reach later anyway.
+        if fixed is not None:
+            if any(p.kind == "P" for p in fixed.parts):
+                what = "constant" if v.is_const else "graph input"
+                raise InputError(f"{what} {v.name!r} cannot be placed as {fixed}: it is never P")
+            return [fixed]
+        return [
+            s
+            for s in nd_sbps(v.type.rank, self.mesh, partial=False)
+            if fits(v.type.shape, s, self.mesh)
+        ]
+
+    def _node_strategies(self, node: Node, fixed: dict[Value, NdSbp]) -> list[Strategy]:
+        out = strategies(node, self.mesh)
+        for j, o in enumerate(node.outputs):
+            if o in fixed:
+                want = fixed[o]
+                made = sorted({str(s.output(j)) for s in out})
+                out = [s for s in out if s.output(j) == want]
+                if not out:
+                    raise InputError(
+                        f"{node.op} node {node.name!r} cannot produce {o.name!r} as {want} on "
+                        f"mesh {self.mesh}; it can produce {', '.join(made)}"
+                    )
+        return out
+
+    def _add_value(
+        self,
+        v: Value,
+        producer: int,
+        made: list[NdSbp],
+        readers: list[tuple[Node, int]],
+        is_output: bool,
+    ) -> None:
+        """The boxing costs of value ``v``: made in layout made[i] by the producer's choice i,
+        read by ``readers`` (node, input slot), made whole when it is a graph output."""
+        ids: dict[NdSbp, int] = {}
+        for s in made:
+            ids.setdefault(s, len(ids))
+        wanted: list[tuple[int, np.ndarray]] = []
+        for node, slot in readers:
+            want = []
+            for strategy in self.strategies[node]:
+                sbp = strategy.input(slot)
+                assert sbp is not None
+                want.append(ids.setdefault(sbp, len(ids)))
+            wanted.append((self.vertex[node], np.array(want)))
+        whole = ids.setdefault(broadcast(self.mesh), len(ids))
+        layout = list(ids)
+        src = np.array([ids[s] for s in made])
+        cost = np.zeros((len(ids), len(ids)))
+        dst_ids = {int(b) for _, w in wanted for b in w} | ({whole} if is_output else set())
+        for a in sorted(set(src.tolist())):
+            for b in sorted(dst_ids - {a}):
+                cost[a, b] = boxing_time(v.type, self.mesh, layout[a], layout[b], self.profile)
+        if is_output:
+            # Paid whatever the readers do; a reader wanting B then shares it for free.
+            self.cg.unary[producer] = self.cg.unary[producer] + cost[src, whole]
+            cost[:, whole] = 0.0
+        consumers = sorted({c for c, _ in wanted})
+        if len(consumers) == 1:
+            # One reader, perhaps through several inputs: a pairwise edge, each distinct
+            # wanted layout counted once.
+            c = consumers[0]
+            m = np.zeros((len(made), len(self.cg.unary[c])))
+            for j in range(m.shape[1]):
+                for b in sorted({int(w[j]) for _, w in wanted}):
+                    m[:, j] += cost[src, b]
+            if m.any():
+                self.cg.add_edge(producer, c, m)
+        elif consumers:
+            self.cg.add_fanout(Fanout(producer, src, wanted, cost))
+
+    def min_param_bytes(self) -> int:
+        return sum(int(min(m)) for m in self.cg.memory if m is not None)
+
+    def plan(self, choice: list[int], method: str) -> Plan:
+        value_sbp: dict[Value, NdSbp] = {}
+        node_strategy: dict[Node, Strategy] = {}
+        for v, layouts in self.layouts.items():
+            value_sbp[v] = layouts[choice[self.vertex[v]]]
+        for node, options in self.strategies.items():
+            s = options[choice[self.vertex[node]]]
+            node_strategy[node] = s
+            for j, o in enumerate(node.outputs):
+                value_sbp[o] = s.output(j)
+        return Plan(self.mesh, node_strategy, value_sbp, method)
+
+
+def search(
+    graph: Graph,
+    mesh: Mesh,
+    profile: Profile,
+    *,
+    fixed: Mapping[Value, NdSbp] | None = None,
+    param_limit: int | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT_S,
+    method: str = "auto",
+) -> Plan:
+    """The plan of least modeled time whose layouts agree with ``fixed`` and whose
+    constants take at most ``param_limit`` bytes per rank."""
+    problem = PlacementProblem(graph, mesh, profile, fixed)
+    if param_limit is not None:
+        least = problem.min_param_bytes()
+        if least > param_limit:
+            raise InputError(
+                f"no placement on mesh {mesh} keeps the parameters within {param_limit} bytes "
+                f"per rank: the smallest possible is {least} bytes",
+                hint="allow more parameter memory, use a larger mesh, or fix fewer placements",
+            )
+    sol = solve_cost_graph(
+        problem.cg, memory_limit=param_limit, resolution=RESOLUTION_S, time_limit=time_limit
+    )
+    plan = problem.plan(sol.choice, method)
+    plan.stats = {**sol.stats, "objective_s": sol.objective}
+    return plan
+
+
+def data_parallel_plan(
+    graph: Graph, mesh: Mesh, profile: Profile, fixed: Mapping[Value, NdSbp] | None = None
+) -> Plan:
+    """Every graph input split on its batch axis (0) over all devices, every constant
+    whole on every device, each node's strategy the best under those (the ILP again)."""
+    given = dict(fixed or {})
+    split = NdSbp(tuple(Sbp("S", 0) for _ in mesh.shape))
+    want: dict[Value, NdSbp] = {}
+    for v in graph.inputs:
+        if v in given:
+            continue
+        if v.type.rank == 0 or v.type.shape[0] % mesh.size:
+            batch = "none (it is a scalar)" if v.type.rank == 0 else str(v.type.shape[0])
+            raise InputError(
+                f"data parallelism splits input {v.name!r} ({v.type}) on axis 0 over all "
+                f"{mesh.size} devices of mesh {mesh}, but its batch is {batch}",
+                hint=f"use a batch that divides by {mesh.size}, give {v.name!r} a placement "
+                "(e.g. B), or let the search choose",
+            )
+        want[v] = split
+    for c in graph.constants:
+        want.setdefault(c, broadcast(mesh))
+    want.update(given)
+    return search(graph, mesh, profile, fixed=want, method="data")
+
+
+def broadcast_plan(graph: Graph, mesh: Mesh) -> Plan:
+    """Every value whole on every device; every node runs all of its work everywhere."""
+    whole = broadcast(mesh)
+    value_sbp = {v: whole for v in [*graph.inputs, *graph.constants]}
+    node_strategy = {}
+    for node in graph.nodes:
+        node_strategy[node] = Strategy(tuple(all_broadcast_signature(node) for _ in mesh.shape))
+        value_sbp.update((o, whole) for o in node.outputs)
+    return Plan(mesh, node_strategy, value_sbp, "none")
