@@ -469,3 +469,21 @@ def test_priced_memory_search_fits_and_stays_near_the_optimum(
     assert best.total_s <= got.total_s + 1e-12
     # The dual bound: no plan within the limit is cheaper than cost - gap.
     assert got.total_s - priced.stats["gap_s"] <= best.total_s + 1e-9
+
+
+def test_issue_sizes_choose_data_parallel_on_a_slower_device(tmp_path: Path) -> None:
+    # batch 1024, hidden 128 on a device 30x slower than an H200 (a profile like a CPU or
+    # a small GPU would have): the work now outweighs one all-gather, so auto is data
+    # parallel and gathering the output is the only communication.
+    from flowc.parallel.cost import DEFAULT_PROFILE
+
+    text = DEFAULT_PROFILE.read_text().replace("67e12", "2e12").replace("4.3e12", "0.15e12")
+    slow = tmp_path / "slow.toml"
+    slow.write_text(text)
+    prof = load_profile(slow)
+    g, (x, w1, w2) = mlp(1024, 128, 128)
+    plan = search(g, MESH4, prof)
+    assert plan.value_sbp[x] == S1(0)
+    assert plan.value_sbp[w1] == B1 and plan.value_sbp[w2] == B1
+    steps = evaluate_plan(g, plan, prof).boxing
+    assert [(who, s.collective) for _, who, s in steps] == [(None, "all-gather")]

@@ -94,6 +94,8 @@ def _rewrite(graph: Graph, proj: Node, users: dict[Value, list[Node]]) -> bool:
             new_nodes.append(rk)
             cur = rk.outputs[0]
         graph.replace_uses(out, cur)
+        # The chunk keeps its name (graph outputs are named; --sbp finds values by name).
+        cur.name, out.name = out.name, cur.name
     at = graph.nodes.index(split)
     graph.nodes[at:at] = new_nodes
     return True
