@@ -19,7 +19,7 @@ from flowc.codegen.program import layout_weights, weights_file_name
 from flowc.harness.build import build, run
 from flowc.ir.types import Mesh
 from flowc.ops.comm import COLLECTIVES
-from flowc.parallel import ParallelOptions, Parallelized, parallelize
+from flowc.parallel import Parallelized, ParallelOptions, parallelize
 from flowc.parallel.layout import all_coords, local_type, rank_of
 from flowc.passes.stream_schedule import stream_schedule
 from flowc.toolchain import find_cuda

@@ -18,7 +18,7 @@ from flowc.harness.ort import inference_mode, run_onnxruntime
 from flowc.interpreter import random_inputs
 from flowc.ir.graph import Graph, Value
 from flowc.ir.types import Mesh, NdSbp, Sbp
-from flowc.parallel import ParallelOptions, Parallelized, parallelize
+from flowc.parallel import Parallelized, ParallelOptions, parallelize
 from flowc.parallel.layout import fits
 from flowc.parallel.simulate import simulate
 from flowc.passes.manager import PassManager

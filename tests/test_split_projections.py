@@ -66,7 +66,7 @@ def _projection(op: str, sizes: list[int] | None, trans_b: int = 0, bias: bool =
         name="split",
         num_outputs=n,
     )
-    (s,) = b.emit("Sum", list(outs[:1]) + [outs[-1]], name="use")
+    (s,) = b.emit("Sum", [outs[0], outs[-1]], name="use")
     g.outputs = [s, *outs[1:-1]]
     return g
 
