@@ -29,7 +29,7 @@ from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel import boxing as bx
 from flowc.parallel.cost import Profile, boxing_plan
-from flowc.parallel.layout import broadcast, local_type, shard
+from flowc.parallel.layout import broadcast, is_partial_root, local_type, shard
 from flowc.parallel.plan import Plan
 
 
@@ -55,7 +55,7 @@ class Physical:
         if is_splat(array):
             t = local_type(TensorType(array.shape, v.type.dtype), sbp, self.mesh)
             value = array.reshape(-1)[0] if array.size else 0
-            if any(p.kind == "P" for p in sbp.parts) and any(c != 0 for c in coords):
+            if not is_partial_root(sbp, coords):
                 value = 0
             return make_splat(value, t.shape, array.dtype)
         return shard(array, sbp, self.mesh, coords)
