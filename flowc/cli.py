@@ -187,6 +187,9 @@ def parallel_settings(
         return None
     m = parse_mesh(mesh)
     fixed = dict(parse_sbp(t, m) for t in sbps)
+    if m.size == 1:
+        # One device: every layout is whole; the program is the ordinary one.
+        return None
     limit = parse_bytes(mem_limit, "--mem-limit") if mem_limit is not None else None
     return ParallelOptions(m, parallel, fixed, limit, cost_profile)
 
