@@ -78,7 +78,7 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
 
 # Pass-manager switches shared by every command that loads a model; set through click
 # callbacks so each command's signature stays about its own options.
-_pass_switches: dict[str, Any] = {"dump_after": (), "times": False}
+_pass_switches: dict[str, Any] = {"dump_after": (), "times": False, "weights": None}
 
 
 def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]:
@@ -89,6 +89,15 @@ def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]
 
 
 def model_options(fn: F) -> F:
+    fn = click.option(
+        "--weights",
+        "model_weights",
+        type=click.Path(dir_okay=False),
+        default=None,
+        expose_value=False,
+        callback=_remember("weights"),
+        help="Weights (.npz or .safetensors) for a .flow program's load(...) params.",
+    )(fn)
     fn = click.option(
         "--dump-ir-after",
         multiple=True,
@@ -219,7 +228,9 @@ def load(
     from flowc.frontend import ImportOptions, load_graph
     from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
 
-    opts = ImportOptions(shapes=parse_shapes(shapes), dims=parse_dim_values(dims))
+    opts = ImportOptions(
+        shapes=parse_shapes(shapes), dims=parse_dim_values(dims), weights=_pass_switches["weights"]
+    )
     t0 = time.perf_counter()
     graph = load_graph(model, opts)
     import_seconds = time.perf_counter() - t0
@@ -614,6 +625,50 @@ def compile_model(
         source=model.name,
         arch=arch,
         physical=result.physical,
+    )
+
+
+@cli.command(name="convert")
+@model_options
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="OUT.flow; the weights go beside it as OUT.weights.npz.",
+)
+def convert_cmd(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], output: Path) -> None:
+    """Write MODEL as a DSL program (OUT.flow) and its weights (OUT.weights.npz), which the
+    program loads by a path relative to itself."""
+    from flowc.ir.graph import is_splat
+    from flowc.ir.printer import INLINE_MAX, print_graph
+
+    output = output.resolve()
+    if output.suffix != ".flow":
+        raise InputError(f"-o {output}: the program's file name must end in .flow")
+    if not output.parent.is_dir():
+        raise InputError(f"-o {output}: directory {output.parent} does not exist")
+    graph = load(model, shapes, dims)
+    stored = {
+        c.name: c.const
+        for c in graph.constants
+        if c.const is not None and not is_splat(c.const) and c.const.size > INLINE_MAX
+    }
+    weights = output.with_name(output.stem + ".weights.npz")
+    # The weights first: the program never names a file that is not there yet.
+    write_npz_atomic(weights, stored)
+    text = print_graph(graph, weights=weights.name if stored else None)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    out.print(
+        f"wrote {escape(str(output))} ({len(graph.nodes)} nodes)"
+        + (f" and {escape(weights.name)} ({len(stored)} arrays)" if stored else "")
     )
 
 

@@ -37,6 +37,8 @@ class ImportOptions:
 
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     dims: Mapping[str, int] = field(default_factory=dict)
+    # A weights file (.npz or .safetensors) for a DSL program's load(...) params.
+    weights: str | None = None
 
 
 class OnnxNode:

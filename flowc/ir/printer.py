@@ -27,6 +27,7 @@ from flowc.ir.graph import Graph, Value, is_splat
 
 KEYWORDS = frozenset(
     {"graph", "param", "const", "return", "mesh", "stage", "load", "fill", "tensor", "complex"}
+    | {"weights"}
     | {"inf", "nan", "true", "false", "S", "B", "P", "_"}
 )
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -98,12 +99,17 @@ def constant_decl(c: Value) -> str:
     return f"param {typed(c)} = load({scalar(c.name)})"
 
 
-def print_graph(g: Graph) -> str:
+def print_graph(g: Graph, weights: str | None = None) -> str:
+    """The graph as DSL text; ``weights`` names the file its load(...) params come from
+    (a path relative to the program), written as a ``weights`` declaration."""
     from flowc.ops.registry import get_op
 
     lines = []
     if g.mesh is not None:
         lines.append(f"mesh {ident(g.mesh.name)}[{', '.join(str(d) for d in g.mesh.shape)}]")
+    if weights is not None:
+        lines.append(f"weights {scalar(weights)}")
+    if lines:
         lines.append("")
     ins = ", ".join(typed(v) for v in g.inputs)
     outs = ", ".join(typed(v) for v in g.outputs)

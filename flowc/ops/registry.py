@@ -132,7 +132,7 @@ class SbpSignature:
         return f"({ins}) -> ({outs})" + (f" [{self.physical}]" if self.physical else "")
 
 
-_DSL_EXCEPTIONS = {"IsNaN": "is_nan", "PRelu": "prelu", "TopK": "topk"}
+_DSL_EXCEPTIONS = {"IsNaN": "is_nan", "PRelu": "prelu", "TopK": "topk", "MatMul": "matmul"}
 
 
 def _dsl_name(name: str) -> str:

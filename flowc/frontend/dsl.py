@@ -1,0 +1,808 @@
+"""The DSL front end: a .flow program (grammar/flow.lark) to the IR.
+
+The DSL is also the IR's printed form (flowc.ir.printer), so anything flowc imports can be
+dumped, edited and read back. Types are checked while the program is read: every binding's
+op runs its shape inference, and an annotated type or placement must agree. Errors name
+file:line:col, show the line with a caret, and say what was expected and what was found.
+
+Literals in expressions take their type from context: a number combined with a tensor by an
+element-wise op (``x * 2``) gets that tensor's type; otherwise integers are i64 and floats
+f32 (``reshape(x, [8, -1])`` passes an i64 shape). ``const`` declarations give exact types.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from flowc.errors import FlowcError
+from flowc.ir.builder import GraphBuilder
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Graph, Value, make_splat
+from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
+from flowc.ops.registry import all_ops, get_op, op_by_dsl_name
+from flowc.resources import grammar_file
+
+
+class DslError(FlowcError):
+    """An error in a .flow program, with its position."""
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    text: str
+
+    def error(self, line: int, col: int, message: str, hint: str | None = None) -> DslError:
+        lines = self.text.splitlines()
+        shown = lines[line - 1] if 0 < line <= len(lines) else ""
+        caret = " " * max(col - 1, 0) + "^"
+        return DslError(f"{self.path}:{line}:{col}: {message}\n  {shown}\n  {caret}", hint=hint)
+
+
+_PARSER: Lark | None = None
+
+
+def parser() -> Lark:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = Lark(
+            grammar_file().read_text(),
+            parser="lalr",
+            propagate_positions=True,
+            maybe_placeholders=True,
+        )
+    return _PARSER
+
+
+# Token names in Lark's messages, as a reader would call them.
+_TOKEN_WORDS = {
+    "CNAME": "a name",
+    "ESCAPED_STRING": "a quoted string",
+    "SIGNED_NUMBER": "a number",
+    "SIGNED_INT": "an integer",
+    "INT": "an integer",
+    "_NEWLINE": "a new line",
+    "$END": "the end of the file",
+}
+
+
+def _token_word(name: str) -> str:
+    if name in _TOKEN_WORDS:
+        return _TOKEN_WORDS[name]
+    # Anonymous tokens: Lark names them after their text (LPAR, __ANON_0, "graph", ...).
+    pattern = parser().get_terminal(name).pattern.value if name else name
+    return repr(pattern) if isinstance(pattern, str) else name
+
+
+def parse_tree(src: Source) -> Tree:
+    """The parse tree, or a DslError at the first offending character or token."""
+    try:
+        return parser().parse(src.text)
+    except UnexpectedCharacters as e:
+        pos = e.pos_in_stream or 0
+        ch = src.text[pos] if pos < len(src.text) else ""
+        raise src.error(e.line, e.column, f"unexpected character {ch!r}") from None
+    except UnexpectedEOF as e:
+        expected = sorted({_token_word(t) for t in e.expected})
+        line = src.text.count("\n") + 1
+        col = len(src.text.rsplit("\n", 1)[-1]) + 1
+        raise src.error(
+            line, col, "the program ends too early; expected " + ", ".join(expected[:8])
+        ) from None
+    except UnexpectedToken as e:
+        expected = sorted({_token_word(t) for t in e.expected})
+        found = "the end of the file" if e.token.type == "$END" else repr(str(e.token))
+        raise src.error(
+            e.line if e.line > 0 else 1,
+            e.column if e.column > 0 else 1,
+            f"unexpected {found}; expected "
+            + ", ".join(expected[:8])
+            + (" ..." if len(expected) > 8 else ""),
+        ) from None
+    except UnexpectedInput as e:  # any other Lark complaint
+        raise src.error(
+            getattr(e, "line", 1), getattr(e, "column", 1), str(e).splitlines()[0]
+        ) from None
+
+
+# -- weights files ---------------------------------------------------------------------------
+
+
+class Weights:
+    """Named arrays from a .npz or .safetensors file, read on first use."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = read_weights(self.path)
+        return self._arrays
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise FlowcError(f"weights file {path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        if suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            return dict(load_file(str(path)))
+    except (OSError, ValueError, KeyError) as e:
+        raise FlowcError(f"weights file {path} cannot be read: {e}") from None
+    except Exception as e:  # safetensors raises its own error type for corrupt files
+        raise FlowcError(f"weights file {path} cannot be read: {e}") from None
+    raise FlowcError(
+        f"weights file {path}: unknown format {suffix or '(no suffix)'!r}",
+        hint="weights come as .npz or .safetensors",
+    )
+
+
+# -- literals --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A number or a flat list of numbers not yet given a type."""
+
+    value: Any  # int, float, or a list of them
+
+    @property
+    def is_float(self) -> bool:
+        vals = self.value if isinstance(self.value, list) else [self.value]
+        return any(isinstance(v, float) for v in vals)
+
+
+_ELEMENTWISE_LITERAL_OPS = frozenset({"elementwise"})
+
+
+class _Reader:
+    def __init__(self, src: Source, weights: Path | None, base_dir: Path) -> None:
+        self.src = src
+        self.weights_override = weights
+        self.base_dir = base_dir
+        self.weights: Weights | None = Weights(weights) if weights is not None else None
+        self.graph = Graph("main")
+        self.builder = GraphBuilder(self.graph, fold=False)
+        self.scope: dict[str, Value] = {}
+        self.bound: set[Value] = set()
+        self.defined_at: dict[str, tuple[int, int]] = {}
+        self.mesh: Mesh | None = None
+        self.stage: int | None = None
+        self.counter = 0
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def fail(self, where: Tree | Token | None, message: str, hint: str | None = None) -> DslError:
+        line, col = _pos(where)
+        return self.src.error(line, col, message, hint)
+
+    def name(self, t: Tree | Token) -> str:
+        tok = t.children[0] if isinstance(t, Tree) else t
+        assert isinstance(tok, Token)
+        if tok.type == "ESCAPED_STRING":
+            return str(json.loads(tok))
+        return str(tok)
+
+    def tensor_type(self, t: Tree) -> TensorType:
+        dt_tok, dims = t.children
+        try:
+            dtype = DType.from_short(str(dt_tok))
+        except (KeyError, ValueError):
+            shorts = sorted(d.short for d in DType)
+            close = difflib.get_close_matches(str(dt_tok), shorts, n=3)
+            raise self.fail(
+                dt_tok,
+                f"unknown element type {str(dt_tok)!r}",
+                hint=("did you mean " + ", ".join(close) + "?")
+                if close
+                else "types: " + ", ".join(shorts),
+            ) from None
+        shape = [] if dims is None else [int(str(d.children[0])) for d in dims.children]
+        for d, node in zip(shape, dims.children if dims is not None else [], strict=True):
+            if d < 0:
+                raise self.fail(node, f"dimension {d} is negative")
+        return TensorType(tuple(shape), dtype)
+
+    def placement(self, t: Tree | None, ttype: TensorType, what: str) -> NdSbp | None:
+        if t is None:
+            return None
+        parts = []
+        for p in t.children:
+            if p.data == "split":
+                axis = int(str(p.children[0]))
+                if axis >= ttype.rank:
+                    raise self.fail(
+                        p,
+                        f"S({axis}) splits axis {axis}, but {what} has rank {ttype.rank} ({ttype})",
+                    )
+                parts.append(Sbp("S", axis))
+            else:
+                parts.append(Sbp("B" if p.data == "broadcast" else "P"))
+        if self.mesh is None:
+            raise self.fail(
+                t, f"a placement on {what} needs a mesh", hint="declare one first: mesh gpus[4]"
+            )
+        if len(parts) != self.mesh.ndim:
+            raise self.fail(
+                t,
+                f"placement of {what} has {len(parts)} entr{'y' if len(parts) == 1 else 'ies'}, "
+                f"but mesh {self.mesh} has {self.mesh.ndim} axes",
+                hint="give one S(i), B or P per mesh axis, in parentheses for several",
+            )
+        return NdSbp(tuple(parts))
+
+    def define(self, name: str, v: Value, where: Tree | Token) -> None:
+        if name in self.scope:
+            line, col = self.defined_at[name]
+            raise self.fail(where, f"{name!r} is already defined (at line {line}, column {col})")
+        self.scope[name] = v
+        self.bound.add(v)
+        self.defined_at[name] = _pos(where)
+
+    def lookup(self, t: Tree) -> Value:
+        name = self.name(t)
+        v = self.scope.get(name)
+        if v is None:
+            close = difflib.get_close_matches(name, list(self.scope), n=3)
+            raise self.fail(
+                t,
+                f"{name!r} is not defined",
+                hint=("did you mean " + ", ".join(repr(c) for c in close) + "?") if close else None,
+            )
+        return v
+
+    def number(self, t: Tree | Token) -> int | float | complex:
+        if isinstance(t, Token):
+            text = str(t)
+            return int(text) if text.lstrip("+-").isdigit() else float(text)
+        kind = t.data
+        if kind == "number":
+            return self.number(t.children[0])
+        if kind == "pos_inf":
+            return float("inf")
+        if kind == "neg_inf":
+            return float("-inf")
+        if kind == "nan":
+            return float("nan")
+        if kind == "complex":
+            re_, im = (self.number(c) for c in t.children)
+            return complex(re_.real, im.real)
+        raise self.fail(t, "expected a number")
+
+    def attr_value(self, t: Tree | Token) -> Any:
+        if isinstance(t, Token) or t.data in ("number", "pos_inf", "neg_inf", "nan", "complex"):
+            return self.number(t)
+        if t.data == "string":
+            return json.loads(str(t.children[0]))
+        if t.data == "true":
+            return 1
+        if t.data == "false":
+            return 0
+        if t.data == "list":
+            return [self.attr_value(c) for c in t.children if c is not None]
+        if t.data == "tensor":
+            ttype = self.tensor_type(t.children[0])
+            return self.literal_array(t.children[1], ttype, t)
+        raise self.fail(t, "expected an attribute value")
+
+    def literal_array(self, t: Tree, ttype: TensorType, where: Tree) -> np.ndarray:
+        values: list[Any] = (
+            [t.data == "true"]
+            if t.data in ("true", "false")
+            else [self.number(c) for c in t.children if c is not None]
+        )
+        n = ttype.numel
+        if len(values) != n and not (len(values) == 1 and n == 1):
+            raise self.fail(where, f"{ttype} holds {n} element(s), but {len(values)} are given")
+        try:
+            a = np.array(values, dtype=ttype.dtype.np)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise self.fail(where, f"the values do not fit {ttype.dtype.short}: {e}") from None
+        return a.reshape(ttype.shape)
+
+    def temp(self) -> str:
+        """A name for an unnamed intermediate; a later binding of the same name takes it
+        over (see claim)."""
+        self.counter += 1
+        return self.graph.unique_name(f"_t{self.counter}")
+
+    def claim(self, name: str, where: Tree | Token) -> None:
+        """Free ``name`` for a binding: an unbound intermediate holding it is renamed."""
+        if name not in self.graph._names:
+            return
+        holder = next(v for v in self.graph.values() if v.name == name)
+        if holder in self.bound:
+            raise self.fail(where, f"{name!r} is already defined")
+        _rename(self.graph, holder, self.temp())
+
+    # -- declarations -----------------------------------------------------------------------
+
+    def header(self, t: Tree) -> None:
+        if t.data == "mesh_decl":
+            name_t, dims = t.children
+            shape = tuple(int(str(d.children[0])) for d in dims.children)
+            if any(d < 1 for d in shape):
+                raise self.fail(t, f"mesh axes need at least one device, got {list(shape)}")
+            if self.mesh is not None:
+                raise self.fail(t, "the mesh is declared twice")
+            self.mesh = Mesh(self.name(name_t), shape)
+        elif t.data == "weights_decl":
+            path = Path(json.loads(str(t.children[0])))
+            if self.weights_override is None:
+                self.weights = Weights(path if path.is_absolute() else self.base_dir / path)
+
+    def param(self, t: Tree) -> None:
+        typed_t, init = t.children
+        name_t, type_t, place_t = _parts(typed_t)
+        name = self.name(name_t)
+        ttype = self.tensor_type(_required(type_t))
+        array = self.initializer(init, name, ttype)
+        if name in self.scope:
+            raise self.fail(name_t, f"{name!r} is already defined")
+        self.claim(name, name_t)
+        v = self.graph.add_constant(name, array)
+        if v.name != name:
+            raise self.fail(name_t, f"{name!r} is already defined")
+        v.sbp = self.placement(place_t, ttype, repr(name))
+        self.define(name, v, name_t)
+
+    def initializer(self, t: Tree, name: str, ttype: TensorType) -> np.ndarray:
+        np_dtype = ttype.dtype.np
+        if t.data == "init_load":
+            key = json.loads(str(t.children[0]))
+            if self.weights is None:
+                raise self.fail(
+                    t,
+                    f"load({key!r}) needs a weights file",
+                    hint='pass --weights FILE (.npz or .safetensors), or declare weights "FILE" '
+                    "at the top of the program",
+                )
+            try:
+                arrays = self.weights.arrays()
+            except FlowcError as e:
+                raise self.fail(t, e.message, e.hint) from None
+            if key not in arrays:
+                close = difflib.get_close_matches(key, list(arrays), n=3)
+                raise self.fail(
+                    t,
+                    f"{self.weights.path} has no array named {key!r}",
+                    hint=("did you mean " + ", ".join(repr(c) for c in close) + "?")
+                    if close
+                    else None,
+                )
+            a = np.asarray(arrays[key])
+            if a.dtype.kind == "V" and a.dtype.itemsize == np_dtype.itemsize:
+                # .npz keeps ml_dtypes arrays (bfloat16, float8) as raw bytes.
+                a = a.view(np_dtype)
+            if tuple(a.shape) != ttype.shape or a.dtype != np_dtype:
+                found = f"{DType.from_numpy(a.dtype).short if _known(a.dtype) else a.dtype}{list(a.shape)}"
+                raise self.fail(
+                    t,
+                    f"{key!r} in {self.weights.path} is {found}, but {name!r} is declared {ttype}",
+                )
+            return a
+        if t.data == "init_fill":
+            v = t.children[0]
+            value: Any = (
+                v.data == "true"
+                if isinstance(v, Tree) and v.data in ("true", "false")
+                else self.number(v)
+            )
+            try:
+                return make_splat(value, ttype.shape, np_dtype)
+            except (OverflowError, ValueError, TypeError) as e:
+                raise self.fail(t, f"fill({value}) does not fit {ttype.dtype.short}: {e}") from None
+        fn = str(t.children[0])
+        args = (
+            [self.attr_value(c) for c in t.children[1:] if c is not None]
+            if t.data == "init_call"
+            else []
+        )
+        if fn in ("zeros", "ones") and not args:
+            return make_splat(0 if fn == "zeros" else 1, ttype.shape, np_dtype)
+        if fn in ("normal", "uniform"):
+            if len(args) != 2 or not all(isinstance(a, (int, float)) for a in args):
+                what = "mean, std" if fn == "normal" else "lo, hi"
+                raise self.fail(t, f"{fn} takes two numbers ({what}), got {len(args)} argument(s)")
+            if not ttype.dtype.is_float:
+                raise self.fail(t, f"{fn}(...) makes floats, but {name!r} is {ttype}")
+            # Seeded by the parameter's name: the same program gives the same weights.
+            rng = np.random.default_rng(zlib.crc32(name.encode()))
+            if fn == "normal":
+                data = rng.normal(float(args[0]), float(args[1]), ttype.shape)
+            else:
+                data = rng.uniform(float(args[0]), float(args[1]), ttype.shape)
+            return np.asarray(data).astype(np_dtype)
+        raise self.fail(
+            t,
+            f"unknown initializer {fn!r}",
+            hint='initializers: zeros, ones, normal(mean, std), uniform(lo, hi), fill(v), load("name")',
+        )
+
+    def const(self, t: Tree) -> None:
+        typed_t, lit = t.children
+        name_t, type_t, place_t = _parts(typed_t)
+        name = self.name(name_t)
+        ttype = self.tensor_type(_required(type_t))
+        array = self.literal_array(lit, ttype, t)
+        if name in self.scope:
+            raise self.fail(name_t, f"{name!r} is already defined")
+        self.claim(name, name_t)
+        v = self.graph.add_constant(name, array)
+        if v.name != name:
+            raise self.fail(name_t, f"{name!r} is already defined")
+        v.sbp = self.placement(place_t, ttype, repr(name))
+        self.define(name, v, name_t)
+
+    # -- expressions ------------------------------------------------------------------------
+
+    def materialize(self, x: Value | Literal, like: Value | None, where: Tree) -> Value:
+        if isinstance(x, Value):
+            return x
+        if like is not None and (like.type.dtype.is_float or not x.is_float):
+            dtype = like.type.dtype.np
+        else:
+            dtype = np.dtype(np.float32) if x.is_float else np.dtype(np.int64)
+        return self.builder.constant(self.temp(), np.array(x.value, dtype=dtype))
+
+    def emit(
+        self,
+        op: str,
+        args: list[Value | Literal | None],
+        attrs: dict[str, Any],
+        where: Tree,
+        n_out: int | None = None,
+    ) -> list[Value]:
+        opdef = get_op(op)
+        first = next((a for a in args if isinstance(a, Value)), None)
+        like = first if opdef.family in _ELEMENTWISE_LITERAL_OPS else None
+        ins = [None if a is None else self.materialize(a, like, where) for a in args]
+        names = [self.temp() for _ in range(n_out or opdef.outputs[0])]
+        try:
+            outs = self.builder.emit(
+                op, ins, attrs, name=names[0], output_names=names, num_outputs=n_out
+            )
+        except FlowcError as e:
+            msg = e.message
+            # The builder names the node; the program's position says more.
+            raise self.fail(
+                where, msg.split(": ", 1)[-1] if msg.startswith(op) else msg, e.hint
+            ) from None
+        for o in outs:
+            if o.producer is not None:
+                o.producer.stage = self.stage
+        return outs
+
+    def expr(self, t: Tree | Token) -> Value | Literal | None:
+        if isinstance(t, Token) or t.data in ("number", "pos_inf", "neg_inf", "nan", "complex"):
+            return Literal(self.number(t))
+        kind = t.data
+        if kind == "ref":
+            return self.lookup(t.children[0])
+        if kind == "omitted":
+            return None
+        if kind == "list_lit":
+            return Literal([self.number(c) for c in t.children if c is not None])
+        if kind in ("add", "sub", "mul", "div", "matmul"):
+            a, b = (self.expr(c) for c in t.children)
+            if isinstance(a, Literal) and isinstance(b, Literal) and kind != "matmul":
+                return _fold_literal(kind, a, b)
+            if a is None or b is None:
+                raise self.fail(t, "'_' (an omitted input) cannot be an operand")
+            op = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul"}[kind]
+            like = a if isinstance(a, Value) else b if isinstance(b, Value) else None
+            return self.emit(
+                op, [self.materialize(a, like, t), self.materialize(b, like, t)], {}, t
+            )[0]
+        if kind == "neg":
+            x = self.expr(t.children[0])
+            if isinstance(x, Literal) and not isinstance(x.value, list):
+                return Literal(-x.value)
+            if x is None:
+                raise self.fail(t, "'_' (an omitted input) cannot be negated")
+            return self.emit("Neg", [x], {}, t)[0]
+        if kind == "call":
+            outs = self.call(t, None)
+            if len(outs) != 1:
+                raise self.fail(
+                    t,
+                    f"{self.op_of(t).dsl_name} gives {len(outs)} results here; bind them: a, b = ...",
+                )
+            return outs[0]
+        raise self.fail(t, f"unexpected {kind}")
+
+    def op_of(self, t: Tree) -> Any:
+        fn_t = t.children[0]
+        fn = str(fn_t)
+        opdef = op_by_dsl_name(fn)
+        if opdef is None:
+            names = sorted(o.dsl_name for o in all_ops())
+            close = difflib.get_close_matches(fn.lower(), names, n=3, cutoff=0.6)
+            raise self.fail(
+                fn_t,
+                f"unknown op {fn!r}",
+                hint=("did you mean " + ", ".join(close) + "?")
+                if close
+                else "`flowc ops` lists the ops; their DSL names are lowercase with underscores",
+            )
+        return opdef
+
+    def call(self, t: Tree, n_out: int | None) -> list[Value]:
+        opdef = self.op_of(t)
+        args: list[Value | Literal | None] = []
+        attrs: dict[str, Any] = {}
+        for a in t.children[1:]:
+            if a is None:
+                continue
+            if isinstance(a, Tree) and a.data == "kwarg":
+                key = str(a.children[0])
+                if key in attrs:
+                    raise self.fail(a, f"attribute {key!r} is given twice")
+                known = known_attributes(opdef.name)
+                if key not in known:
+                    close = difflib.get_close_matches(key, sorted(known), n=3)
+                    raise self.fail(
+                        a,
+                        f"{opdef.dsl_name} has no attribute {key!r}",
+                        hint=("did you mean " + ", ".join(close) + "?")
+                        if close
+                        else "its attributes: " + (", ".join(sorted(known)) or "none"),
+                    )
+                attrs[key] = self.attr_value(a.children[1])
+            else:
+                if attrs:
+                    raise self.fail(a, "inputs come before attributes (name=value)")
+                args.append(self.expr(a))
+        return self.emit(opdef.name, args, attrs, t, n_out)
+
+    # -- statements -------------------------------------------------------------------------
+
+    def binding(self, t: Tree) -> None:
+        *targets, rhs = t.children
+        if isinstance(rhs, Tree) and rhs.data == "call":
+            outs = self.call(rhs, len(targets))
+        else:
+            if len(targets) != 1:
+                raise self.fail(t, f"{len(targets)} names, but the expression gives one result")
+            v = self.expr(rhs)
+            if v is None:
+                raise self.fail(rhs, "'_' (an omitted input) cannot be bound")
+            if isinstance(v, Literal):
+                v = self.materialize(v, None, t)
+            outs = [v]
+        if len(outs) != len(targets):
+            raise self.fail(
+                t, f"{len(targets)} names, but the expression gives {len(outs)} results"
+            )
+        for target, v in zip(targets, outs, strict=True):
+            name_t, type_t, place_t = _parts(target)
+            name = self.name(name_t)
+            if type_t is not None:
+                want = self.tensor_type(type_t)
+                if want != v.type:
+                    raise self.fail(
+                        target, f"{name!r} is declared {want}, but the expression gives {v.type}"
+                    )
+            if name in self.scope:
+                line, col = self.defined_at[name]
+                raise self.fail(
+                    name_t, f"{name!r} is already defined (at line {line}, column {col})"
+                )
+            if v in self.bound:
+                # A new name for an existing value (an input, a parameter, another binding).
+                (v,) = self.emit("Identity", [v], {}, target)
+            if v.name != name:
+                self.claim(name, name_t)
+                _rename(self.graph, v, name)
+            if place_t is not None:
+                v.sbp = self.placement(place_t, v.type, repr(name))
+            self.define(name, v, name_t)
+
+    def statement(self, t: Tree) -> None:
+        kind = t.data
+        if kind == "param_decl":
+            self.param(t)
+        elif kind == "const_decl":
+            self.const(t)
+        elif kind == "binding":
+            self.binding(t)
+        elif kind == "stage_block":
+            if self.stage is not None:
+                raise self.fail(t, "stages do not nest")
+            self.stage = int(str(t.children[0]))
+            for s in t.children[1:]:
+                if isinstance(s, Tree) and s.data == "return_stmt":
+                    raise self.fail(s, "return belongs after the stages, not inside one")
+                self.statement(s)
+            self.stage = None
+        else:
+            raise self.fail(t, f"unexpected {kind}")
+
+    def program(self, tree: Tree) -> Graph:
+        items = [c for c in tree.children if isinstance(c, Tree)]
+        for h in items[:-1]:
+            self.header(h)
+        g_t = items[-1]
+        name_t, ins_t, outs_t, *body = g_t.children
+        self.graph.name = self.name(name_t)
+        self.graph.mesh = self.mesh
+        for typed_t in ins_t.children if ins_t is not None else []:
+            n_t, type_t, place_t = _parts(typed_t)
+            name = self.name(n_t)
+            ttype = self.tensor_type(_required(type_t))
+            if name in self.scope:
+                raise self.fail(n_t, f"input {name!r} is declared twice")
+            v = self.graph.add_input(name, ttype)
+            v.sbp = self.placement(place_t, ttype, f"input {name!r}")
+            self.define(name, v, n_t)
+        declared = []
+        for typed_t in outs_t.children if outs_t is not None else []:
+            n_t, type_t, place_t = _parts(typed_t)
+            ttype = self.tensor_type(_required(type_t))
+            declared.append(
+                (
+                    self.name(n_t),
+                    ttype,
+                    self.placement(place_t, ttype, f"output {self.name(n_t)!r}"),
+                )
+            )
+        ret: Tree | None = None
+        for s in body:
+            if s is None:
+                continue
+            if ret is not None:
+                raise self.fail(s, "nothing may follow return")
+            if s.data == "return_stmt":
+                ret = s
+                continue
+            self.statement(s)
+        if ret is None:
+            raise self.fail(g_t, f"graph {self.graph.name!r} has no return statement")
+        names = [c for c in ret.children]
+        if len(names) != len(declared):
+            raise self.fail(
+                ret, f"returns {len(names)} value(s), but the signature declares {len(declared)}"
+            )
+        outs = []
+        for n_t, (oname, otype, osbp) in zip(names, declared, strict=True):
+            v = self.lookup(n_t)
+            if v.type != otype:
+                raise self.fail(
+                    n_t, f"output {oname!r} is declared {otype}, but {self.name(n_t)!r} is {v.type}"
+                )
+            if v.name != oname:
+                raise self.fail(
+                    n_t,
+                    f"the signature's output {oname!r} is returned as {self.name(n_t)!r}",
+                    hint=f"bind the result to {oname!r}, or rename the output in the signature",
+                )
+            if osbp is not None:
+                v.sbp = osbp
+            outs.append(v)
+        self.graph.outputs = outs
+        try:
+            self.graph.verify()
+        except FlowcError as e:
+            raise DslError(f"{self.src.path}: {e.message}", e.hint) from None
+        return self.graph
+
+
+@functools.cache
+def known_attributes(op: str) -> frozenset[str]:
+    """The attribute names an op takes: its registry defaults, and for ONNX ops every
+    attribute of the ONNX schema (required ones have no default)."""
+    names = set(get_op(op).attrs)
+    try:
+        import onnx.defs
+
+        names.update(onnx.defs.get_schema(op).attributes)
+    except Exception:  # not an ONNX op (FusedElementwise, the comm ops, ...)
+        pass
+    if op == "FusedElementwise":
+        names.add("program")
+    return frozenset(names)
+
+
+def _required(t: Tree | None) -> Tree:
+    assert t is not None, "the grammar requires a type here"
+    return t
+
+
+def _parts(t: Tree) -> tuple[Tree, Tree | None, Tree | None]:
+    """A typed name's (name, type, placement); the last two may be absent."""
+    kids = list(t.children)
+    name_t = kids[0]
+    type_t = next((c for c in kids[1:] if isinstance(c, Tree) and c.data == "tensor_type"), None)
+    place_t = next((c for c in kids[1:] if isinstance(c, Tree) and c.data == "placement"), None)
+    return name_t, type_t, place_t
+
+
+def _rename(graph: Graph, v: Value, name: str) -> None:
+    graph._names.discard(v.name)
+    if name in graph._names:
+        raise ValueError(name)
+    v.name = name
+    graph._names.add(name)
+
+
+def _fold_literal(kind: str, a: Literal, b: Literal) -> Literal:
+    if isinstance(a.value, list) or isinstance(b.value, list):
+        x, y = np.array(a.value), np.array(b.value)
+        r = {"add": x + y, "sub": x - y, "mul": x * y, "div": x / y}[kind]
+        return Literal(r.tolist())
+    x, y = a.value, b.value
+    if kind == "div":
+        return Literal(x / y if y != 0 else float("nan"))
+    return Literal({"add": x + y, "sub": x - y, "mul": x * y}[kind])
+
+
+def _known(dtype: np.dtype) -> bool:
+    try:
+        DType.from_numpy(dtype)
+        return True
+    except (KeyError, ValueError):
+        return False
+
+
+def _pos(where: Tree | Token | None) -> tuple[int, int]:
+    if isinstance(where, Token):
+        return (where.line or 1, where.column or 1)
+    if isinstance(where, Tree):
+        meta = where.meta
+        if not getattr(meta, "empty", True):
+            return (meta.line, meta.column)
+        for c in where.children:
+            if isinstance(c, (Tree, Token)):
+                p = _pos(c)
+                if p != (1, 1):
+                    return p
+    return (1, 1)
+
+
+def parse_program(
+    text: str,
+    path: str = "<program>",
+    weights: str | os.PathLike[str] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Graph:
+    """Read a DSL program into a Graph (checked); ``weights`` overrides the program's own
+    ``weights "FILE"`` for ``load(...)`` params."""
+    src = Source(path, text)
+    tree = parse_tree(src)
+    reader = _Reader(src, Path(weights) if weights is not None else None, Path(base_dir or "."))
+    try:
+        return reader.program(tree)
+    except RecursionError:
+        raise src.error(1, 1, "the program nests too deeply") from None
+
+
+def load_program(
+    path: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None
+) -> Graph:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FlowcError(f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FlowcError(f"{p}: cannot read it ({e})") from None
+    g = parse_program(text, str(p), weights, p.parent)
+    g.meta = {"format": "flowc DSL", "file": p.name}
+    return g
