@@ -753,14 +753,15 @@ def verify(
     mem_limit: str | None,
     cost_profile: Path | None,
 ) -> None:
-    """Compile MODEL, build, run, and compare every output with onnxruntime."""
+    """Compile MODEL, build, run, and compare every output with onnxruntime (the NumPy
+    reference for a .flow program)."""
     from flowc.harness.build import build, run
     from flowc.harness.compare import compare
     from flowc.harness.ort import run_onnxruntime
     from flowc.interpreter import random_inputs as make_random
 
-    if model.suffix.lower() != ".onnx":
-        raise InputError(f"{model}: verify compares with onnxruntime and needs an .onnx model")
+    if model.suffix.lower() not in (".onnx", ".flow"):
+        raise InputError(f"{model}: verify takes an .onnx model or a .flow program")
     popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
@@ -782,11 +783,19 @@ def verify(
                 )
         _progress("running")
         got, _ = run(project, feeds, target=target)
-    import onnx
+    if model.suffix.lower() == ".flow":
+        # A DSL program has no onnxruntime counterpart: flowc's NumPy reference is the judge.
+        from flowc.interpreter import evaluate
 
-    from flowc.harness.ort import inference_mode
+        reference = "the NumPy reference"
+        ref = evaluate(graph, feeds)
+    else:
+        import onnx
 
-    ref = run_onnxruntime(inference_mode(onnx.load(str(model))), feeds)
+        from flowc.harness.ort import inference_mode
+
+        reference = "onnxruntime"
+        ref = run_onnxruntime(inference_mode(onnx.load(str(model))), feeds)
     table = Table(show_edge=False)
     for col in ("output", "shape", "error", "result"):
         table.add_column(col)
@@ -802,7 +811,7 @@ def verify(
         )
     out.print(table)
     if not ok:
-        raise FlowcError(f"{model.name}: some outputs differ from onnxruntime by more than {tol}")
+        raise FlowcError(f"{model.name}: some outputs differ from {reference} by more than {tol}")
 
 
 @cli.command()
