@@ -203,6 +203,32 @@ def parallel_settings(
     return ParallelOptions(m, parallel, fixed, limit, cost_profile)
 
 
+def program_placements(model: Path, popts: Any) -> Any:
+    """Options with a .flow program's own mesh and placements: the program's mesh when no
+    --mesh is given, its placements as constraints (--sbp wins for the same value)."""
+    if model.suffix.lower() != ".flow":
+        return popts
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.parallel import ParallelOptions
+
+    graph = load_graph(model, ImportOptions(weights=_pass_switches["weights"]))
+    placed = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
+    mesh = graph.mesh
+    if popts is None:
+        if mesh is None or mesh.size == 1:
+            return None
+        return ParallelOptions(mesh, "auto", placed)
+    if placed and mesh is not None and mesh.shape != popts.mesh.shape:
+        program_mesh = "x".join(map(str, mesh.shape))
+        raise InputError(
+            f"{model}: its placements are for mesh {program_mesh}, but --mesh is "
+            f"{'x'.join(map(str, popts.mesh.shape))}",
+            hint=f"use --mesh {program_mesh}, or remove the program's @ annotations",
+        )
+    popts.sbp = {**placed, **popts.sbp}
+    return popts
+
+
 def load_parallel(
     model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any
 ) -> tuple[Any, Any]:
@@ -301,7 +327,9 @@ def inspect(
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
 
-    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    popts = program_placements(
+        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    )
     if popts is not None:
         _inspect_plan(model, shapes, dims, popts, print_ir)
         return
@@ -496,7 +524,9 @@ def eval_cmd(
     from flowc.interpreter import random_inputs as make_random
 
     output = check_output_path(output)
-    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    popts = program_placements(
+        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    )
     if popts is not None:
         from flowc.interpreter import check_feeds
         from flowc.parallel.simulate import simulate
@@ -589,7 +619,9 @@ def compile_cmd(
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights, CMake)."""
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
-    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    popts = program_placements(
+        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    )
     compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:])
     out.print(
         f"wrote {escape(str(project))}/; build it with: flowc build {escape(str(project))} --target {target}"
@@ -762,7 +794,9 @@ def verify(
 
     if model.suffix.lower() not in (".onnx", ".flow"):
         raise InputError(f"{model}: verify takes an .onnx model or a .flow program")
-    popts = parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    popts = program_placements(
+        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
+    )
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
     feeds = read_inputs(inputs, names)
