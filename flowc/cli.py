@@ -173,16 +173,29 @@ def parallel_options(fn: F) -> F:
 
 
 def parallel_settings(
+    model: Path,
     mesh: str | None,
     parallel: str,
     sbps: Sequence[str],
     mem_limit: str | None,
     cost_profile: Path | None,
 ) -> Any:
-    """ParallelOptions from the command line, or None for a one-device program."""
+    """ParallelOptions from the command line and, for a .flow program, its own mesh and
+    placements (its mesh when no --mesh is given; its placements are constraints like
+    --sbp, which wins for the same value); None for a one-device program."""
     from flowc.parallel import ParallelOptions, parse_mesh, parse_sbp
 
-    if mesh is None:
+    m = parse_mesh(mesh) if mesh is not None else None
+    program_mesh, placed = None, {}
+    if model.suffix.lower() == ".flow":
+        from flowc.frontend import ImportOptions, load_graph
+
+        graph = load_graph(model, ImportOptions(weights=_pass_switches["weights"]))
+        program_mesh = graph.mesh
+        placed = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
+    if m is None:
+        m = program_mesh
+    if m is None:
         given = [o for o, v in (("--sbp", sbps), ("--mem-limit", mem_limit)) if v]
         if parallel != "auto":
             given.append("--parallel")
@@ -191,42 +204,25 @@ def parallel_settings(
         if given:
             raise InputError(
                 f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --mesh",
-                hint="e.g. --mesh 4 or --mesh 2x2",
+                hint="e.g. --mesh 4 or --mesh 2x2 (or a mesh declaration in the program)",
             )
         return None
-    m = parse_mesh(mesh)
+    if placed and program_mesh is not None and program_mesh.shape != m.shape:
+        shape = "x".join(map(str, program_mesh.shape))
+        raise InputError(
+            f"{model}: its placements are for mesh {shape}, but --mesh is "
+            f"{'x'.join(map(str, m.shape))}",
+            hint=f"use --mesh {shape}, or remove the program's @ annotations",
+        )
     fixed = dict(parse_sbp(t, m) for t in sbps)
     if m.size == 1:
         # One device: every layout is whole; the program is the ordinary one.
         return None
+    if parallel != "none":
+        # `none` keeps every value whole: the program's placements do not apply.
+        fixed = {**placed, **fixed}
     limit = parse_bytes(mem_limit, "--mem-limit") if mem_limit is not None else None
     return ParallelOptions(m, parallel, fixed, limit, cost_profile)
-
-
-def program_placements(model: Path, popts: Any) -> Any:
-    """Options with a .flow program's own mesh and placements: the program's mesh when no
-    --mesh is given, its placements as constraints (--sbp wins for the same value)."""
-    if model.suffix.lower() != ".flow":
-        return popts
-    from flowc.frontend import ImportOptions, load_graph
-    from flowc.parallel import ParallelOptions
-
-    graph = load_graph(model, ImportOptions(weights=_pass_switches["weights"]))
-    placed = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
-    mesh = graph.mesh
-    if popts is None:
-        if mesh is None or mesh.size == 1:
-            return None
-        return ParallelOptions(mesh, "auto", placed)
-    if placed and mesh is not None and mesh.shape != popts.mesh.shape:
-        program_mesh = "x".join(map(str, mesh.shape))
-        raise InputError(
-            f"{model}: its placements are for mesh {program_mesh}, but --mesh is "
-            f"{'x'.join(map(str, popts.mesh.shape))}",
-            hint=f"use --mesh {program_mesh}, or remove the program's @ annotations",
-        )
-    popts.sbp = {**placed, **popts.sbp}
-    return popts
 
 
 def load_parallel(
@@ -327,9 +323,7 @@ def inspect(
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
 
-    popts = program_placements(
-        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
-    )
+    popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     if popts is not None:
         _inspect_plan(model, shapes, dims, popts, print_ir)
         return
@@ -401,7 +395,11 @@ def _inspect_plan(
         if method == popts.method:
             continue
         try:
-            alt = parallelize(graph, dataclasses.replace(popts, method=method, mem_limit=None))
+            # The all-B baseline has no constraints; data keeps the given layouts.
+            sbp = {} if method == "none" else popts.sbp
+            alt = parallelize(
+                graph, dataclasses.replace(popts, method=method, mem_limit=None, sbp=sbp)
+            )
             others.append((method, summarize(alt)))
         except FlowcError as e:
             others.append((method, f"not possible: {e.message}"))
@@ -524,9 +522,7 @@ def eval_cmd(
     from flowc.interpreter import random_inputs as make_random
 
     output = check_output_path(output)
-    popts = program_placements(
-        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
-    )
+    popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     if popts is not None:
         from flowc.interpreter import check_feeds
         from flowc.parallel.simulate import simulate
@@ -619,9 +615,7 @@ def compile_cmd(
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights, CMake)."""
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
-    popts = program_placements(
-        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
-    )
+    popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:])
     out.print(
         f"wrote {escape(str(project))}/; build it with: flowc build {escape(str(project))} --target {target}"
@@ -794,9 +788,7 @@ def verify(
 
     if model.suffix.lower() not in (".onnx", ".flow"):
         raise InputError(f"{model}: verify takes an .onnx model or a .flow program")
-    popts = program_placements(
-        model, parallel_settings(mesh, parallel, sbps, mem_limit, cost_profile)
-    )
+    popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     graph = load(model, shapes, dims)
     names = [v.name for v in graph.inputs]
     feeds = read_inputs(inputs, names)

@@ -147,7 +147,9 @@ def make_plan(
     fixed = _fixed(graph, opts)
     if method == "none":
         if fixed:
-            raise InputError("--sbp needs --parallel auto or data (none keeps everything whole)")
+            raise InputError(
+                "--sbp placements need --parallel auto or data (none keeps everything whole)"
+            )
         return broadcast_plan(graph, opts.mesh)
     if method == "data":
         return data_parallel_plan(graph, opts.mesh, profile, fixed)
