@@ -462,6 +462,25 @@ def read_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndar
     return feeds
 
 
+def _storable(a: np.ndarray) -> np.ndarray:
+    """``a`` as .npy can hold it: ml_dtypes arrays (bfloat16, float8, int4, ...) have no
+    NumPy descriptor that reads back, so they go in as raw bytes; a .flow program's reader
+    views them as its declared type again."""
+    try:
+        if np.dtype(a.dtype.str) == a.dtype:
+            return a
+    except TypeError:
+        pass
+    return np.ascontiguousarray(a).view(f"V{a.dtype.itemsize}")
+
+
+def _file_mode() -> int:
+    """Permissions a new file gets under the process's umask (mkstemp makes them 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """An .npz keyed by name, written to a temporary file beside ``path`` and then renamed, so
     there is never a half-written file. Written member by member (not np.savez(**arrays)) so
@@ -477,7 +496,10 @@ def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
         ):
             for name, a in arrays.items():
                 with z.open(f"{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+                    np.lib.format.write_array(
+                        member, _storable(np.asanyarray(a)), allow_pickle=False
+                    )
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -675,22 +697,27 @@ def convert_cmd(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], out
     if not output.parent.is_dir():
         raise InputError(f"-o {output}: directory {output.parent} does not exist")
     graph = load(model, shapes, dims)
-    stored = {
+    stored: dict[str, np.ndarray] = {
         c.name: c.const
         for c in graph.constants
         if c.const is not None and not is_splat(c.const) and c.const.size > INLINE_MAX
     }
     weights = output.with_name(output.stem + ".weights.npz")
-    # The weights first: the program never names a file that is not there yet.
-    write_npz_atomic(weights, stored)
     text = print_graph(graph, weights=weights.name if stored else None)
+    # The weights first: the program never names a file that is not there yet; if the
+    # program cannot be written, the new weights go too.
+    if stored:
+        write_npz_atomic(weights, stored)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        if stored:
+            weights.unlink(missing_ok=True)
         raise
     out.print(
         f"wrote {escape(str(output))} ({len(graph.nodes)} nodes)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import operator
 import os
 import zlib
 from dataclasses import dataclass
@@ -31,7 +32,11 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value, make_splat
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 from flowc.ops.registry import all_ops, get_op, op_by_dsl_name
+from flowc.parallel.layout import fits, split_factor
 from flowc.resources import grammar_file
+
+# Words that are values in an expression: a value may have such a name only quoted.
+VALUE_KEYWORDS = frozenset({"nan", "inf", "true", "false", "_"})
 
 
 class DslError(FlowcError):
@@ -44,9 +49,13 @@ class Source:
     text: str
 
     def error(self, line: int, col: int, message: str, hint: str | None = None) -> DslError:
-        lines = self.text.splitlines()
-        shown = lines[line - 1] if 0 < line <= len(lines) else ""
-        caret = " " * max(col - 1, 0) + "^"
+        # Lark counts lines by "\n" alone; str.splitlines() also splits at \f, \v, \u2028 and
+        # the like, and would show another line than the one the position is on.
+        lines = self.text.split("\n")
+        shown = lines[line - 1].rstrip("\r") if 0 < line <= len(lines) else ""
+        # Tabs stay tabs under the line, so the caret lines up however they are shown.
+        pad = "".join(c if c == "\t" else " " for c in shown[: max(col - 1, 0)])
+        caret = pad.ljust(max(col - 1, 0)) + "^"
         return DslError(f"{self.path}:{line}:{col}: {message}\n  {shown}\n  {caret}", hint=hint)
 
 
@@ -77,6 +86,20 @@ _TOKEN_WORDS = {
 }
 
 
+def _expected(names: Any) -> str:
+    """Lark's expected terminals as a reader would list them: words (a name, a number) first,
+    then punctuation and keywords; at most eight."""
+    words = sorted({_token_word(t) for t in names}, key=lambda w: (w[0] in "'\"", w))
+    return ", ".join(words[:8]) + (" ..." if len(words) > 8 else "")
+
+
+def _end(text: str) -> tuple[int, int]:
+    """The line and column just past the last thing written (trailing blank lines would put
+    the caret under an empty line)."""
+    text = text.rstrip()
+    return text.count("\n") + 1, len(text.rsplit("\n", 1)[-1]) + 1
+
+
 def _token_word(name: str) -> str:
     if name in _TOKEN_WORDS:
         return _TOKEN_WORDS[name]
@@ -92,23 +115,29 @@ def parse_tree(src: Source) -> Tree:
     except UnexpectedCharacters as e:
         pos = e.pos_in_stream or 0
         ch = src.text[pos] if pos < len(src.text) else ""
-        raise src.error(e.line, e.column, f"unexpected character {ch!r}") from None
+        allowed = f"; expected {_expected(e.allowed)}" if e.allowed else ""
+        raise src.error(e.line, e.column, f"unexpected character {ch!r}{allowed}") from None
     except UnexpectedEOF as e:
-        expected = sorted({_token_word(t) for t in e.expected})
-        line = src.text.count("\n") + 1
-        col = len(src.text.rsplit("\n", 1)[-1]) + 1
         raise src.error(
-            line, col, "the program ends too early; expected " + ", ".join(expected[:8])
+            *_end(src.text), "the program ends too early; expected " + _expected(e.expected)
         ) from None
     except UnexpectedToken as e:
-        expected = sorted({_token_word(t) for t in e.expected})
-        found = "the end of the file" if e.token.type == "$END" else repr(str(e.token))
+        # LALR merges states, so e.expected can list tokens that would fail one step later
+        # (after `graph g(x` it offers '=' and a new line); accepts() tries each one.
+        ip = getattr(e, "interactive_parser", None)
+        if ip is not None:
+            e.expected = ip.accepts() or e.expected
+        if e.token.type == "$END":
+            # Lark places the end at the last token; the caret belongs after it.
+            raise src.error(
+                *_end(src.text), "the program ends too early; expected " + _expected(e.expected)
+            ) from None
+        # A line break's text is a run of newlines and indentation: name it instead.
+        found = "the end of the line" if e.token.type == "_NEWLINE" else repr(str(e.token))
         raise src.error(
             e.line if e.line > 0 else 1,
             e.column if e.column > 0 else 1,
-            f"unexpected {found}; expected "
-            + ", ".join(expected[:8])
-            + (" ..." if len(expected) > 8 else ""),
+            f"unexpected {found}; expected {_expected(e.expected)}",
         ) from None
     except UnexpectedInput as e:  # any other Lark complaint
         raise src.error(
@@ -133,17 +162,29 @@ class Weights:
 
 
 def read_weights(path: Path) -> dict[str, np.ndarray]:
-    if not path.is_file():
-        raise FlowcError(f"weights file {path} does not exist")
+    try:
+        is_file = path.is_file()
+    except OSError as e:  # a name too long for the file system, ...
+        raise FlowcError(f"weights file {path} cannot be read: {e.strerror or e}") from None
+    if not is_file:
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise FlowcError(f"weights file {path} {what}")
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
         if suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
+            try:
+                from safetensors.numpy import load_file
+            except ImportError:
+                raise FlowcError(
+                    f"weights file {path}: reading .safetensors needs the safetensors package",
+                    hint="pip install safetensors, or save the weights as .npz",
+                ) from None
             return dict(load_file(str(path)))
+    except FlowcError:
+        raise
     except (OSError, ValueError, KeyError) as e:
         raise FlowcError(f"weights file {path} cannot be read: {e}") from None
     except Exception as e:  # safetensors raises its own error type for corrupt files
@@ -161,12 +202,24 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
 class Literal:
     """A number or a flat list of numbers not yet given a type."""
 
-    value: Any  # int, float, or a list of them
+    value: Any  # int, float, complex, or a list of them
 
     @property
     def is_float(self) -> bool:
         vals = self.value if isinstance(self.value, list) else [self.value]
-        return any(isinstance(v, float) for v in vals)
+        return any(isinstance(v, (float, complex)) for v in vals)
+
+    @property
+    def is_complex(self) -> bool:
+        vals = self.value if isinstance(self.value, list) else [self.value]
+        return any(isinstance(v, complex) for v in vals)
+
+    def __str__(self) -> str:
+        try:
+            text = str(self.value)
+        except ValueError:  # an integer of more than 4300 digits has no str()
+            return "(a very long integer)"
+        return text if len(text) <= 40 else text[:37] + "..."
 
 
 _ELEMENTWISE_LITERAL_OPS = frozenset({"elementwise"})
@@ -184,6 +237,7 @@ class _Reader:
         self.bound: set[Value] = set()
         self.defined_at: dict[str, tuple[int, int]] = {}
         self.mesh: Mesh | None = None
+        self.weights_declared = False
         self.stage: int | None = None
         self.counter = 0
 
@@ -197,8 +251,45 @@ class _Reader:
         tok = t.children[0] if isinstance(t, Tree) else t
         assert isinstance(tok, Token)
         if tok.type == "ESCAPED_STRING":
-            return str(json.loads(tok))
+            return self.string(tok)
         return str(tok)
+
+    def new_name(self, t: Tree | Token) -> str:
+        """A name being defined: a bare nan, inf, true, false or _ would read back as that
+        value where the name is used, so it must be quoted."""
+        name = self.name(t)
+        tok = t.children[0] if isinstance(t, Tree) else t
+        if isinstance(tok, Token) and tok.type != "ESCAPED_STRING" and name in VALUE_KEYWORDS:
+            raise self.fail(
+                t,
+                f"{name!r} is a keyword of the language and cannot name a value bare",
+                hint=f"quote it: {json.dumps(name)}",
+            )
+        return name
+
+    def string(self, tok: Tree | Token) -> str:
+        """A quoted string's text. The grammar takes any backslash pair; JSON's escapes are
+        the ones that mean something. strict=False lets a tab stand in a string as itself."""
+        assert isinstance(tok, Token), "the grammar gives a string token here"
+        try:
+            return str(json.loads(str(tok), strict=False))
+        except json.JSONDecodeError as e:
+            # A string is one line: the caret goes under the offending escape.
+            line, col = _pos(tok)
+            raise self.src.error(
+                line,
+                col + e.pos,
+                f"bad escape in a quoted string: {e.msg}",
+                hint='strings use JSON escapes: \\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX',
+            ) from None
+
+    def integer(self, tok: Tree | Token) -> int:
+        """An integer token; Python refuses to read more than 4300 digits."""
+        assert isinstance(tok, Token), "the grammar gives an integer token here"
+        try:
+            return int(str(tok))
+        except ValueError:
+            raise self.fail(tok, f"the integer {str(tok)[:20]}... has too many digits") from None
 
     def tensor_type(self, t: Tree) -> TensorType:
         dt_tok, dims = t.children
@@ -214,7 +305,7 @@ class _Reader:
                 if close
                 else "types: " + ", ".join(shorts),
             ) from None
-        shape = [] if dims is None else [int(str(d.children[0])) for d in dims.children]
+        shape = [] if dims is None else [self.integer(d.children[0]) for d in dims.children]
         for d, node in zip(shape, dims.children if dims is not None else [], strict=True):
             if d < 0:
                 raise self.fail(node, f"dimension {d} is negative")
@@ -226,7 +317,7 @@ class _Reader:
         parts = []
         for p in t.children:
             if p.data == "split":
-                axis = int(str(p.children[0]))
+                axis = self.integer(p.children[0])
                 if axis >= ttype.rank:
                     raise self.fail(
                         p,
@@ -246,7 +337,19 @@ class _Reader:
                 f"but mesh {self.mesh} has {self.mesh.ndim} axes",
                 hint="give one S(i), B or P per mesh axis, in parentheses for several",
             )
-        return NdSbp(tuple(parts))
+        sbp = NdSbp(tuple(parts))
+        if not fits(ttype.shape, sbp, self.mesh):
+            axis = next(
+                d for d in range(ttype.rank) if ttype.shape[d] % split_factor(sbp, self.mesh, d)
+            )
+            raise self.fail(
+                t,
+                f"{sbp} cuts axis {axis} of {what} ({ttype}) into "
+                f"{split_factor(sbp, self.mesh, axis)} pieces, which does not divide "
+                f"{ttype.shape[axis]}",
+                hint="flowc splits only evenly: every device runs the same shapes",
+            )
+        return sbp
 
     def define(self, name: str, v: Value, where: Tree | Token) -> None:
         if name in self.scope:
@@ -271,7 +374,7 @@ class _Reader:
     def number(self, t: Tree | Token) -> int | float | complex:
         if isinstance(t, Token):
             text = str(t)
-            return int(text) if text.lstrip("+-").isdigit() else float(text)
+            return self.integer(t) if text.lstrip("+-").isdigit() else float(text)
         kind = t.data
         if kind == "number":
             return self.number(t.children[0])
@@ -288,9 +391,17 @@ class _Reader:
 
     def attr_value(self, t: Tree | Token) -> Any:
         if isinstance(t, Token) or t.data in ("number", "pos_inf", "neg_inf", "nan", "complex"):
-            return self.number(t)
+            v = self.number(t)
+            if isinstance(v, complex):
+                # Attributes are ONNX's: ints, floats, strings, lists and tensors.
+                raise self.fail(
+                    t,
+                    "an attribute cannot be a complex number",
+                    hint="a complex constant is a tensor: tensor(c64[], complex(1, 2))",
+                )
+            return v
         if t.data == "string":
-            return json.loads(str(t.children[0]))
+            return self.string(t.children[0])
         if t.data == "true":
             return 1
         if t.data == "false":
@@ -306,16 +417,29 @@ class _Reader:
         values: list[Any] = (
             [t.data == "true"]
             if t.data in ("true", "false")
-            else [self.number(c) for c in t.children if c is not None]
+            else [
+                c.data == "true"
+                if isinstance(c, Tree) and c.data in ("true", "false")
+                else self.number(c)
+                for c in t.children
+                if c is not None
+            ]
         )
+        if not (ttype.dtype.is_float or ttype.dtype.is_complex):
+            for v in values:
+                if isinstance(v, complex) or (isinstance(v, float) and not v.is_integer()):
+                    raise self.fail(where, f"{v} is not a value of {ttype.dtype.short}")
         n = ttype.numel
         if len(values) != n and not (len(values) == 1 and n == 1):
             raise self.fail(where, f"{ttype} holds {n} element(s), but {len(values)} are given")
         try:
-            a = np.array(values, dtype=ttype.dtype.np)
+            # A float too big for the type is inf, as a cast would make it.
+            with np.errstate(over="ignore"):
+                a = np.array(values, dtype=ttype.dtype.np)
+            # (reshape fails for a dimension NumPy cannot index: f32[0, 99999999999999999999])
+            return a.reshape(ttype.shape)
         except (OverflowError, ValueError, TypeError) as e:
-            raise self.fail(where, f"the values do not fit {ttype.dtype.short}: {e}") from None
-        return a.reshape(ttype.shape)
+            raise self.fail(where, f"the values do not fit {ttype}: {e}") from None
 
     def temp(self) -> str:
         """A name for an unnamed intermediate; a later binding of the same name takes it
@@ -332,41 +456,51 @@ class _Reader:
             raise self.fail(where, f"{name!r} is already defined")
         _rename(self.graph, holder, self.temp())
 
+    def new_constant(self, name: str, name_t: Tree, array: np.ndarray) -> Value:
+        """A param or const named ``name``; an unbound intermediate holding the name gives it
+        up. Added under a temporary name and renamed: Graph.add_constant would turn a taken
+        name, or the empty name "", into another."""
+        if name in self.scope:
+            line, col = self.defined_at[name]
+            raise self.fail(name_t, f"{name!r} is already defined (at line {line}, column {col})")
+        self.claim(name, name_t)
+        v = self.graph.add_constant(self.temp(), array)
+        _rename(self.graph, v, name)
+        return v
+
     # -- declarations -----------------------------------------------------------------------
 
     def header(self, t: Tree) -> None:
         if t.data == "mesh_decl":
             name_t, dims = t.children
-            shape = tuple(int(str(d.children[0])) for d in dims.children)
+            shape = tuple(self.integer(d.children[0]) for d in dims.children)
             if any(d < 1 for d in shape):
                 raise self.fail(t, f"mesh axes need at least one device, got {list(shape)}")
             if self.mesh is not None:
                 raise self.fail(t, "the mesh is declared twice")
-            self.mesh = Mesh(self.name(name_t), shape)
+            self.mesh = Mesh(self.new_name(name_t), shape)
         elif t.data == "weights_decl":
-            path = Path(json.loads(str(t.children[0])))
+            if self.weights_declared:
+                raise self.fail(t, "the weights file is declared twice")
+            self.weights_declared = True
+            path = Path(self.string(t.children[0]))
             if self.weights_override is None:
                 self.weights = Weights(path if path.is_absolute() else self.base_dir / path)
 
     def param(self, t: Tree) -> None:
         typed_t, init = t.children
         name_t, type_t, place_t = _parts(typed_t)
-        name = self.name(name_t)
+        name = self.new_name(name_t)
         ttype = self.tensor_type(_required(type_t))
         array = self.initializer(init, name, ttype)
-        if name in self.scope:
-            raise self.fail(name_t, f"{name!r} is already defined")
-        self.claim(name, name_t)
-        v = self.graph.add_constant(name, array)
-        if v.name != name:
-            raise self.fail(name_t, f"{name!r} is already defined")
+        v = self.new_constant(name, name_t, array)
         v.sbp = self.placement(place_t, ttype, repr(name))
         self.define(name, v, name_t)
 
     def initializer(self, t: Tree, name: str, ttype: TensorType) -> np.ndarray:
         np_dtype = ttype.dtype.np
         if t.data == "init_load":
-            key = json.loads(str(t.children[0]))
+            key = self.string(t.children[0])
             if self.weights is None:
                 raise self.fail(
                     t,
@@ -415,8 +549,13 @@ class _Reader:
             if t.data == "init_call"
             else []
         )
-        if fn in ("zeros", "ones") and not args:
-            return make_splat(0 if fn == "zeros" else 1, ttype.shape, np_dtype)
+        if fn in ("zeros", "ones"):
+            if args:
+                raise self.fail(t, f"{fn} takes no arguments", hint=f"write {fn}, or {fn}()")
+            try:
+                return make_splat(0 if fn == "zeros" else 1, ttype.shape, np_dtype)
+            except ValueError as e:  # a shape NumPy cannot index ("maximum allowed dimension")
+                raise self.fail(t, f"{name!r} cannot be made: {e}") from None
         if fn in ("normal", "uniform"):
             if len(args) != 2 or not all(isinstance(a, (int, float)) for a in args):
                 what = "mean, std" if fn == "normal" else "lo, hi"
@@ -424,12 +563,18 @@ class _Reader:
             if not ttype.dtype.is_float:
                 raise self.fail(t, f"{fn}(...) makes floats, but {name!r} is {ttype}")
             # Seeded by the parameter's name: the same program gives the same weights.
-            rng = np.random.default_rng(zlib.crc32(name.encode()))
-            if fn == "normal":
-                data = rng.normal(float(args[0]), float(args[1]), ttype.shape)
-            else:
-                data = rng.uniform(float(args[0]), float(args[1]), ttype.shape)
-            return np.asarray(data).astype(np_dtype)
+            # (surrogatepass: a quoted name may hold a lone surrogate, "\ud800".)
+            rng = np.random.default_rng(zlib.crc32(name.encode("utf-8", "surrogatepass")))
+            try:
+                if fn == "normal":
+                    data = rng.normal(float(args[0]), float(args[1]), ttype.shape)
+                else:
+                    data = rng.uniform(float(args[0]), float(args[1]), ttype.shape)
+                with np.errstate(over="ignore"):  # normal(0, 1e5) in f16: inf, as a cast
+                    return np.asarray(data).astype(np_dtype)
+            except (ValueError, OverflowError, MemoryError) as e:
+                # normal(0, -1), uniform(-inf, inf), or more elements than memory holds
+                raise self.fail(t, f"{fn}{tuple(args)} cannot make {ttype}: {e}") from None
         raise self.fail(
             t,
             f"unknown initializer {fn!r}",
@@ -439,15 +584,10 @@ class _Reader:
     def const(self, t: Tree) -> None:
         typed_t, lit = t.children
         name_t, type_t, place_t = _parts(typed_t)
-        name = self.name(name_t)
+        name = self.new_name(name_t)
         ttype = self.tensor_type(_required(type_t))
         array = self.literal_array(lit, ttype, t)
-        if name in self.scope:
-            raise self.fail(name_t, f"{name!r} is already defined")
-        self.claim(name, name_t)
-        v = self.graph.add_constant(name, array)
-        if v.name != name:
-            raise self.fail(name_t, f"{name!r} is already defined")
+        v = self.new_constant(name, name_t, array)
         v.sbp = self.placement(place_t, ttype, repr(name))
         self.define(name, v, name_t)
 
@@ -456,11 +596,22 @@ class _Reader:
     def materialize(self, x: Value | Literal, like: Value | None, where: Tree) -> Value:
         if isinstance(x, Value):
             return x
-        if like is not None and (like.type.dtype.is_float or not x.is_float):
-            dtype = like.type.dtype.np
+        lt = like.type.dtype if like is not None else None
+        if lt is not None and (lt.is_float or lt.is_complex or not x.is_float):
+            dtype = lt.np
+        elif x.is_complex:
+            dtype = np.dtype(np.complex64)
         else:
             dtype = np.dtype(np.float32) if x.is_float else np.dtype(np.int64)
-        return self.builder.constant(self.temp(), np.array(x.value, dtype=dtype))
+        try:
+            with np.errstate(over="ignore"):  # 1e300 next to an f16 tensor: inf, as a cast
+                array = np.array(x.value, dtype=dtype)
+        except (OverflowError, ValueError, TypeError):
+            # 300 for a u8 operand, 2**70 for i64, complex(1, 2) next to an f32 tensor
+            raise self.fail(
+                where, f"the literal {x} does not fit {DType.from_numpy(dtype).short}"
+            ) from None
+        return self.builder.constant(self.temp(), array)
 
     def emit(
         self,
@@ -471,7 +622,11 @@ class _Reader:
         n_out: int | None = None,
     ) -> list[Value]:
         opdef = get_op(op)
-        first = next((a for a in args if isinstance(a, Value)), None)
+        # A literal takes the type of the data it meets: where(c, x, 0) types 0 like x, not
+        # like the bool condition c.
+        values = [a for a in args if isinstance(a, Value)]
+        first = next((a for a in values if a.type.dtype is not DType.BOOL), None)
+        first = first or (values[0] if values else None)
         like = first if opdef.family in _ELEMENTWISE_LITERAL_OPS else None
         ins = [None if a is None else self.materialize(a, like, where) for a in args]
         names = [self.temp() for _ in range(n_out or opdef.outputs[0])]
@@ -484,6 +639,21 @@ class _Reader:
             # The builder names the node; the program's position says more.
             raise self.fail(
                 where, msg.split(": ", 1)[-1] if msg.startswith(op) else msg, e.hint
+            ) from None
+        except KeyError as e:
+            # the op reads an attribute that has no default (all_gather's mesh, ...)
+            raise self.fail(
+                where,
+                f"{opdef.dsl_name} needs the attribute {e}",
+                hint=f"give it as a keyword: {opdef.dsl_name}(..., {e.args[0]}=...)",
+            ) from None
+        except (TypeError, ValueError, IndexError, ArithmeticError) as e:
+            # An op's type inference assumes attributes of the kinds ONNX gives (an int
+            # axis, a list of ints); a program can write anything (axis=[1, 2], perm="ab").
+            raise self.fail(
+                where,
+                f"{opdef.dsl_name} cannot take these inputs and attributes: {e}",
+                hint="its attributes: " + (", ".join(sorted(known_attributes(op))) or "none"),
             ) from None
         for o in outs:
             if o.producer is not None:
@@ -503,7 +673,10 @@ class _Reader:
         if kind in ("add", "sub", "mul", "div", "matmul"):
             a, b = (self.expr(c) for c in t.children)
             if isinstance(a, Literal) and isinstance(b, Literal) and kind != "matmul":
-                return _fold_literal(kind, a, b)
+                try:
+                    return _fold_literal(kind, a, b)
+                except (ValueError, ArithmeticError, TypeError) as e:
+                    raise self.fail(t, f"cannot compute {a} {_SYMBOL[kind]} {b}: {e}") from None
             if a is None or b is None:
                 raise self.fail(t, "'_' (an omitted input) cannot be an operand")
             op = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul"}[kind]
@@ -570,6 +743,15 @@ class _Reader:
                 if attrs:
                     raise self.fail(a, "inputs come before attributes (name=value)")
                 args.append(self.expr(a))
+        given = attrs.get("num_outputs")
+        if n_out is not None and isinstance(given, int) and given != n_out:
+            names = ", ".join(chr(ord("a") + k) for k in range(min(given, 26)))
+            raise self.fail(
+                t,
+                f"{opdef.dsl_name} gives {given} results (num_outputs={given}), but "
+                f"{n_out} name{'s are' if n_out != 1 else ' is'} bound",
+                hint=f"bind them all: {names} = {opdef.dsl_name}(...)",
+            )
         return self.emit(opdef.name, args, attrs, t, n_out)
 
     # -- statements -------------------------------------------------------------------------
@@ -593,7 +775,7 @@ class _Reader:
             )
         for target, v in zip(targets, outs, strict=True):
             name_t, type_t, place_t = _parts(target)
-            name = self.name(name_t)
+            name = self.new_name(name_t)
             if type_t is not None:
                 want = self.tensor_type(type_t)
                 if want != v.type:
@@ -626,7 +808,7 @@ class _Reader:
         elif kind == "stage_block":
             if self.stage is not None:
                 raise self.fail(t, "stages do not nest")
-            self.stage = int(str(t.children[0]))
+            self.stage = self.integer(t.children[0])
             for s in t.children[1:]:
                 if isinstance(s, Tree) and s.data == "return_stmt":
                     raise self.fail(s, "return belongs after the stages, not inside one")
@@ -641,11 +823,11 @@ class _Reader:
             self.header(h)
         g_t = items[-1]
         name_t, ins_t, outs_t, *body = g_t.children
-        self.graph.name = self.name(name_t)
+        self.graph.name = self.new_name(name_t)
         self.graph.mesh = self.mesh
         for typed_t in ins_t.children if ins_t is not None else []:
             n_t, type_t, place_t = _parts(typed_t)
-            name = self.name(n_t)
+            name = self.new_name(n_t)
             ttype = self.tensor_type(_required(type_t))
             if name in self.scope:
                 raise self.fail(n_t, f"input {name!r} is declared twice")
@@ -658,7 +840,7 @@ class _Reader:
             ttype = self.tensor_type(_required(type_t))
             declared.append(
                 (
-                    self.name(n_t),
+                    self.new_name(n_t),
                     ttype,
                     self.placement(place_t, ttype, f"output {self.name(n_t)!r}"),
                 )
@@ -675,7 +857,7 @@ class _Reader:
             self.statement(s)
         if ret is None:
             raise self.fail(g_t, f"graph {self.graph.name!r} has no return statement")
-        names = [c for c in ret.children]
+        names = [c for c in ret.children if c is not None]
         if len(names) != len(declared):
             raise self.fail(
                 ret, f"returns {len(names)} value(s), but the signature declares {len(declared)}"
@@ -694,6 +876,13 @@ class _Reader:
                     hint=f"bind the result to {oname!r}, or rename the output in the signature",
                 )
             if osbp is not None:
+                if v.sbp is not None and v.sbp != osbp:
+                    raise self.fail(
+                        n_t,
+                        f"output {oname!r} is placed @ {osbp} in the signature, but @ {v.sbp} "
+                        "where it is defined",
+                        hint="give one placement, or the same in both places",
+                    )
                 v.sbp = osbp
             outs.append(v)
         self.graph.outputs = outs
@@ -742,15 +931,22 @@ def _rename(graph: Graph, v: Value, name: str) -> None:
     graph._names.add(name)
 
 
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_FOLD = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}
+
+
 def _fold_literal(kind: str, a: Literal, b: Literal) -> Literal:
-    if isinstance(a.value, list) or isinstance(b.value, list):
-        x, y = np.array(a.value), np.array(b.value)
-        r = {"add": x + y, "sub": x - y, "mul": x * y, "div": x / y}[kind]
-        return Literal(r.tolist())
-    x, y = a.value, b.value
-    if kind == "div":
-        return Literal(x / y if y != 0 else float("nan"))
-    return Literal({"add": x + y, "sub": x - y, "mul": x * y}[kind])
+    """``2 * 3``, ``[1, 2] + 1``: computed now. Raises ValueError (lists that do not
+    broadcast) or an ArithmeticError (an integer too big for a float)."""
+    fn = _FOLD[kind]
+    # Division by zero follows IEEE, as it would on tensors: 1 / 0 is inf, 0 / 0 is nan.
+    with np.errstate(all="ignore"):
+        if isinstance(a.value, list) or isinstance(b.value, list):
+            return Literal(np.asarray(fn(np.array(a.value), np.array(b.value))).tolist())
+        x, y = a.value, b.value
+        if kind == "div" and y == 0:
+            return Literal(np.divide(np.asarray(x), np.asarray(y)).item())
+        return Literal(fn(x, y))
 
 
 def _known(dtype: np.dtype) -> bool:
@@ -798,7 +994,8 @@ def load_program(
 ) -> Graph:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: an editor's byte order mark is not the program's first character
+        text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise FlowcError(f"{p}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -42,6 +42,13 @@ def ident(name: str) -> str:
 
 
 def scalar(x: Any) -> str:
+    if isinstance(x, np.generic) and not isinstance(x, (np.number, np.bool_)):
+        # ml_dtypes' scalars (bfloat16, the float8/6/4 types, int4, ...) are no NumPy number
+        # type. A Python float or int holds each of their values exactly, so its text reads
+        # back to the same element.
+        from flowc.ir.dtype import DType
+
+        x = float(x) if DType.from_numpy(x.dtype).is_float else int(x)
     if isinstance(x, (bool, np.bool_)):
         return "true" if x else "false"
     if isinstance(x, (int, np.integer)):
@@ -131,6 +138,7 @@ def print_graph(g: Graph, weights: str | None = None) -> str:
         lines.append(f"{pad}{lhs} = {get_op(n.op).dsl_name}({', '.join(args)})")
     if stage is not None:
         lines.append("    }")
-    lines.append("    return " + ", ".join(ident(v.name) for v in g.outputs))
+    ret = ", ".join(ident(v.name) for v in g.outputs)
+    lines.append(f"    return {ret}" if ret else "    return")  # a graph may have no outputs
     lines.append("}")
     return "\n".join(lines) + "\n"
