@@ -449,12 +449,12 @@ class _Reader:
 
     def claim(self, name: str, where: Tree | Token) -> None:
         """Free ``name`` for a binding: an unbound intermediate holding it is renamed."""
-        if name not in self.graph._names:
+        if not self.graph.has_name(name):
             return
         holder = next(v for v in self.graph.values() if v.name == name)
         if holder in self.bound:
             raise self.fail(where, f"{name!r} is already defined")
-        _rename(self.graph, holder, self.temp())
+        self.graph.rename(holder, self.temp())
 
     def new_constant(self, name: str, name_t: Tree, array: np.ndarray) -> Value:
         """A param or const named ``name``; an unbound intermediate holding the name gives it
@@ -465,7 +465,7 @@ class _Reader:
             raise self.fail(name_t, f"{name!r} is already defined (at line {line}, column {col})")
         self.claim(name, name_t)
         v = self.graph.add_constant(self.temp(), array)
-        _rename(self.graph, v, name)
+        self.graph.rename(v, name)
         return v
 
     # -- declarations -----------------------------------------------------------------------
@@ -792,7 +792,7 @@ class _Reader:
                 (v,) = self.emit("Identity", [v], {}, target)
             if v.name != name:
                 self.claim(name, name_t)
-                _rename(self.graph, v, name)
+                self.graph.rename(v, name)
             if place_t is not None:
                 v.sbp = self.placement(place_t, v.type, repr(name))
             self.define(name, v, name_t)
@@ -921,14 +921,6 @@ def _parts(t: Tree) -> tuple[Tree, Tree | None, Tree | None]:
     type_t = next((c for c in kids[1:] if isinstance(c, Tree) and c.data == "tensor_type"), None)
     place_t = next((c for c in kids[1:] if isinstance(c, Tree) and c.data == "placement"), None)
     return name_t, type_t, place_t
-
-
-def _rename(graph: Graph, v: Value, name: str) -> None:
-    graph._names.discard(v.name)
-    if name in graph._names:
-        raise ValueError(name)
-    v.name = name
-    graph._names.add(name)
 
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}

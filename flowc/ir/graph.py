@@ -169,6 +169,25 @@ class Graph:
             raise ValueError(f"value name {name!r} is already defined")
         self._names.add(name)
 
+    def has_name(self, name: str) -> bool:
+        return name in self._names
+
+    def claim_name(self, base: str) -> str:
+        """A fresh name from ``base`` (see unique_name), reserved for a value being made."""
+        name = self.unique_name(base)
+        self._claim(name)
+        return name
+
+    def rename(self, v: Value, name: str) -> None:
+        """Give ``v`` (a value of this graph) a name no other value has."""
+        if name == v.name:
+            return
+        if name in self._names:
+            raise ValueError(f"value name {name!r} is already defined")
+        self._names.discard(v.name)
+        v.name = name
+        self._names.add(name)
+
     def add_input(self, name: str, type: TensorType) -> Value:
         self._claim(name)
         v = Value(name, type)

@@ -214,11 +214,8 @@ class _Lowerer:
         if holder is not None:
             if holder in self.g.inputs:
                 return
-            holder.name = self.g.unique_name(f"{name}/local")
-            self.g._names.add(holder.name)
-        self.g._names.discard(x.name)
-        x.name = name
-        self.g._names.add(name)
+            self.g.rename(holder, self.g.unique_name(f"{name}/local"))
+        self.g.rename(x, name)
 
     def lower_node(self, node: Node) -> None:
         strategy = self.plan.node_strategy[node]

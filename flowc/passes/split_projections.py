@@ -103,9 +103,7 @@ def _rewrite(graph: Graph, proj: Node, users: dict[Value, list[Node]]) -> bool:
 
 def _new_value(graph: Graph, name: str, node: Node) -> Value:
     (t,) = get_op(node.op).infer_types(node)
-    name = graph.unique_name(name)
-    graph._claim(name)
-    return Value(name, t, producer=node)
+    return Value(graph.claim_name(name), t, producer=node)
 
 
 @register_pass("split_projections")
