@@ -897,13 +897,11 @@ class _Reader:
 def known_attributes(op: str) -> frozenset[str]:
     """The attribute names an op takes: its registry defaults, and for ONNX ops every
     attribute of the ONNX schema (required ones have no default)."""
-    names = set(get_op(op).attrs)
-    try:
-        import onnx.defs
+    import onnx.defs
 
+    names = set(get_op(op).attrs)
+    if onnx.defs.has(op):  # not FusedElementwise, the comm ops, ...
         names.update(onnx.defs.get_schema(op).attributes)
-    except Exception:  # not an ONNX op (FusedElementwise, the comm ops, ...)
-        pass
     if op == "FusedElementwise":
         names.add("program")
     return frozenset(names)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flowc.codegen.cpp import c_int
+from flowc.errors import FlowcError
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, defop, first
@@ -49,8 +50,10 @@ def group_size(ctx: InferCtx | Attrs) -> int:
 
 
 def _collective_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
-    raise NotImplementedError(
-        "collectives need every member's data: run them with flowc.parallel.simulate"
+    raise FlowcError(
+        "a collective needs every device's data, so one device's reference cannot run it",
+        hint="evaluate the parallel program with `flowc eval MODEL --mesh ...` (the "
+        "multi-rank simulator)",
     )
 
 
