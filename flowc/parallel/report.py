@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from flowc.cli import human_bytes
 from flowc.ir.graph import Graph
 from flowc.parallel import Parallelized
 from flowc.parallel.layout import broadcast, local_type
@@ -16,14 +17,6 @@ from flowc.parallel.layout import broadcast, local_type
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 @dataclass
@@ -119,11 +112,11 @@ def print_plan(
         console.print("collectives: none")
     me = summarize(result)
     console.print(
-        f"per rank: {me.collectives} collectives, {me.comm_bytes} bytes sent ({_bytes(me.comm_bytes)}); "
+        f"per rank: {me.collectives} collectives, {me.comm_bytes} bytes sent ({human_bytes(me.comm_bytes)}); "
         f"modeled time {_us(me.total_s)} = compute {_us(me.compute_s)} + communication {_us(me.comm_s)}"
     )
     console.print(
-        f"memory per device: {result.memory.total} B ({_bytes(result.memory.total)}) = parameters "
+        f"memory per device: {result.memory.total} B ({human_bytes(result.memory.total)}) = parameters "
         f"{result.memory.params} B + arena {result.memory.arena} B"
         + (f"; limit {mem_limit} B" if mem_limit is not None else "")
     )
