@@ -18,6 +18,7 @@ import json
 import operator
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -489,11 +490,14 @@ class _Reader:
 
     def param(self, t: Tree) -> None:
         typed_t, init = t.children
+        self.declare(typed_t, lambda name, ttype: self.initializer(init, name, ttype))
+
+    def declare(self, typed_t: Tree, make: Callable[[str, TensorType], np.ndarray]) -> None:
+        """A param or const: its name, type, data (from ``make``) and placement."""
         name_t, type_t, place_t = _parts(typed_t)
         name = self.new_name(name_t)
         ttype = self.tensor_type(_required(type_t))
-        array = self.initializer(init, name, ttype)
-        v = self.new_constant(name, name_t, array)
+        v = self.new_constant(name, name_t, make(name, ttype))
         v.sbp = self.placement(place_t, ttype, repr(name))
         self.define(name, v, name_t)
 
@@ -583,13 +587,7 @@ class _Reader:
 
     def const(self, t: Tree) -> None:
         typed_t, lit = t.children
-        name_t, type_t, place_t = _parts(typed_t)
-        name = self.new_name(name_t)
-        ttype = self.tensor_type(_required(type_t))
-        array = self.literal_array(lit, ttype, t)
-        v = self.new_constant(name, name_t, array)
-        v.sbp = self.placement(place_t, ttype, repr(name))
-        self.define(name, v, name_t)
+        self.declare(typed_t, lambda name, ttype: self.literal_array(lit, ttype, t))
 
     # -- expressions ------------------------------------------------------------------------
 

@@ -154,12 +154,20 @@ def boxing_steps(
     step_time: Callable[[BoxingStep], float] | None = None,
 ) -> list[BoxingStep]:
     """The cheapest sound sequence of steps from ``src`` to ``dst`` (``[]`` if equal)."""
+    return checked_path(ttype, mesh, src, dst, lambda: shortest_paths(ttype, mesh, src, step_time))
+
+
+def checked_path(
+    ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, paths: Callable[[], Tree]
+) -> list[BoxingStep]:
+    """The steps to ``dst`` in the tree ``paths()`` gives (called only when needed), after
+    checking both layouts fit."""
     if src == dst:
         return []
     for what, s in (("source", src), ("target", dst)):
         if not fits(ttype.shape, s, mesh):
             raise BoxingError(f"{what} layout {s} does not fit {ttype} on mesh {mesh}")
-    tree = shortest_paths(ttype, mesh, src, step_time)
+    tree = paths()
     if dst not in tree:
         raise BoxingError(f"no boxing from {src} to {dst} for {ttype} on mesh {mesh}")
     return path_to(tree, dst)

@@ -26,10 +26,10 @@ from flowc.parallel.boxing import (
     BoxingError,
     BoxingStep,
     Tree,
-    path_to,
+    checked_path,
     shortest_paths,
 )
-from flowc.parallel.layout import broadcast, fits, local_type
+from flowc.parallel.layout import broadcast, local_type
 from flowc.parallel.plan import Plan
 from flowc.parallel.strategies import Strategy
 
@@ -162,15 +162,9 @@ def boxing_plan(
     ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile
 ) -> tuple[BoxingStep, ...]:
     """The cheapest steps from ``src`` to ``dst`` under ``profile``."""
-    if src == dst:
-        return ()
-    for what, s in (("source", src), ("target", dst)):
-        if not fits(ttype.shape, s, mesh):
-            raise BoxingError(f"{what} layout {s} does not fit {ttype} on mesh {mesh}")
-    tree = _paths_from(ttype, mesh, src, profile)
-    if dst not in tree:
-        raise BoxingError(f"no boxing from {src} to {dst} for {ttype} on mesh {mesh}")
-    return tuple(path_to(tree, dst))
+    return tuple(
+        checked_path(ttype, mesh, src, dst, lambda: _paths_from(ttype, mesh, src, profile))
+    )
 
 
 @functools.lru_cache(maxsize=1 << 16)
