@@ -462,18 +462,6 @@ def read_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndar
     return feeds
 
 
-def _storable(a: np.ndarray) -> np.ndarray:
-    """``a`` as .npy can hold it: ml_dtypes arrays (bfloat16, float8, int4, ...) have no
-    NumPy descriptor that reads back, so they go in as raw bytes; a .flow program's reader
-    views them as its declared type again."""
-    try:
-        if np.dtype(a.dtype.str) == a.dtype:
-            return a
-    except TypeError:
-        pass
-    return np.ascontiguousarray(a).view(f"V{a.dtype.itemsize}")
-
-
 def _file_mode() -> int:
     """Permissions a new file gets under the process's umask (mkstemp makes them 0600)."""
     mask = os.umask(0)
@@ -485,6 +473,8 @@ def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """An .npz keyed by name, written to a temporary file beside ``path`` and then renamed, so
     there is never a half-written file. Written member by member (not np.savez(**arrays)) so
     any output name works as a key."""
+    from flowc.harness import build
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -497,7 +487,7 @@ def write_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
             for name, a in arrays.items():
                 with z.open(f"{name}.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(
-                        member, _storable(np.asanyarray(a)), allow_pickle=False
+                        member, build.raw_npy(np.asanyarray(a)), allow_pickle=False
                     )
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)

@@ -23,6 +23,21 @@ CTYPES = {
     DType.U32: "uint32_t",
     DType.U64: "uint64_t",
     DType.BOOL: "bool",
+    # Storage-only types (runtime_cpp/flowc/narrow.h): only casts and views touch them.
+    DType.F16: "flowc::f16",
+    DType.BF16: "flowc::bf16",
+    DType.F8E4M3FN: "flowc::f8e4m3fn",
+    DType.F8E4M3FNUZ: "flowc::f8e4m3fnuz",
+    DType.F8E5M2: "flowc::f8e5m2",
+    DType.F8E5M2FNUZ: "flowc::f8e5m2fnuz",
+    DType.F8E8M0: "flowc::f8e8m0",
+    DType.F4E2M1: "flowc::f4e2m1",
+    DType.F6E2M3: "flowc::f6e2m3",
+    DType.F6E3M2: "flowc::f6e3m2",
+    DType.I4: "flowc::i4",
+    DType.U4: "flowc::u4",
+    DType.I2: "flowc::i2",
+    DType.U2: "flowc::u2",
 }
 
 

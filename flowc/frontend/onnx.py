@@ -22,13 +22,18 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
+from flowc.frontend.onnx_functions import (
+    ONNX_DOMAINS,
+    canonical_domain,
+    expand,
+    function_body,
+    has_function,
+)
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value
 from flowc.ir.types import TensorType
 from flowc.ops.registry import find_op
-
-ONNX_DOMAINS = ("", "ai.onnx")
 
 
 @dataclass
@@ -155,6 +160,9 @@ def _check_supported(model: onnx.ModelProto, opset: int) -> None:
         key = (node.domain, node.op_type)
         if node.domain in ONNX_DOMAINS and find_op(node.op_type) is not None:
             continue
+        version = opset if node.domain in ONNX_DOMAINS else domain_versions.get(node.domain, 0)
+        if has_function(node.op_type, node.domain, version):
+            continue  # expanded into its ONNX function body while converting
         counts[key] += 1
         missing.setdefault(key, [node.name or f"(unnamed, outputs {list(node.output)})"])
     if not missing:
@@ -382,9 +390,11 @@ def import_model(
     for sp in og.sparse_initializer:
         env[sp.values.name] = builder.constant(sp.values.name, _sparse_to_dense(sp))
 
+    domains = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
+    domains[""] = opset
     for node in _topo_order(og.node, set(env)):
         try:
-            _convert_node(builder, node, opset, env)
+            _convert_node(builder, node, domains, env)
         except FlowcError as e:
             if not isinstance(e, ShapeError) or (node.name and node.name in e.message):
                 raise
@@ -426,10 +436,13 @@ def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Va
 
 
 def _convert_node(
-    builder: GraphBuilder, node: onnx.NodeProto, opset: int, env: dict[str, Value]
+    builder: GraphBuilder, node: onnx.NodeProto, domains: dict[str, int], env: dict[str, Value]
 ) -> None:
-    opdef = find_op(node.op_type)
-    assert opdef is not None
+    opset = domains[""]
+    opdef = find_op(node.op_type) if node.domain in ONNX_DOMAINS else None
+    if opdef is None:
+        _expand_function(builder, node, domains, env)
+        return
     inputs: list[Value | None] = [env[i] if i else None for i in node.input]
     attrs = {a.name: _attr_value(a) for a in node.attribute}
     out_names = list(node.output)
@@ -450,6 +463,46 @@ def _convert_node(
     for n, v in zip(out_names, outs, strict=False):
         if n:
             env[n] = v
+
+
+def _expand_function(
+    builder: GraphBuilder, node: onnx.NodeProto, domains: dict[str, int], env: dict[str, Value]
+) -> None:
+    """Convert a function op flowc has no kernel for through its ONNX function body."""
+    what = node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+    version = domains.get(canonical_domain(node.domain), 0)
+    types = [env[i].type if i else None for i in node.input]
+    body = function_body(node, version, types)
+    if body is None:
+        raise UnsupportedOpError(
+            f"the model uses 1 unsupported op type(s):\n  {what}: node "
+            f"{node.name or '(unnamed)'!r}; flowc has no kernel for it and ONNX defines no "
+            "function body for these inputs",
+            hint="run `flowc ops` to list the supported ops",
+        )
+    taken = set(env)
+    prefix = f"{node.name or node.op_type}/"
+
+    def fresh(name: str) -> str:
+        candidate = prefix + name
+        k = 1
+        while candidate in taken:
+            candidate = f"{prefix}{name}.{k}"
+            k += 1
+        taken.add(candidate)
+        return candidate
+
+    nodes, imports = expand(node, version, body, fresh)
+    inner = {**domains, **imports}
+    for n in nodes:
+        try:
+            _convert_node(builder, n, inner, env)
+        except UnsupportedOpError as e:
+            raise UnsupportedOpError(
+                f"{e.message}\n  (used by the ONNX function body of {what}, which flowc "
+                "expands because it has no kernel of its own for it)",
+                e.hint,
+            ) from None
 
 
 def import_onnx(path: str | os.PathLike[str], opts: ImportOptions | None = None) -> Graph:

@@ -23,6 +23,22 @@ class BuildError(FlowcError):
     """The generated project did not build; the compiler's output is in the message."""
 
 
+def raw_npy(a: np.ndarray) -> np.ndarray:
+    """``a`` as the driver reads it: ml_dtypes arrays (bfloat16, float8, int4, ...) have no
+    NumPy descr, so they travel as raw bytes (V1/V2), one item per element."""
+    try:
+        if np.dtype(a.dtype.str) == a.dtype:
+            return a
+    except TypeError:  # float8_e5m2 says '<f1', which NumPy cannot read back
+        pass
+    return a.view(f"V{a.dtype.itemsize}")
+
+
+def from_raw_npy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An array the driver wrote, viewed as the output's declared type (see raw_npy)."""
+    return a.view(dtype) if a.dtype.kind == "V" else a
+
+
 def _cmd(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
 
@@ -153,7 +169,7 @@ def run(
                 )
             # The driver reads C-order little-endian .npy only.
             path = Path(tmp) / f"input_{k}.npy"
-            np.save(path, np.array(a, dtype=want.newbyteorder("<"), order="C"))
+            np.save(path, raw_npy(np.array(a, dtype=want.newbyteorder("<"), order="C")))
             args += ["--input", f"{name}={path}"]
         if bench:
             args += ["--bench", str(bench)]
@@ -169,6 +185,9 @@ def run(
                 f"the compiled model failed (exit {r.returncode}):\n{r.stderr.strip()}"
             )
         results = {
-            spec["name"]: np.load(Path(tmp) / f"output_{k}.npy") for k, spec in enumerate(outputs)
+            spec["name"]: from_raw_npy(
+                np.load(Path(tmp) / f"output_{k}.npy"), DType.from_short(spec["dtype"]).np
+            )
+            for k, spec in enumerate(outputs)
         }
     return results, r.stdout

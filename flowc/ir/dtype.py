@@ -77,6 +77,19 @@ class DType(enum.Enum):
     def is_complex(self) -> bool:
         return self in (DType.C64, DType.C128)
 
+    @property
+    def storage_only(self) -> bool:
+        """A type generated code stores and converts but does not compute in (float16,
+        bfloat16, float8/6/4, 2- and 4-bit integers): kernels run in :attr:`compute_type`."""
+        return self in _STORAGE_ONLY
+
+    @property
+    def compute_type(self) -> DType:
+        """The type kernels compute a storage-only type's values in (itself otherwise)."""
+        if not self.storage_only:
+            return self
+        return DType.F32 if self.is_float else DType.I32
+
     @staticmethod
     def from_onnx(code: int) -> DType:
         try:
@@ -129,3 +142,22 @@ _SIGNED = _SIGNED_INTS | _FLOATS | {DType.C64, DType.C128}
 _BY_ONNX = {d.onnx: d for d in DType}
 _BY_NP = {d.np: d for d in DType}
 _BY_SHORT = {d.short: d for d in DType}
+
+_STORAGE_ONLY = frozenset(
+    {
+        DType.F16,
+        DType.BF16,
+        DType.F8E4M3FN,
+        DType.F8E4M3FNUZ,
+        DType.F8E5M2,
+        DType.F8E5M2FNUZ,
+        DType.F8E8M0,
+        DType.F4E2M1,
+        DType.F6E2M3,
+        DType.F6E3M2,
+        DType.I4,
+        DType.U4,
+        DType.I2,
+        DType.U2,
+    }
+)

@@ -9,6 +9,7 @@ from flowc.ops import (  # noqa: F401
     norm,
     pool,
     reduce,
+    sample,
     shape,
     softmax,
 )

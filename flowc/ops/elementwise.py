@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
+import onnx.numpy_helper
 
 from flowc.codegen.cpp import c_float
 from flowc.codegen.elementwise import emit_elementwise, emit_fused
@@ -79,8 +79,20 @@ def _clip_expr(a: Attrs, present: tuple[bool, ...]) -> str:
     return "$0"
 
 
+_E8M0_ROUND = {"up": "kUp", "nearest": "kNearest", "down": "kDown"}
+
+
 def _cast_expr(a: Attrs, present: tuple[bool, ...]) -> str:
-    return "($0 != 0)" if int(a.get("to", 0)) == DType.BOOL.onnx else "static_cast<$T>($0)"
+    to = DType.from_onnx(int(a.get("to", 0)))
+    sat = "true" if int(a.get("saturate", 1)) else "false"
+    if to == DType.BOOL:
+        return "($0 != 0)"
+    if to == DType.F8E8M0:
+        mode = _E8M0_ROUND.get(str(a.get("round_mode", "up")), "kUp")
+        return f"flowc::e8m0_cast($0, {sat}, flowc::narrow::E8M0Round::{mode})"
+    if to.storage_only and to.is_float and to.itemsize == 1:
+        return f"flowc::saturate_cast<$T>($0, {sat})"
+    return "static_cast<$T>($0)"
 
 
 def _castlike_import(n: OnnxNode) -> list[Value]:
@@ -88,12 +100,12 @@ def _castlike_import(n: OnnxNode) -> list[Value]:
     the second input (it gives a type, not data)."""
     x, like = n.input(0), n.input(1)
     assert x is not None and like is not None
-    attrs = {"to": like.type.dtype.onnx, "saturate": n.attrs.get("saturate", 1)}
+    attrs = {
+        "to": like.type.dtype.onnx,
+        "saturate": n.attrs.get("saturate", 1),
+        "round_mode": n.attrs.get("round_mode", "up"),
+    }
     return n.emit("Cast", [x], attrs, output_names=n.output_names)
-
-
-def _castlike_expr(a: Attrs, present: tuple[bool, ...]) -> str:
-    return "static_cast<$T>($0)"
 
 
 CEXPR: dict[str, CExprFn] = {
@@ -183,7 +195,6 @@ CEXPR: dict[str, CExprFn] = {
     "Where": _fixed("($0 ? $1 : $2)"),
     "Clip": _clip_expr,
     "Cast": _cast_expr,
-    "CastLike": _castlike_expr,
 }
 
 
@@ -639,7 +650,7 @@ defop(
 # -- Cast ---------------------------------------------------------------------------------------
 
 
-def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1) -> np.ndarray:
+def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
     if dt == DType.BOOL:
         return x != 0
     if x.dtype.kind == "f" and dt.is_int:
@@ -648,12 +659,11 @@ def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             return np.trunc(x.astype(np.float64)).astype(dt.np)
     with np.errstate(all="ignore"):
-        if saturate and dt.is_float and dt.itemsize == 1 and x.dtype.kind == "f":
-            # Saturating casts clip to the type's range; only E5M2 has infinities to keep.
-            info = ml_dtypes.finfo(dt.np)
-            lo, hi = float(info.min), float(info.max)
-            clipped = np.clip(x, lo, hi)
-            x = np.where(np.isinf(x), x, clipped) if dt == DType.F8E5M2 else clipped
+        if dt == DType.F8E8M0:
+            return onnx.numpy_helper.to_float8e8m0(x.astype(np.float32), bool(saturate), round_mode)
+        if saturate and dt.is_float and dt.itemsize == 1:
+            # Saturating casts clip to the type's range, infinities included (ONNX's table).
+            return onnx.numpy_helper.saturate_cast(x.astype(np.float32), dt.np)
         return x.astype(dt.np)
 
 
@@ -665,11 +675,21 @@ def _cast_infer(ctx: InferCtx) -> list[TensorType]:
     return [ctx.type(0).with_dtype(dt)]
 
 
+def _cast_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    assert xs[0] is not None
+    return _cast_to(xs[0], DType.from_onnx(int(a["to"])), a["saturate"], a["round_mode"])
+
+
+def _castlike_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    assert xs[0] is not None and xs[1] is not None
+    return _cast_to(xs[0], DType.from_numpy(xs[1].dtype), a["saturate"], a["round_mode"])
+
+
 defop(
     "Cast",
     FAMILY,
     infer=_cast_infer,
-    reference=lambda xs, a: _cast_to(xs[0], DType.from_onnx(int(a["to"])), a["saturate"]),  # type: ignore[arg-type]
+    reference=_cast_ref,
     attrs={"saturate": 1, "round_mode": "up"},
     flops=elementwise_flops(1),
     sbp=_cast_sbp,
@@ -679,7 +699,7 @@ defop(
     "CastLike",
     FAMILY,
     infer=lambda ctx: [ctx.type(0).with_dtype(ctx.dtype(1))],
-    reference=lambda xs, a: _cast_to(xs[0], DType.from_numpy(xs[1].dtype), a["saturate"]),  # type: ignore[arg-type,union-attr]
+    reference=_castlike_ref,
     attrs={"saturate": 1, "round_mode": "up"},
     inputs=2,
     flops=elementwise_flops(1),

@@ -28,6 +28,7 @@ def _load() -> None:
         fuse_elementwise,
         simplify,
         split_projections,
+        widen_types,
     )
 
 
@@ -62,4 +63,4 @@ class PassManager:
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
 # What `flowc compile` runs before code generation.
-COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "fuse_elementwise")
+COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "widen_types", "fuse_elementwise")

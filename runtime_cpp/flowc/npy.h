@@ -4,7 +4,8 @@
 //   flowc::Status st = flowc::npy::read("x.npy", &a);  // a.dtype "f4", a.shape {3, 4}, a.data bytes
 //   st = flowc::npy::write("y.npy", "f4", {2, 3}, ptr);  // via "y.npy.tmp.<pid>", then rename
 //
-// dtypes are numpy descrs without the byte-order character: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1.
+// dtypes are numpy descrs without the byte-order character: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1,
+// and V1 / V2 (raw bytes) for the ml_dtypes types NumPy has no descr for.
 // Fortran-order arrays, big-endian data, structured and other dtypes are rejected with a
 // message naming the file. The host is assumed little-endian (checked at run time).
 #pragma once
@@ -38,8 +39,8 @@ inline int64_t itemsize(const std::string& dtype) {
   static const struct {
     const char* name;
     int64_t size;
-  } kTypes[] = {{"f2", 2}, {"f4", 4}, {"f8", 8}, {"i1", 1}, {"i2", 2}, {"i4", 4},
-                {"i8", 8}, {"u1", 1}, {"u2", 2}, {"u4", 4}, {"u8", 8}, {"b1", 1}};
+  } kTypes[] = {{"f2", 2}, {"f4", 4}, {"f8", 8}, {"i1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8},
+                {"u1", 1}, {"u2", 2}, {"u4", 4}, {"u8", 8}, {"b1", 1}, {"V1", 1}, {"V2", 2}};
   for (const auto& t : kTypes)
     if (dtype == t.name) return t.size;
   return -1;
@@ -72,6 +73,23 @@ inline const char* descr_of_onnx(int onnx_type) {
       return "u4";
     case 13:
       return "u8";
+    // NumPy has no descr for bfloat16, float8/6/4 or 2/4-bit integers (ml_dtypes types): they
+    // travel as raw bytes, one element per V1/V2 item, and the reader views them as the type.
+    case 16:
+      return "V2";
+    case 17:
+    case 18:
+    case 19:
+    case 20:
+    case 21:
+    case 22:
+    case 23:
+    case 24:
+    case 25:
+    case 26:
+    case 27:
+    case 28:
+      return "V1";
     default:
       return nullptr;
   }

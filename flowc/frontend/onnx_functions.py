@@ -1,0 +1,142 @@
+"""ONNX function ops: ops the ONNX standard defines as a body of other ops.
+
+Many newer ops (RMSNormalization, SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss, Swish,
+Celu, CenterCropPad, ...) come with a function body in their schema, sometimes one that depends
+on the node's attributes and input types. When flowc has no kernel of its own for such an op,
+the importer expands the node into its body, so the model compiles from ops flowc does know:
+the same rewrite onnxruntime applies to function ops it does not implement. A native op in the
+registry always wins; expansion is the fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import onnx
+import onnx.defs
+from onnx import helper
+
+from flowc.ir.types import TensorType
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def canonical_domain(domain: str) -> str:
+    return "" if domain in ONNX_DOMAINS else domain
+
+
+def schema_of(op_type: str, domain: str, version: int) -> Any:
+    """The schema in effect for ``op_type`` at ``version`` of ``domain`` (an OpSchema, whose
+    function accessors the onnx stubs do not declare), or None if ONNX defines none."""
+    try:
+        return onnx.defs.get_schema(op_type, version, canonical_domain(domain))
+    except onnx.defs.SchemaError:
+        return None
+
+
+def has_function(op_type: str, domain: str, version: int) -> bool:
+    """Whether the op at this opset has a function body flowc could expand it into."""
+    s = schema_of(op_type, domain, version)
+    return s is not None and (s.has_function or s.has_context_dependent_function)
+
+
+def _pick(versions: Sequence[int], version: int) -> int | None:
+    usable = [v for v in versions if v <= version]
+    return max(usable) if usable else None
+
+
+def function_body(
+    node: onnx.NodeProto, version: int, input_types: Sequence[TensorType | None]
+) -> onnx.FunctionProto | None:
+    """The body ONNX gives for ``node`` at ``version`` of its domain, or None if it has none."""
+    s = schema_of(node.op_type, node.domain, version)
+    if s is None:
+        return None
+    fp = onnx.FunctionProto()
+    if s.has_function:
+        v = _pick(list(s.function_opset_versions), version)
+        if v is not None:
+            fp.ParseFromString(s.get_function_with_opset_version(v))
+            return fp
+    if s.has_context_dependent_function:
+        v = _pick(list(s.context_dependent_function_opset_versions), version)
+        if v is not None:
+            types = [
+                helper.make_tensor_type_proto(t.dtype.onnx, list(t.shape)).SerializeToString()
+                if t is not None
+                else onnx.TypeProto().SerializeToString()
+                for t in input_types
+            ]
+            data = s.get_context_dependent_function_with_opset_version(
+                v, node.SerializeToString(), types
+            )
+            if not data:
+                return None
+            fp.ParseFromString(data)
+            return fp
+    return None
+
+
+def expand(
+    node: onnx.NodeProto,
+    version: int,
+    body: onnx.FunctionProto,
+    fresh: Callable[[str], str],
+) -> tuple[list[onnx.NodeProto], dict[str, int]]:
+    """The body's nodes wired to ``node``'s inputs and outputs, with attribute references
+    resolved from the node (or the schema's defaults), and the body's opset imports.
+
+    Formal inputs map to the node's actual input names (an omitted optional input to ""),
+    formal outputs to its outputs; every other value gets a fresh name from ``fresh``.
+    """
+    names: dict[str, str] = {"": ""}
+    for formal, actual in zip(body.input, node.input, strict=False):
+        names[formal] = actual
+    for formal in body.input[len(node.input) :]:
+        names[formal] = ""
+    for formal, actual in zip(body.output, node.output, strict=False):
+        names[formal] = actual or fresh(formal)
+
+    given = {a.name: a for a in node.attribute}
+    schema = schema_of(node.op_type, node.domain, version)
+    defaults: Mapping[str, onnx.AttributeProto] = {}
+    if schema is not None:
+        defaults = {
+            k: a.default_value
+            for k, a in schema.attributes.items()
+            if a.default_value.type != onnx.AttributeProto.UNDEFINED
+        }
+    for ap in body.attribute_proto:
+        defaults = {**defaults, ap.name: ap}
+
+    out: list[onnx.NodeProto] = []
+    for inner in body.node:
+        n = onnx.NodeProto()
+        n.CopyFrom(inner)
+        del n.input[:]
+        del n.output[:]
+        n.input.extend(_rename(names, i, fresh) for i in inner.input)
+        n.output.extend(_rename(names, o, fresh) for o in inner.output)
+        n.name = fresh(inner.name or inner.op_type)
+        del n.attribute[:]
+        for a in inner.attribute:
+            if a.ref_attr_name:
+                src = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                if src is None:
+                    continue  # an optional attribute the node leaves unset
+                b = onnx.AttributeProto()
+                b.CopyFrom(src)
+                b.name = a.name
+                n.attribute.append(b)
+            else:
+                n.attribute.append(a)
+        out.append(n)
+    imports = {canonical_domain(o.domain): int(o.version) for o in body.opset_import}
+    return out, imports
+
+
+def _rename(names: dict[str, str], name: str, fresh: Callable[[str], str]) -> str:
+    if name not in names:
+        names[name] = fresh(name)
+    return names[name]
