@@ -434,8 +434,11 @@ def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _mod(a: np.ndarray, b: np.ndarray, at: Attrs) -> np.ndarray:
-    if at["fmod"] or a.dtype.kind == "f":
+    if at["fmod"]:
         return np.fmod(a, b)
+    if a.dtype.kind == "f":  # Python's modulo: the result takes the divisor's sign
+        with np.errstate(all="ignore"):
+            return np.mod(a, b)
     return np.mod(a, np.where(b == 0, 1, b))
 
 

@@ -1205,6 +1205,10 @@ class _ResizePlan:
     out_shape: tuple[int, ...]
     scales: tuple[float, ...]  # float32 values, one per axis; 1 where nothing resizes
     roi: tuple[float, ...]  # starts then ends, one per axis (float32 values)
+    # The resized length align_corners divides by, per axis: scale * input length in float32
+    # when scales are given (not the truncated output size; ONNX's reference and test data),
+    # the output size when sizes are.
+    lengths: tuple[float, ...]
 
 
 def _present(a: np.ndarray | None) -> np.ndarray | None:
@@ -1239,6 +1243,7 @@ def _resize_plan(
         raise fail("exactly one of 'scales' and 'sizes' must be given")
     full = [_f32(1)] * rank
     out = list(in_shape)
+    lengths = [float(n) for n in in_shape]
     if scales is not None:
         s = [_f32(v) for v in np.asarray(scales, np.float32).reshape(-1)]
         if len(s) != len(axes):
@@ -1251,6 +1256,7 @@ def _resize_plan(
             full[ax] = v
             # onnxruntime multiplies in float and truncates.
             out[ax] = int(v * _f32(in_shape[ax]))
+            lengths[ax] = float(v * _f32(in_shape[ax]))
     else:
         assert sizes is not None
         z = ints(sizes)
@@ -1276,7 +1282,9 @@ def _resize_plan(
             raise fail(f"roi {r} needs {2 * len(axes)} entries (start and end per resized axis)")
         for k, ax in enumerate(axes):
             box[ax], box[rank + ax] = r[k], r[len(axes) + k]
-    return _ResizePlan(tuple(out), tuple(float(v) for v in full), tuple(box))
+    if scales is None:
+        lengths = [float(n) for n in out]
+    return _ResizePlan(tuple(out), tuple(float(v) for v in full), tuple(box), tuple(lengths))
 
 
 def _resize_types(
@@ -1298,11 +1306,14 @@ def _resize_infer(ctx: InferCtx) -> list[TensorType]:
     sizes = ctx.const(3, "sizes") if ctx.has(3) else None
     if sizes is not None and sizes.dtype != np.int64:
         raise ctx.fail(f"sizes must be int64, got {ctx.dtype(3)}")
-    return _resize_types(ctx, ctx.attrs, ctx.maybe_const(1), scales, sizes)
+    # tf_crop_and_resize reads the roi to place every sample: the kernel bakes it in.
+    crop = ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize"
+    roi = ctx.const(1, "roi") if crop and ctx.has(1) else ctx.maybe_const(1)
+    return _resize_types(ctx, ctx.attrs, roi, scales, sizes)
 
 
 def _original_coords(
-    mode: str, n_out: int, n_in: int, scale: float, start: float, end: float
+    mode: str, n_out: int, n_in: int, scale: float, start: float, end: float, length: float
 ) -> np.ndarray:
     """Output index -> input coordinate, in float32 step by step as onnxruntime computes it."""
     x = np.arange(n_out, dtype=np.float32)
@@ -1318,7 +1329,7 @@ def _original_coords(
     if mode == "align_corners":
         if n_out == 1:
             return np.zeros(1, np.float32)
-        return x * _f32(n_in - 1) / _f32(n_out - 1)
+        return x * _f32(n_in - 1) / (_f32(length) - _f32(1))
     if mode == "tf_crop_and_resize":
         lo, hi = _f32(start), _f32(end)
         if n_out > 1:
@@ -1331,7 +1342,7 @@ def _original_coords(
 
 
 def _coord_expr(
-    mode: str, n_out: int, n_in: int, scale: float, start: float, end: float, c: str
+    mode: str, n_out: int, n_in: int, scale: float, start: float, end: float, length: float, c: str
 ) -> str:
     """The C++ float expression of _original_coords for output index ``c``: the same float32
     operations in the same order (no multiply feeds an add, so no FMA contraction changes
@@ -1351,7 +1362,7 @@ def _coord_expr(
     if mode == "pytorch_half_pixel" or (mode == "align_corners" and n_out == 1):
         return "0.0f"
     if mode == "align_corners":
-        return f"{x} * {lit(_f32(n_in - 1))} / {lit(_f32(n_out - 1))}"
+        return f"{x} * {lit(_f32(n_in - 1))} / {lit(_f32(length) - _f32(1))}"
     if mode == "tf_crop_and_resize":
         lo, hi = _f32(start), _f32(end)
         if n_out > 1:
@@ -1443,7 +1454,7 @@ def _resize_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
             coords.append(None)
             continue
         orig = _original_coords(
-            coord, plan.out_shape[ax], n_in, s, plan.roi[ax], plan.roi[rank + ax]
+            coord, plan.out_shape[ax], n_in, s, plan.roi[ax], plan.roi[rank + ax], plan.lengths[ax]
         )
         coords.append(orig)
         if coord == "tf_crop_and_resize":
@@ -1556,7 +1567,14 @@ def _emit_resize(
                 "last": n_in - 1,
                 "last_f": c_float(float(n_in - 1)),
                 "coord": _coord_expr(
-                    coord, n_out, n_in, s, plan.roi[ax], plan.roi[rank + ax], f"c{ax}"
+                    coord,
+                    n_out,
+                    n_in,
+                    s,
+                    plan.roi[ax],
+                    plan.roi[rank + ax],
+                    plan.lengths[ax],
+                    f"c{ax}",
                 )
                 if resized
                 else "",
@@ -1731,21 +1749,29 @@ def _s2d_infer(ctx: InferCtx) -> list[TensorType]:
     n, c, h, w = x.shape
     if h % b or w % b:
         raise ctx.fail(f"height {h} and width {w} must be multiples of the blocksize {b}")
+    if ctx.attr("mode") not in ("DCR", "CRD"):
+        raise ctx.fail(f"mode {ctx.attr('mode')!r} is not DCR or CRD")
     return [x.with_shape((n, c * b * b, h // b, w // b))]
+
+
+def _s2d_perm(mode: str) -> tuple[int, ...]:
+    # Of (n, c, h/b, b_h, w/b, b_w): DCR puts the block offsets before the channel, CRD after.
+    return (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
 
 
 def _s2d_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = _in(xs, 0)
     b = a["blocksize"]
     n, c, h, w = x.shape
-    t = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    t = x.reshape(n, c, h // b, b, w // b, b).transpose(_s2d_perm(a["mode"]))
     return t.reshape(n, c * b * b, h // b, w // b)
 
 
 def _s2d_emit(prog: Program, node: Node) -> None:
-    b = node_attrs(node)["blocksize"]
+    a = node_attrs(node)
+    b = a["blocksize"]
     n, c, h, w = _input(node, 0).type.shape
-    _emit_permuted(prog, node, (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4))
+    _emit_permuted(prog, node, (n, c, h // b, b, w // b, b), _s2d_perm(a["mode"]))
 
 
 defop(
@@ -1753,8 +1779,12 @@ defop(
     FAMILY,
     infer=_s2d_infer,
     reference=_s2d_ref,
-    attrs={"blocksize": None},
+    attrs={"blocksize": None, "mode": "DCR"},
     emit=_s2d_emit,
-    # Output channels interleave the blocks with the input channels: no channel split.
-    sbp=lambda ctx, outs: [*sr.same_axes(ctx, outs, (0, 2, 3)), sr.partial(ctx, outs)],
+    # In DCR the output channels interleave the blocks with the input channels: no channel
+    # split; in CRD each input channel becomes a run of output channels.
+    sbp=lambda ctx, outs: [
+        *sr.same_axes(ctx, outs, (0, 1, 2, 3) if ctx.attr("mode") == "CRD" else (0, 2, 3)),
+        sr.partial(ctx, outs),
+    ],
 )

@@ -139,6 +139,16 @@ __device__ __forceinline__ T mod_(T a, T b) {
   T r = a % b;
   return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? T(r + b) : r;
 }
+// Floats: NumPy's np.mod (ONNX Mod with fmod=0), infinities and zeros included.
+template <class F>
+__device__ __forceinline__ F float_mod_(F a, F b) {
+  const F r = fmod(a, b);
+  if (b == F(0)) return r;  // NaN
+  if (r != F(0)) return (b < F(0)) != (r < F(0)) ? F(r + b) : r;
+  return copysign(F(0), b);
+}
+__device__ __forceinline__ float mod_(float a, float b) { return float_mod_(a, b); }
+__device__ __forceinline__ double mod_(double a, double b) { return float_mod_(a, b); }
 
 }  // namespace ew
 }  // namespace flowc
