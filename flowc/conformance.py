@@ -370,12 +370,15 @@ def prepare(
                     if values[n].dtype.kind in "iu" and values[n].size <= FREEZE_MAX_ELEMENTS
                 ]
             if not new:
-                # Float vectors read as parameters (Resize/Upsample scales, ...).
+                # Float scalars and vectors read as parameters (Resize scales, Range bounds).
                 later = {i for n in current.graph.node for i in list(n.input)[1:]}
                 new = [
                     n
-                    for n in sorted(candidates & later)
-                    if values[n].ndim == 1 and values[n].size <= FREEZE_MAX_ELEMENTS
+                    for n in sorted(candidates)
+                    if values[n].ndim == 0
+                    or (
+                        n in later and values[n].ndim == 1 and values[n].size <= FREEZE_MAX_ELEMENTS
+                    )
                 ]
             if not new:
                 raise CaseFailure("error", f"{type(e).__name__}: {e.message}") from None
@@ -457,12 +460,42 @@ class _HostCase:
     prefix: str
 
 
+def _prefix_names(graph: Any, prefix: str) -> None:
+    """Prefix every value and node name in ``graph`` and its subgraphs, in place. (onnx's
+    compose.add_prefix misses subgraph reads of outer initializers.)"""
+
+    def p(name: str) -> str:
+        return prefix + name if name else name
+
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        vi.name = p(vi.name)
+    for t in graph.initializer:
+        t.name = p(t.name)
+    for sp in graph.sparse_initializer:
+        sp.values.name = p(sp.values.name)
+        sp.indices.name = p(sp.indices.name)
+    for n in graph.node:
+        n.name = p(n.name)
+        n.input[:] = [p(i) for i in n.input]
+        n.output[:] = [p(o) for o in n.output]
+        for a in n.attribute:
+            if a.HasField("g"):
+                _prefix_names(a.g, prefix)
+            for sub in a.graphs:
+                _prefix_names(sub, prefix)
+
+
 def _merge(cases: Sequence[_HostCase]) -> Any:
     """One ONNX model holding every case's graph, values renamed by the case's prefix."""
     import onnx
-    from onnx import compose, helper
+    from onnx import helper
 
-    graphs = [compose.add_prefix(c.prepared.model, c.prefix).graph for c in cases]
+    graphs = []
+    for c in cases:
+        g0 = onnx.GraphProto()
+        g0.CopyFrom(c.prepared.model.graph)
+        _prefix_names(g0, c.prefix)
+        graphs.append(g0)
     first = cases[0].prepared.model
     g = helper.make_graph(
         [n for gr in graphs for n in gr.node],

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
+from flowc.frontend.onnx_control import CONTROL_OPS, convert_control
 from flowc.frontend.onnx_functions import (
     ONNX_DOMAINS,
     canonical_domain,
@@ -158,7 +159,11 @@ def _check_supported(model: onnx.ModelProto, opset: int) -> None:
     counts: Counter[tuple[str, str]] = Counter()
     for node in model.graph.node:
         key = (node.domain, node.op_type)
-        if node.domain in ONNX_DOMAINS and find_op(node.op_type) is not None:
+        if node.domain not in ONNX_DOMAINS and find_op(_registry_name(node)) is not None:
+            continue
+        if node.domain in ONNX_DOMAINS and (
+            find_op(node.op_type) is not None or node.op_type in CONTROL_OPS
+        ):
             continue
         version = opset if node.domain in ONNX_DOMAINS else domain_versions.get(node.domain, 0)
         if has_function(node.op_type, node.domain, version):
@@ -435,11 +440,20 @@ def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Va
     return builder.emit("Identity", [v], name=name, output_names=[name])[0]
 
 
+def _registry_name(node: onnx.NodeProto) -> str:
+    """The registry name of a node's op: the op type in the default domain; in another
+    domain (ai.onnx.preview.training's optimizers) the qualified ``domain.op_type``."""
+    return node.op_type if node.domain in ONNX_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
 def _convert_node(
     builder: GraphBuilder, node: onnx.NodeProto, domains: dict[str, int], env: dict[str, Value]
 ) -> None:
     opset = domains[""]
-    opdef = find_op(node.op_type) if node.domain in ONNX_DOMAINS else None
+    if node.domain in ONNX_DOMAINS and node.op_type in CONTROL_OPS:
+        convert_control(builder, node, domains, env, _convert_node, _topo_order)
+        return
+    opdef = find_op(_registry_name(node))
     if opdef is None:
         _expand_function(builder, node, domains, env)
         return
@@ -452,7 +466,7 @@ def _convert_node(
         outs = opdef.onnx_import(onode)
     if outs is None:
         outs = builder.emit(
-            node.op_type,
+            opdef.name,
             onode.inputs,
             onode.attrs,
             name=node.name,
@@ -480,29 +494,23 @@ def _expand_function(
             "function body for these inputs",
             hint="run `flowc ops` to list the supported ops",
         )
-    taken = set(env)
-    prefix = f"{node.name or node.op_type}/"
-
-    def fresh(name: str) -> str:
-        candidate = prefix + name
-        k = 1
-        while candidate in taken:
-            candidate = f"{prefix}{name}.{k}"
-            k += 1
-        taken.add(candidate)
-        return candidate
-
-    nodes, imports = expand(node, version, body, fresh)
+    nodes, imports = expand(node, version, body)
+    scope = {f: env[a] for f, a in zip(body.input, node.input, strict=False) if a}
     inner = {**domains, **imports}
     for n in nodes:
         try:
-            _convert_node(builder, n, inner, env)
+            _convert_node(builder, n, inner, scope)
         except UnsupportedOpError as e:
             raise UnsupportedOpError(
                 f"{e.message}\n  (used by the ONNX function body of {what}, which flowc "
                 "expands because it has no kernel of its own for it)",
                 e.hint,
             ) from None
+    for formal, actual in zip(body.output, node.output, strict=False):
+        if actual:
+            if formal not in scope:
+                raise ModelLoadError(f"the ONNX function body of {what} never computes {formal!r}")
+            env[actual] = scope[formal]
 
 
 def import_onnx(path: str | os.PathLike[str], opts: ImportOptions | None = None) -> Graph:

@@ -10,7 +10,7 @@ registry always wins; expansion is the fallback.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -79,25 +79,15 @@ def function_body(
 
 
 def expand(
-    node: onnx.NodeProto,
-    version: int,
-    body: onnx.FunctionProto,
-    fresh: Callable[[str], str],
+    node: onnx.NodeProto, version: int, body: onnx.FunctionProto
 ) -> tuple[list[onnx.NodeProto], dict[str, int]]:
-    """The body's nodes wired to ``node``'s inputs and outputs, with attribute references
-    resolved from the node (or the schema's defaults), and the body's opset imports.
-
-    Formal inputs map to the node's actual input names (an omitted optional input to ""),
-    formal outputs to its outputs; every other value gets a fresh name from ``fresh``.
-    """
-    names: dict[str, str] = {"": ""}
-    for formal, actual in zip(body.input, node.input, strict=False):
-        names[formal] = actual
-    for formal in body.input[len(node.input) :]:
-        names[formal] = ""
-    for formal, actual in zip(body.output, node.output, strict=False):
-        names[formal] = actual or fresh(formal)
-
+    """The body's nodes with attribute references resolved from ``node`` (or the schema's
+    defaults), and the body's opset imports. The nodes keep the body's value names: the
+    caller imports them in a scope of their own (a function sees only its formal inputs),
+    where a formal input the node omits is absent, so reads of it become omitted inputs."""
+    omitted = set(body.input[len(node.input) :]) | {
+        formal for formal, actual in zip(body.input, node.input, strict=False) if not actual
+    }
     given = {a.name: a for a in node.attribute}
     schema = schema_of(node.op_type, node.domain, version)
     defaults: Mapping[str, onnx.AttributeProto] = {}
@@ -115,10 +105,8 @@ def expand(
         n = onnx.NodeProto()
         n.CopyFrom(inner)
         del n.input[:]
-        del n.output[:]
-        n.input.extend(_rename(names, i, fresh) for i in inner.input)
-        n.output.extend(_rename(names, o, fresh) for o in inner.output)
-        n.name = fresh(inner.name or inner.op_type)
+        n.input.extend("" if i in omitted else i for i in inner.input)
+        n.name = f"{node.name or node.op_type}/{inner.name or inner.op_type}"
         del n.attribute[:]
         for a in inner.attribute:
             if a.ref_attr_name:
@@ -134,9 +122,3 @@ def expand(
         out.append(n)
     imports = {canonical_domain(o.domain): int(o.version) for o in body.opset_import}
     return out, imports
-
-
-def _rename(names: dict[str, str], name: str, fresh: Callable[[str], str]) -> str:
-    if name not in names:
-        names[name] = fresh(name)
-    return names[name]

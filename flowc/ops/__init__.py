@@ -8,6 +8,7 @@ from flowc.ops import (  # noqa: F401
     matmul,
     norm,
     pool,
+    quant,
     reduce,
     sample,
     shape,
