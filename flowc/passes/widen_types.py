@@ -17,8 +17,9 @@ from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, get_op
 from flowc.passes.manager import register_pass
 
-# Ops that handle storage-only types themselves: conversions and pure views of the bytes.
-_NATIVE = frozenset({"Cast", "Identity"})
+# Ops that handle storage-only types themselves: conversions, pure views of the bytes, and the
+# (de)quantizations, whose kernels read and write int4 / float8 / ... directly.
+_NATIVE = frozenset({"Cast", "Identity", "QuantizeLinear", "DequantizeLinear"})
 
 
 def _narrow(v: Value | None) -> bool:
