@@ -1147,8 +1147,8 @@ def _dropout_import(n: OnnxNode) -> list[Value]:
     training = n.input(2)
     if training is not None and training.const is None:
         raise ShapeError(
-            f"Dropout node {n.name!r}: training_mode is computed at run time; flowc compiles "
-            "inference graphs and needs it to be a constant",
+            f"Dropout node {n.name!r}: input 2 (training_mode) must be known at compile time: "
+            "flowc compiles inference graphs",
             hint="export the model in inference mode (PyTorch: model.eval() before exporting)",
         )
     if training is not None and training.const is not None and bool(training.const.reshape(-1)[0]):
