@@ -581,9 +581,7 @@ def test_resize_nearest_scales(coord: str, nearest: str, hw: tuple[float, float]
     x = rand(1, 2, 4, 5)
     attrs = {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest}
     ref = _resize_reference(coord, x.shape, hw)
-    check_op(
-        "Resize", [x, None, f32(1, 1, *hw)], attrs, opset=19, const_inputs=[2], reference=ref
-    )
+    check_op("Resize", [x, None, f32(1, 1, *hw)], attrs, opset=19, const_inputs=[2], reference=ref)
 
 
 @pytest.mark.parametrize("coord", COORDS)
@@ -791,3 +789,28 @@ def test_runtime_shape_inputs_are_rejected(
     # Every input here is a graph input: values that decide a shape are unknown at compile time.
     msg = import_error(op, inputs, **kw)
     assert f"{op.lower()}_0" in msg and "compile time" in msg
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize(
+    ("scales", "sizes"), [((1, 1, 0.6, 0.8), None), (None, (1, 2, 3, 5)), ((1, 1, 0.5, 1.5), None)]
+)
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+def test_resize_antialias(
+    mode: str,
+    scales: tuple[float, ...] | None,
+    sizes: tuple[int, ...] | None,
+    exclude_outside: int,
+) -> None:
+    # Antialiased linear/cubic resizes import as one constant matrix product per axis.
+    x = rand(1, 2, 7, 9)
+    attrs = {"mode": mode, "antialias": 1, "exclude_outside": exclude_outside}
+    inputs = [
+        x,
+        None,
+        None if scales is None else f32(*scales),
+        None if sizes is None else i64(*sizes),
+    ]
+    got = check_op("Resize", inputs, attrs, opset=18, const_inputs=[2, 3], tol=1e-5)
+    want_hw = {(0.6, 0.8): (4, 7), (0.5, 1.5): (3, 13)}.get(scales[2:] if scales else (), (3, 5))
+    assert next(iter(got.values())).shape[2:] == want_hw

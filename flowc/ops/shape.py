@@ -1531,7 +1531,108 @@ def _legacy_resize(n: OnnxNode, scales: Value | None) -> list[Value]:
 def _resize_import(n: OnnxNode) -> list[Value] | None:
     if n.opset < 11:
         return _legacy_resize(n, n.input(1))
+    if n.attrs.get("antialias") and n.attrs.get("mode", "nearest") in ("linear", "cubic"):
+        return _antialias_resize(n)
     return None
+
+
+def _antialias_weights(
+    mode: str, coord: str, n_in: int, n_out: int, scale: float, length: float, a: Mapping[str, Any]
+) -> np.ndarray:
+    """The [n_out, n_in] matrix of an antialiased linear/cubic resize along one axis: when
+    shrinking, the filter widens by 1/scale so every input sample contributes (ONNX's
+    definition: its coefficients, window placement and edge clamping)."""
+    x_ori = _original_coords(coord, n_out, n_in, scale, 0.0, 1.0, length).astype(np.float64)
+    s = min(scale, 1.0)
+    w = np.zeros((n_out, n_in), np.float64)
+    for i, x in enumerate(x_ori):
+        base = math.floor(x)
+        ratio = 1.0 if x == base else x - base
+        if mode == "linear":
+            start = math.floor(-1 / s) + 1
+            taps = (np.arange(start, 2 - start) - ratio) * s
+            coeffs = np.clip(1 - np.abs(taps), 0, 1)
+        else:
+            ca = float(a["cubic_coeff_a"])
+            start = math.floor(-2 / s) + 1
+            d = np.abs((np.arange(start, 2 - start) - ratio) * s)
+            near = ((ca + 2) * d - (ca + 3)) * d * d + 1
+            far = ((ca * d - 5 * ca) * d + 8 * ca) * d - 4 * ca
+            coeffs = np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+        coeffs = coeffs / coeffs.sum()
+        k = len(coeffs)
+        pad = math.ceil(k / 2)
+        xp = x + pad
+        p = math.floor(xp)
+        frac = xp - p
+        if k % 2 == 0:
+            offset = -(k // 2) if frac == 0 else -(k // 2) + 1
+        else:
+            offset = -((k - 1) // 2) + (0 if frac <= 0.5 else 1)
+        idx = p + offset + np.arange(k) - pad
+        if a["exclude_outside"]:
+            coeffs = np.where((idx < 0) | (idx >= n_in), 0.0, coeffs)
+            total = coeffs.sum()
+            coeffs = coeffs / (total if total else 1.0)
+        np.add.at(w[i], np.clip(idx, 0, n_in - 1), coeffs)
+    return w
+
+
+def _antialias_resize(n: OnnxNode) -> list[Value]:
+    """An antialiased linear/cubic Resize as one constant matrix product per resized axis:
+    the filter's footprint depends on the scale, which flowc knows at compile time, so the
+    whole resize is a static linear map and needs no kernel of its own."""
+    x = n.input(0)
+    assert x is not None
+    a = {**_RESIZE_DEFAULTS, **n.attrs, "antialias": 0}
+    where = f"Resize node {n.name!r}"
+    consts: list[np.ndarray | None] = []
+    for k, what in ((1, "roi"), (2, "scales"), (3, "sizes")):
+        v = n.input(k)
+        if v is not None and v.const is None and v.type.numel:
+            raise ShapeError(f"{where}: input {k} ({what}) must be known at compile time")
+        consts.append(None if v is None else v.const)
+    if a["coordinate_transformation_mode"] == "tf_crop_and_resize":
+        raise ShapeError(f"{where}: antialias with tf_crop_and_resize is not supported")
+
+    def fail(message: str) -> ShapeError:
+        return ShapeError(f"{where}: {message}")
+
+    shape = x.type.shape
+    plan = _resize_plan(fail, shape, consts[0], consts[1], consts[2], a)
+    axes = [ax for ax in range(len(shape)) if plan.scales[ax] != 1]
+    if not axes:
+        return n.emit("Identity", [x], output_names=n.output_names)
+    cur: Value = x
+    rank = len(shape)
+    for j, ax in enumerate(axes):
+        w = _antialias_weights(
+            a["mode"],
+            a["coordinate_transformation_mode"],
+            shape[ax],
+            plan.out_shape[ax],
+            plan.scales[ax],
+            plan.lengths[ax],
+            a,
+        )
+        last = j == len(axes) - 1
+        perm = [d for d in range(rank) if d != ax] + [ax]
+        moved = ax != rank - 1
+        if moved:
+            (cur,) = n.emit("Transpose", [cur], {"perm": perm}, suffix=f"to_last{ax}")
+        wt = n.const(f"antialias{ax}", w.T.astype(x.type.dtype.np))
+        names = n.output_names if last and not moved else None
+        (cur,) = n.emit("MatMul", [cur, wt], suffix=f"antialias{ax}", output_names=names)
+        if moved:
+            back = [perm.index(d) for d in range(rank)]
+            (cur,) = n.emit(
+                "Transpose",
+                [cur],
+                {"perm": back},
+                suffix=f"from_last{ax}",
+                output_names=n.output_names if last else None,
+            )
+    return [cur]
 
 
 def _emit_resize(
