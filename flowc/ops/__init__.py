@@ -10,6 +10,7 @@ from flowc.ops import (  # noqa: F401
     pool,
     quant,
     reduce,
+    rnn,
     sample,
     shape,
     softmax,
