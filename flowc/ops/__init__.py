@@ -13,5 +13,7 @@ from flowc.ops import (  # noqa: F401
     rnn,
     sample,
     shape,
+    signal,
     softmax,
+    training,
 )
