@@ -999,7 +999,20 @@ def ops() -> None:
         families.setdefault(op.family, []).append(op.name)
     for fam in sorted(families):
         out.print(f"[bold]{fam}[/] ({len(families[fam])}): " + " ".join(families[fam]))
-    out.print(f"{sum(len(v) for v in families.values())} ops")
+    out.print(f"{sum(len(v) for v in families.values())} ops with kernels or import lowerings")
+    from flowc.frontend.onnx_control import CONTROL_OPS
+    from flowc.frontend.onnx_functions import expandable_ops
+
+    known = {op.name for op in all_ops()} | set(CONTROL_OPS)
+    funcs = expandable_ops(known)
+    out.print(
+        f"[bold]control flow[/] ({len(CONTROL_OPS)}, resolved at import: known conditions, "
+        "unrolled loops): " + " ".join(CONTROL_OPS)
+    )
+    out.print(
+        f"[bold]function ops[/] ({len(funcs)}, imported through their ONNX function body): "
+        + " ".join(funcs)
+    )
 
 
 def _show_warning(

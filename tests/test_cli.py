@@ -97,6 +97,11 @@ def test_ops_lists_the_registry() -> None:
     assert r.returncode == 0
     for op in ("Conv", "MatMul", "LayerNormalization", "Resize", "TopK", "Trilu", "CumSum"):
         assert f" {op}" in r.stdout
+    # Ops handled at import: control flow, and function ops through their ONNX bodies.
+    assert "If Loop Scan" in r.stdout
+    funcs = next(line for line in r.stdout.splitlines() if line.startswith("function ops"))
+    assert " RMSNormalization" in funcs and " SoftmaxCrossEntropyLoss" in funcs
+    assert " Conv " not in funcs
 
 
 # -- error paths ---------------------------------------------------------------------------------

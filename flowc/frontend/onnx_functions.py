@@ -122,3 +122,14 @@ def expand(
         out.append(n)
     imports = {canonical_domain(o.domain): int(o.version) for o in body.opset_import}
     return out, imports
+
+
+def expandable_ops(known: set[str]) -> list[str]:
+    """Default-domain op types (newest opset) that flowc imports through their ONNX function
+    body because ``known`` (the registry) has no kernel of their own."""
+    names = set()
+    for s in onnx.defs.get_all_schemas():
+        if canonical_domain(s.domain) == "" and s.name not in known and not s.deprecated:
+            if s.has_function or s.has_context_dependent_function:
+                names.add(s.name)
+    return sorted(names)
