@@ -129,7 +129,7 @@ def expandable_ops(known: set[str]) -> list[str]:
     body because ``known`` (the registry) has no kernel of their own."""
     names = set()
     for s in onnx.defs.get_all_schemas():
-        if canonical_domain(s.domain) == "" and s.name not in known and not s.deprecated:
-            if s.has_function or s.has_context_dependent_function:
-                names.add(s.name)
+        own = canonical_domain(s.domain) == "" and s.name not in known and not s.deprecated
+        if own and (s.has_function or s.has_context_dependent_function):
+            names.add(s.name)
     return sorted(names)
