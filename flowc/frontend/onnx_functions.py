@@ -128,7 +128,7 @@ def expandable_ops(known: set[str]) -> list[str]:
     """Default-domain op types (newest opset) that flowc imports through their ONNX function
     body because ``known`` (the registry) has no kernel of their own."""
     names = set()
-    schemas: list[Any] = onnx.defs.get_all_schemas()  # the stubs lack the function accessors
+    schemas: Sequence[Any] = onnx.defs.get_all_schemas()  # stubs lack the function accessors
     for s in schemas:
         own = canonical_domain(s.domain) == "" and s.name not in known and not s.deprecated
         if own and (s.has_function or s.has_context_dependent_function):
