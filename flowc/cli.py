@@ -971,8 +971,7 @@ def conformance(
     if write_table is not None:
         others = {t: conf.read_results(root / f"results-{t}.json") for t in conf.TARGETS}
         others[target] = results
-        write_table.parent.mkdir(parents=True, exist_ok=True)
-        write_table.write_text(conf.support_table(cases, others["ref"], others["host"]))
+        conf.write_support_table(write_table, cases, others["ref"], others["host"])
         out.print(f"wrote {escape(str(write_table))}")
     if expected is not None:
         new, fixed = conf.check_expected(expected, results, full=full)

@@ -3,9 +3,11 @@
 from flowc.ops import (  # noqa: F401
     comm,
     conv,
+    deform,
     elementwise,
     index,
     matmul,
+    ml,
     norm,
     pool,
     quant,
