@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opcheck import check_op, make_op_model
 
-from flowc.errors import ShapeError
+from flowc.errors import InputError, ShapeError
 from flowc.frontend.onnx import import_model
+from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
 from flowc.ops.registry import find_op, get_op
 
@@ -186,6 +187,97 @@ def test_scatter_nd(
 def test_scatter_nd_errors() -> None:
     msg = import_error("ScatterND", [rand(4, 5), i64(0, 1).reshape(2, 1), rand(2, 4)])
     assert "scatternd_0" in msg and "[2, 5]" in msg
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("opset", [9, 10])
+def test_scatter_old_name(axis: int | None, opset: int) -> None:
+    x = rand(4, 5)
+    ax = (axis or 0) % 2
+    shape = (3, 4) if ax == 0 else (4, 3)
+    attrs = {} if axis is None else {"axis": axis}
+    ind = _unique_rows(x.shape[ax], shape, ax)
+    check_op("Scatter", [x, ind, rand(*shape)], attrs, opset=opset)
+    # Imported as ScatterElements: one spelling in the graph.
+    model, _ = make_op_model("Scatter", [x, ind, rand(*shape)], attrs, opset=opset)
+    assert [n.op for n in import_model(model).nodes] == ["ScatterElements"]
+
+
+# -- TensorScatter and ReverseSequence ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("past", "update", "axis"),
+    [((2, 6, 3), (2, 2, 3), None), ((2, 3, 6, 4), (2, 3, 6, 4), -2), ((3, 5), (3, 2), 1)],
+)
+@pytest.mark.parametrize("mode", [None, "linear", "circular"])
+@pytest.mark.parametrize("with_indices", [False, True])
+def test_tensor_scatter(
+    past: tuple[int, ...],
+    update: tuple[int, ...],
+    axis: int | None,
+    mode: str | None,
+    with_indices: bool,
+) -> None:
+    ax = -2 if axis is None else axis
+    size, length = past[ax], update[ax]
+    attrs: dict[str, Any] = {}
+    if axis is not None:
+        attrs["axis"] = axis
+    if mode is not None:
+        attrs["mode"] = mode
+    # Linear writes must fit; circular ones may start anywhere and wrap.
+    high = size + 3 if mode == "circular" else size - length + 1
+    w = rng.integers(0, high, past[0]).astype(np.int64) if with_indices else None
+    got = check_op("TensorScatter", [rand(*past), rand(*update), w], attrs, opset=24)
+    assert got["out0"].shape == past
+
+
+def test_tensor_scatter_errors() -> None:
+    past, upd = rand(2, 4, 3), rand(2, 2, 3)
+    assert "cannot be 0" in import_error("TensorScatter", [past, upd], {"axis": 0}, opset=24)
+    assert "may be shorter" in import_error("TensorScatter", [past, rand(2, 5, 3)], opset=24)
+    assert "may be shorter" in import_error("TensorScatter", [past, rand(2, 2, 2)], opset=24)
+    msg = import_error("TensorScatter", [past, upd], {"mode": "ring"}, opset=24)
+    assert "tensorscatter_0" in msg and "linear, circular" in msg
+    msg = import_error("TensorScatter", [past, upd, i64(0, 1, 2)], opset=24)
+    assert "write_indices must be int64 of shape [2]" in msg
+    # Bad write indices are data errors: negative, or a linear write past the end.
+    for w, mode in ((i64(0, -1), "circular"), (i64(0, 3), "linear")):
+        model, feeds = make_op_model("TensorScatter", [past, upd, w], {"mode": mode}, opset=24)
+        with pytest.raises(InputError, match=r"write_indices\[1\]"):
+            evaluate(import_model(model), feeds)
+
+
+@pytest.mark.parametrize(
+    ("shape", "batch_axis", "time_axis"),
+    [((4, 5), 0, 1), ((5, 4), 1, 0), ((5, 3, 2), None, None), ((3, 6, 2, 2), 0, 1)],
+)
+def test_reverse_sequence(
+    shape: tuple[int, ...], batch_axis: int | None, time_axis: int | None
+) -> None:
+    b = 1 if batch_axis is None else batch_axis
+    attrs = {} if batch_axis is None else {"batch_axis": batch_axis, "time_axis": time_axis}
+    steps = shape[1 - b]
+    lens = rng.integers(0, steps + 1, shape[b]).astype(np.int64)
+    lens[0] = steps  # every length from 0 to the whole sequence is valid
+    x = rand(*shape)
+    got = check_op("ReverseSequence", [x, lens], attrs, opset=10)["out0"]
+    first = np.moveaxis(got, (b, 1 - b), (0, 1))[0]
+    np.testing.assert_array_equal(first, np.moveaxis(x, (b, 1 - b), (0, 1))[0][::-1])
+
+
+def test_reverse_sequence_int_data_and_errors() -> None:
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    check_op("ReverseSequence", [x, i64(2, 0, 3, 1)], opset=10)
+    bad = import_error("ReverseSequence", [x, i64(2, 0, 3)], opset=10)
+    assert "reversesequence_0" in bad and "of shape [4]" in bad
+    attrs = {"batch_axis": 1, "time_axis": 1}
+    assert "0 and 1" in import_error("ReverseSequence", [x, i64(1, 1, 1, 1)], attrs, opset=10)
+    assert "rank >= 2" in import_error("ReverseSequence", [rand(3), i64(1, 1, 1)], opset=10)
+    model, feeds = make_op_model("ReverseSequence", [x, i64(2, 0, 4, 1)], opset=10)
+    with pytest.raises(InputError, match=r"sequence_lens\[2\] = 4 is outside \[0, 3\]"):
+        evaluate(import_model(model), feeds)
 
 
 # -- Trilu, TopK, OneHot, EyeLike --------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Normalizations against onnxruntime: BatchNormalization (inference, every opset spelling),
 LayerNormalization with its statistics outputs, InstanceNormalization, GroupNormalization
-(opset 18 per-group and 21 per-channel affine), LRN and MeanVarianceNormalization."""
+(opset 18 per-group and 21 per-channel affine), LRN, MeanVarianceNormalization and
+LpNormalization."""
 
 from __future__ import annotations
 
@@ -233,6 +234,28 @@ def test_mvn(shape: tuple[int, ...], axes: list[int] | None, opset: int) -> None
     )
 
 
+# -- LpNormalization -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize(("shape", "axis"), [((5,), 0), ((3, 4), 0), ((3, 4), -1), ((2, 3, 4), 1)])
+@pytest.mark.parametrize("opset", [1, 22])
+def test_lp_normalization(p: int, shape: tuple[int, ...], axis: int, opset: int) -> None:
+    x = rand(*shape)
+    got = check_op("LpNormalization", [x], {"p": p, "axis": axis}, opset=opset)["out0"]
+    norms = np.linalg.norm(got.astype(np.float64), ord=p, axis=axis)
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-5)
+
+
+def test_lp_normalization_defaults_zeros_and_float64() -> None:
+    x = rand(3, 4)
+    x[1] = 0.0  # a zero norm gives zeros, not NaN
+    got = check_op("LpNormalization", [x], {}, opset=22)["out0"]
+    np.testing.assert_array_equal(got[1], 0.0)
+    got = check_op("LpNormalization", [rand(4, 5, dtype=np.float64)], {"p": 1}, opset=22)
+    assert got["out0"].dtype == np.float64
+
+
 # -- errors ---------------------------------------------------------------------------------------
 
 
@@ -292,6 +315,9 @@ def test_mvn(shape: tuple[int, ...], axes: list[int] | None, opset: int) -> None
             "axes entry 3 is out of range",
         ),
         ("MeanVarianceNormalization", [rand(2, 3, 4)], {"axes": [1, -2]}, 13, "repeat an axis"),
+        ("LpNormalization", [rand(2, 3)], {"p": 3}, 22, "p must be 1 or 2"),
+        ("LpNormalization", [rand(2, 3)], {"axis": 2}, 22, "axis 2 is out of range"),
+        ("LpNormalization", [np.ones((2, 3), np.int32)], {}, 22, "floating-point"),
     ],
 )
 def test_errors(
@@ -311,6 +337,7 @@ def test_flops_are_declared() -> None:
         "GroupNormalization",
         "LRN",
         "MeanVarianceNormalization",
+        "LpNormalization",
     ):
         assert get_op(name).flops is not None
     assert flowc_outputs("LRN", [rand(1, 3, 2, 2)], {"size": 3}, 13)["out0"].shape == (1, 3, 2, 2)

@@ -1,4 +1,4 @@
-"""Reduce*, ArgMax/ArgMin and CumSum against onnxruntime, every opset spelling included."""
+"""Reduce*, ArgMax/ArgMin, CumSum and CumProd against onnxruntime, every opset spelling included."""
 
 from __future__ import annotations
 
@@ -286,6 +286,43 @@ def test_cumsum_empty_axis() -> None:
     assert got["out0"].shape == (3, 0)
 
 
+# -- CumProd ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize(("shape", "axis"), [((6,), 0), ((3, 5), 1), ((3, 5), -2), ((2, 3, 4), -1)])
+def test_cumprod(exclusive: int, reverse: int, shape: tuple[int, ...], axis: int) -> None:
+    x = np.random.default_rng(9).uniform(0.5, 1.5, shape).astype(np.float32)
+    attrs = {"exclusive": exclusive, "reverse": reverse}
+    got = check_op("CumProd", [x, np.array(axis, np.int64)], attrs, opset=26, const_inputs=[1])
+    first = got["out0"].take(-1 if reverse else 0, axis=axis)
+    expect = np.ones_like(first) if exclusive else x.take(-1 if reverse else 0, axis=axis)
+    np.testing.assert_allclose(first, expect, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64])
+def test_cumprod_types(dtype: type) -> None:
+    x = np.random.default_rng(10).integers(-5, 6, (3, 4)).astype(dtype)
+    for axis in (np.array(1, np.int32), np.array([-2], np.int64)):
+        for attrs in ({}, {"exclusive": 1, "reverse": 1}):
+            got = check_op("CumProd", [x, axis], attrs, opset=26, const_inputs=[1])
+            assert got["out0"].dtype == dtype
+
+
+def test_cumprod_integers_wrap() -> None:
+    # Products past int32 wrap, as onnxruntime's integer arithmetic does.
+    x = np.full((12,), 17, np.int32)
+    got = check_op("CumProd", [x, np.array(0, np.int64)], {}, opset=26, const_inputs=[1])
+    assert got["out0"][-1] == np.int32(np.uint32(17**12 % 2**32).view(np.int32))
+
+
+def test_cumprod_empty_axis() -> None:
+    x = np.zeros((3, 0), np.float32)
+    got = check_op("CumProd", [x, np.array(1)], {"exclusive": 1}, opset=26, const_inputs=[0, 1])
+    assert got["out0"].shape == (3, 0)
+
+
 # -- error paths ------------------------------------------------------------------------------
 
 
@@ -361,6 +398,9 @@ def import_one(
             21,
             "must be known at compile time",
         ),
+        ("CumProd", [np.array(1.0, np.float32), np.array(0)], {}, [1], 26, "got a scalar"),
+        ("CumProd", [np.ones((2, 3), np.float32), np.array(2)], {}, [1], 26, "out of range"),
+        ("CumProd", [np.ones((2, 3), np.bool_), np.array(0)], {}, [1], 26, "numeric input"),
     ],
 )
 def test_errors_name_the_node(
@@ -381,7 +421,7 @@ def test_flops_count_input_elements() -> None:
     b = GraphBuilder(g)
     x = g.add_input("x", TensorType((4, 5, 6), DType.F32))
     axes = b.constant("axes", np.array([1], np.int64))
-    for op in [*REDUCE_OPS, "ArgMax", "CumSum"]:
+    for op in [*REDUCE_OPS, "ArgMax", "CumSum", "CumProd"]:
         ins = [x, axes] if op != "ArgMax" else [x]
         node = b.emit(op, ins, name=op)[0].producer
         assert node is not None

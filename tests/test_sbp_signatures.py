@@ -619,6 +619,54 @@ CASES += [
     ),
 ]
 
+CASES += [
+    Case(
+        "CumProd",
+        "CumProd",
+        [f32(4, 4, 8, lo=0.5, hi=1.5), i64(1)],
+        {"reverse": 1},
+        consts=(1,),
+        has=["(S(0), B) -> (S(0))", "(S(2), B) -> (S(2))"],
+        lacks=["(S(1), B) -> (S(1))", "(P, B) -> (P)"],
+    ),
+    Case(
+        "LpNormalization",
+        "LpNormalization",
+        [f32(4, 4, 8)],
+        {"p": 1, "axis": 1},
+        has=["(S(0)) -> (S(0))", "(S(2)) -> (S(2))"],
+        lacks=["(S(1)) -> (S(1))"],
+    ),
+    Case("Det", "Det", [f32(4, 2, 3, 3)], has=["(S(0)) -> (S(0))", "(S(1)) -> (S(1))"]),
+    Case(
+        "ReverseSequence",
+        "ReverseSequence",
+        [f32(4, 4, 4), i64(4, 0, 2, 3)],
+        {"batch_axis": 1, "time_axis": 0},
+        has=["(S(1), S(0)) -> (S(1))", "(S(2), B) -> (S(2))"],
+        lacks=["(S(0), B) -> (S(0))"],
+    ),
+    Case(
+        "TensorScatter",
+        "TensorScatter",
+        [f32(4, 4, 8, 2), f32(4, 4, 3, 2), i64(0, 5, 1, 2)],
+        has=[
+            "(S(0), S(0), S(0)) -> (S(0))",
+            "(S(1), S(1), B) -> (S(1))",
+            "(S(3), S(3), B) -> (S(3))",
+        ],
+        lacks=["(S(0), S(0), B) -> (S(0))", "(S(2), S(2), B) -> (S(2))"],
+    ),
+    Case(
+        "TensorScatter-no-indices",
+        "TensorScatter",
+        [f32(4, 8, 2), f32(4, 3, 2)],
+        {"mode": "circular"},
+        has=["(S(0), S(0)) -> (S(0))", "(S(2), S(2)) -> (S(2))"],
+        lacks=["(S(1), S(1)) -> (S(1))"],
+    ),
+]
+
 
 def build(case: Case) -> Node:
     g = Graph("one")

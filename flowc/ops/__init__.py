@@ -6,6 +6,7 @@ from flowc.ops import (  # noqa: F401
     deform,
     elementwise,
     index,
+    linalg,
     matmul,
     ml,
     norm,

@@ -1,6 +1,7 @@
-"""Indexing ops: Gather, GatherElements, GatherND, ScatterElements, ScatterND, Trilu, TopK,
-OneHot and EyeLike, and GatherShard: the Gather a rank runs on its chunk of a table split
-along the gathered axis (vocabulary-parallel embeddings).
+"""Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and Scatter, its
+deprecated opset 9-10 name), ScatterND, TensorScatter, ReverseSequence, Trilu, TopK, OneHot
+and EyeLike, and GatherShard: the Gather a rank runs on its chunk of a table split along the
+gathered axis (vocabulary-parallel embeddings).
 
 Negative indices count from the end of their axis. An index outside [-n, n) is an error
 (onnxruntime rejects it too); the reference raises IndexError naming the axis and the range.
@@ -327,7 +328,8 @@ _REDUCTIONS: dict[str, Callable[..., None] | None] = {
 
 
 def _check_reduction(ctx: InferCtx) -> None:
-    r = ctx.attr("reduction")
+    # Scatter (ScatterElements' old name) has no reduction attribute: it always overwrites.
+    r = ctx.attrs.get("reduction", "none")
     if r not in _REDUCTIONS:
         raise ctx.fail(f"reduction {r!r} is not one of {', '.join(_REDUCTIONS)}")
 
@@ -366,7 +368,7 @@ def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     key: list[np.ndarray] = list(np.indices(ind.shape, sparse=True))
     key[axis] = _wrap(ind, x.shape[axis], f"index on axis {axis}")
     out = np.array(x, copy=True)
-    _scatter(out, tuple(key), upd, a["reduction"])
+    _scatter(out, tuple(key), upd, str(a.get("reduction", "none")))
     return out
 
 
@@ -394,7 +396,7 @@ def _scatter_elements_emit(prog: Program, node: Node) -> None:
         istride=ids[axis],
         ostride=xs[axis],
         dim=x.type.shape[axis],
-        reduction=a["reduction"],
+        reduction=a.get("reduction", "none"),
     )
     n = ind.type.numel // shape[axis]
     _indexed(prog, name, n, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
@@ -409,6 +411,23 @@ defop(
     inputs=3,
     emit=_scatter_elements_emit,
     flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
+)
+
+
+def _scatter_import(n: OnnxNode) -> list[Value]:
+    # Scatter (opsets 9-10) is ScatterElements under its old name, without reductions.
+    return n.emit("ScatterElements", n.inputs, n.attrs, output_names=n.output_names[:1])
+
+
+defop(
+    "Scatter",
+    FAMILY,
+    infer=_scatter_elements_infer,
+    reference=_scatter_elements_ref,
+    attrs={"axis": 0},
+    inputs=3,
+    onnx_import=_scatter_import,
+    emit=_scatter_elements_emit,
 )
 
 
@@ -470,6 +489,188 @@ defop(
     inputs=3,
     emit=_scatter_nd_emit,
     flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
+)
+
+
+# -- TensorScatter -----------------------------------------------------------------------------
+# A KV-cache update: the cache keeps its shape, and each batch entry's `update` (shorter along
+# `axis`) is written at that entry's write index (0 when absent), wrapping around the axis in
+# circular mode. Negative write indices, and linear writes that run past the end, are errors
+# (as in onnxruntime).
+
+_TENSOR_SCATTER_MODES = ("linear", "circular")
+
+
+def _tensor_scatter_axis(ctx: InferCtx) -> int:
+    past, upd = ctx.type(0), ctx.type(1)
+    if past.rank < 2:
+        raise ctx.fail(f"past_cache needs rank >= 2 (batch and sequence), got {list(past.shape)}")
+    axis = ctx.axis(int(ctx.attr("axis")), past.rank)
+    if axis == 0:
+        raise ctx.fail("axis cannot be 0, the batch axis")
+    if ctx.attr("mode") not in _TENSOR_SCATTER_MODES:
+        raise ctx.fail(f"mode {ctx.attr('mode')!r} is not one of linear, circular")
+    if upd.dtype != past.dtype:
+        raise ctx.fail(f"update is {upd.dtype} but past_cache is {past.dtype}")
+    fits = upd.rank == past.rank and all(
+        u == p if k != axis else u <= p
+        for k, (u, p) in enumerate(zip(upd.shape, past.shape, strict=True))
+    )
+    if not fits:
+        raise ctx.fail(
+            f"update of shape {list(upd.shape)} must match past_cache {list(past.shape)} "
+            f"except along axis {axis}, where it may be shorter"
+        )
+    if ctx.has(2) and (ctx.dtype(2) != DType.I64 or ctx.shape(2) != past.shape[:1]):
+        raise ctx.fail(
+            f"write_indices must be int64 of shape [{past.shape[0]}] (one per batch entry), "
+            f"got {ctx.type(2)}"
+        )
+    return axis
+
+
+def _tensor_scatter_infer(ctx: InferCtx) -> list[TensorType]:
+    _tensor_scatter_axis(ctx)
+    return [ctx.type(0)]
+
+
+def _tensor_scatter_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    past, upd = _in(xs, 0), _in(xs, 1)
+    w = xs[2] if len(xs) > 2 and xs[2] is not None else np.zeros(past.shape[0], np.int64)
+    axis = int(a["axis"]) % past.ndim
+    size, length = past.shape[axis], upd.shape[axis]
+    out = np.array(past, copy=True)
+    for b, start in enumerate(int(i) for i in w):
+        if start < 0:
+            raise ValueError(f"write_indices[{b}] = {start} is negative")
+        if a["mode"] == "linear" and start + length > size:
+            raise ValueError(
+                f"write_indices[{b}] = {start} plus the update's {length} positions runs past "
+                f"the cache's {size} (linear mode)"
+            )
+        pos = (start + np.arange(length)) % size
+        dst = np.moveaxis(out[b], axis - 1, 0)  # a view: writes land in out
+        dst[pos] = np.moveaxis(upd[b], axis - 1, 0)
+    return out
+
+
+def _tensor_scatter_emit(prog: Program, node: Node) -> None:
+    past, upd, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    w = node.inputs[2] if len(node.inputs) > 2 else None
+    a = node_attrs(node)
+    shape = past.type.shape
+    axis = int(a["axis"]) % len(shape)
+    name = prog.kernel(
+        "index.cu.j2",
+        "tensor_scatter",
+        ctype=prog.ctype(past),
+        batch_stride=math.prod(shape[1:]),
+        size=shape[axis],
+        length=upd.type.shape[axis],
+        inner=math.prod(shape[axis + 1 :]),
+        has_indices=w is not None,
+        circular=a["mode"] == "circular",
+    )
+    args = [prog.cptr(past), prog.cptr(upd), *([prog.cptr(w)] if w is not None else [])]
+    _indexed(prog, name, out.type.numel, [*args, prog.ptr(out)])
+
+
+def _tensor_scatter_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Axes other than the sequence split alike in the cache and the update; a batch split
+    # takes the batch entries' write indices along.
+    axis = _tensor_scatter_axis(ctx)
+    others = (d for d in range(outs[0].rank) if d != axis)
+    return [
+        sr.sig(ctx, {0: sr.S(d), 1: sr.S(d), 2: sr.S(0) if d == 0 else sr.B}, sr.S(d), 1)
+        for d in others
+    ]
+
+
+defop(
+    "TensorScatter",
+    FAMILY,
+    infer=_tensor_scatter_infer,
+    reference=_tensor_scatter_ref,
+    attrs={"axis": -2, "mode": "linear"},
+    inputs=(2, 3),
+    emit=_tensor_scatter_emit,
+    sbp=_tensor_scatter_sbp,
+)
+
+
+# -- ReverseSequence ---------------------------------------------------------------------------
+# Each batch entry reverses its first sequence_lens[b] steps along the time axis and keeps the
+# rest. A length outside [0, time steps] is an error (as in onnxruntime).
+
+
+def _reverse_sequence_axes(ctx: InferCtx) -> tuple[int, int]:
+    x = ctx.type(0)
+    if x.rank < 2:
+        raise ctx.fail(f"needs rank >= 2 (batch and time axes), got shape {list(x.shape)}")
+    b, t = ctx.attr("batch_axis"), ctx.attr("time_axis")
+    if {b, t} != {0, 1}:
+        raise ctx.fail(f"batch_axis and time_axis must be 0 and 1 in some order, got {b} and {t}")
+    lens = ctx.type(1)
+    if lens.dtype != DType.I64 or lens.shape != (x.shape[b],):
+        raise ctx.fail(
+            f"sequence_lens must be int64 of shape [{x.shape[b]}] (one per batch entry), got {lens}"
+        )
+    return int(b), int(t)
+
+
+def _reverse_sequence_infer(ctx: InferCtx) -> list[TensorType]:
+    _reverse_sequence_axes(ctx)
+    return [ctx.type(0)]
+
+
+def _reverse_sequence_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, lens = _in(xs, 0), _in(xs, 1)
+    b_axis, t_axis = int(a["batch_axis"]), int(a["time_axis"])
+    steps = x.shape[t_axis]
+    out = np.array(x, copy=True)
+    src = np.moveaxis(x, (b_axis, t_axis), (0, 1))
+    dst = np.moveaxis(out, (b_axis, t_axis), (0, 1))  # a view: writes land in out
+    for b, n in enumerate(int(v) for v in lens):
+        if not 0 <= n <= steps:
+            raise ValueError(f"sequence_lens[{b}] = {n} is outside [0, {steps}]")
+        dst[b, :n] = src[b, :n][::-1]
+    return out
+
+
+def _reverse_sequence_emit(prog: Program, node: Node) -> None:
+    x, lens, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    a = node_attrs(node)
+    shape = x.type.shape
+    name = prog.kernel(
+        "index.cu.j2",
+        "reverse_sequence",
+        ctype=prog.ctype(x),
+        dim1=shape[1],
+        inner=math.prod(shape[2:]),
+        time_first=int(a["time_axis"]) == 0,
+        steps=shape[int(a["time_axis"])],
+    )
+    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(lens), prog.ptr(out)])
+
+
+def _reverse_sequence_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Batch entries (with their lengths) and the trailing axes are independent.
+    b, _ = _reverse_sequence_axes(ctx)
+    return [
+        sr.sig(ctx, {0: sr.S(b), 1: sr.S(0)}, sr.S(b), 1),
+        *sr.same_axes(ctx, outs, range(2, outs[0].rank)),
+    ]
+
+
+defop(
+    "ReverseSequence",
+    FAMILY,
+    infer=_reverse_sequence_infer,
+    reference=_reverse_sequence_ref,
+    attrs={"batch_axis": 1, "time_axis": 0},
+    inputs=2,
+    emit=_reverse_sequence_emit,
+    sbp=_reverse_sequence_sbp,
 )
 
 

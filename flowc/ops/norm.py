@@ -1,5 +1,6 @@
 """Normalizations: BatchNormalization (inference form), LayerNormalization,
-InstanceNormalization, GroupNormalization, LRN and MeanVarianceNormalization.
+InstanceNormalization, GroupNormalization, LRN, MeanVarianceNormalization and
+LpNormalization.
 
 Statistics are taken in float64 and the result is cast back, so float32 outputs stay well
 within onnxruntime's rounding. BatchNormalization only ever sees inference: flowc compiles
@@ -614,4 +615,79 @@ defop(
     flops=elementwise_flops(6),
     sbp=_mvn_sbp,
     emit=_mvn_emit,
+)
+
+
+# -- LpNormalization ------------------------------------------------------------------------------
+
+
+def _lpnorm_axis(ctx: InferCtx) -> int:
+    p = ctx.attr("p")
+    if p not in (1, 2):
+        raise ctx.fail(f"p must be 1 or 2, got {p!r}")
+    return ctx.axis(int(ctx.attr("axis")), ctx.type(0).rank)
+
+
+def _lpnorm_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx, 1)
+    _lpnorm_axis(ctx)
+    return [x]
+
+
+def _lpnorm_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    axis = _lpnorm_axis(ctx)
+    return sr.same_axes(ctx, outs, (d for d in range(outs[0].rank) if d != axis))
+
+
+def _lpnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _req(xs, 0)
+    axis = int(a["axis"]) % x.ndim
+    x64 = x.astype(np.float64)
+    if a["p"] == 1:
+        norm = np.abs(x64).sum(axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt((x64 * x64).sum(axis=axis, keepdims=True))
+    # A zero norm (an all-zero line) gives zeros, not NaN, as the specification says.
+    safe = np.where(norm == 0, 1.0, norm)
+    return np.where(norm == 0, 0.0, x64 / safe).astype(x.dtype)
+
+
+def _lpnorm_emit(prog: Program, node: Node) -> None:
+    x = node.inputs[0]
+    assert x is not None
+    y = node.outputs[0]
+    t = float_ctype(prog, x)
+    a = node_attrs(node)
+    shape = x.type.shape
+    axis = int(a["axis"]) % len(shape)
+    outer, size = math.prod(shape[:axis]), shape[axis]
+    inner = math.prod(shape[axis + 1 :])
+    rows = outer * inner
+    if rows == 0 or size == 0:
+        return
+    block = _block_threads(size)
+    name = prog.kernel(
+        "norm.cu.j2",
+        "lp_normalize",
+        ctype=t,
+        acc_type=t,
+        block=block,
+        rows=rows,
+        size=size,
+        row_offset=offset_expr("row", [(outer, size * inner), (inner, 1)]),
+        elem_offset=offset_expr("j", [(size, inner)]),
+        p=int(a["p"]),
+    )
+    prog.launch_blocks(name, min(rows, MAX_BLOCKS), block, 0, [prog.cptr(x), prog.ptr(y)])
+
+
+defop(
+    "LpNormalization",
+    FAMILY,
+    infer=_lpnorm_infer,
+    reference=_lpnorm_ref,
+    attrs={"axis": -1, "p": 2},
+    flops=elementwise_flops(3),
+    sbp=_lpnorm_sbp,
+    emit=_lpnorm_emit,
 )

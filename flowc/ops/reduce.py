@@ -1,4 +1,4 @@
-"""Reductions: the Reduce* family, ArgMax/ArgMin and CumSum.
+"""Reductions: the Reduce* family, ArgMax/ArgMin, CumSum and CumProd.
 
 Canonical Reduce* take ``axes`` as optional input 1 (opset 18; ReduceSum since 13); older
 opsets give it as an attribute, which the adapter moves to the input. Empty or absent axes
@@ -351,7 +351,8 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
     return emit
 
 
-def emit_cumsum(prog: Program, node: Node) -> None:
+def emit_cumulative(prog: Program, node: Node) -> None:
+    """CumSum and CumProd: one thread per line along the axis."""
     x, ax, y = node.inputs[0], node.inputs[1], node.outputs[0]
     assert x is not None and ax is not None and ax.const is not None
     attrs = node.attrs.merged(get_op(node.op).attrs)
@@ -364,9 +365,10 @@ def emit_cumsum(prog: Program, node: Node) -> None:
     acc = t if dt.is_float else ("uint64_t" if dt.itemsize == 8 else "uint32_t")
     k = prog.kernel(
         TEMPLATE,
-        "cumsum",
+        "cumulative",
         ctype=t,
         acc=acc,
+        product=node.op == "CumProd",
         extent=extent,
         inner=inner,
         reverse=bool(attrs["reverse"]),
@@ -609,7 +611,7 @@ arg_reduction("ArgMax", largest=True)
 arg_reduction("ArgMin", largest=False)
 
 
-# -- CumSum -----------------------------------------------------------------------------------
+# -- CumSum and CumProd ------------------------------------------------------------------------
 
 
 def _cumsum_axis(ctx: InferCtx) -> int:
@@ -639,34 +641,61 @@ def _cumsum_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     return [*sr.same_axes(ctx, outs, others), sr.partial(ctx, outs)]
 
 
-def _cumsum_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, ax = xs[0], xs[1]
-    assert x is not None and ax is not None
-    axis = ints(ax)[0] % x.ndim
-    v = np.flip(x, axis) if a["reverse"] else x
-    acc = _acc(v)
-    r = np.cumsum(acc, axis=axis, dtype=acc.dtype)
-    if a["exclusive"]:
-        # Each position sums only the elements strictly before it: shift by one, 0 first.
-        dst = [slice(None)] * r.ndim
-        src = [slice(None)] * r.ndim
-        dst[axis], src[axis] = slice(1, None), slice(None, -1)
-        shifted = np.zeros_like(r)
-        shifted[tuple(dst)] = r[tuple(src)]
-        r = shifted
-    if a["reverse"]:
-        r = np.flip(r, axis)
-    return np.ascontiguousarray(r).astype(x.dtype, copy=False)
+def _cumprod_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Lines along the axis are independent; a running product is not linear (no P).
+    axis = _cumsum_axis(ctx)
+    return sr.same_axes(ctx, outs, (d for d in range(outs[0].rank) if d != axis))
+
+
+def _cumulative_ref(product: bool) -> Callable[[list[np.ndarray | None], Attrs], np.ndarray]:
+    def ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+        x, ax = xs[0], xs[1]
+        assert x is not None and ax is not None
+        axis = ints(ax)[0] % x.ndim
+        v = np.flip(x, axis) if a["reverse"] else x
+        acc = _acc(v)
+        # Integers run in their own type and wrap on overflow, as onnxruntime's do.
+        with np.errstate(over="ignore"):
+            if product:
+                r = np.cumprod(acc, axis=axis, dtype=acc.dtype)
+            else:
+                r = np.cumsum(acc, axis=axis, dtype=acc.dtype)
+        if a["exclusive"]:
+            # Each position combines only the elements strictly before it: shift by one,
+            # with the identity (0 or 1) first.
+            dst = [slice(None)] * r.ndim
+            src = [slice(None)] * r.ndim
+            dst[axis], src[axis] = slice(1, None), slice(None, -1)
+            shifted = np.ones_like(r) if product else np.zeros_like(r)
+            shifted[tuple(dst)] = r[tuple(src)]
+            r = shifted
+        if a["reverse"]:
+            r = np.flip(r, axis)
+        return np.ascontiguousarray(r).astype(x.dtype, copy=False)
+
+    return ref
 
 
 defop(
     "CumSum",
     FAMILY,
     infer=_cumsum_infer,
-    reference=_cumsum_ref,
+    reference=_cumulative_ref(product=False),
     attrs={"exclusive": 0, "reverse": 0},
     inputs=2,
     flops=_input_flops,
     sbp=_cumsum_sbp,
-    emit=emit_cumsum,
+    emit=emit_cumulative,
+)
+
+defop(
+    "CumProd",
+    FAMILY,
+    infer=_cumsum_infer,
+    reference=_cumulative_ref(product=True),
+    attrs={"exclusive": 0, "reverse": 0},
+    inputs=2,
+    flops=_input_flops,
+    sbp=_cumprod_sbp,
+    emit=emit_cumulative,
 )
