@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import helper
-from opcheck import check_op, make_op_model
+from opcheck import Case, check_compiled, check_op, make_op_model
 
 from flowc.errors import ShapeError
 from flowc.frontend.onnx import import_model
@@ -95,13 +95,31 @@ def test_batchnorm_empty_extra_outputs_are_dropped() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_batchnorm_training_is_rejected() -> None:
-    model, _ = make_op_model(
-        "BatchNormalization", bn_inputs((2, 3, 4)), {"training_mode": 1}, opset=15
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 4, 5)])
+def test_batchnorm_training_mode(shape: tuple[int, ...]) -> None:
+    # Batch statistics and the running-statistics update, as onnxruntime computes them
+    # (onnxruntime insists on all three outputs in training mode).
+    check_op(
+        "BatchNormalization",
+        bn_inputs(shape),
+        {"training_mode": 1, "momentum": 0.7, "epsilon": 1e-3},
+        opset=15,
+        num_outputs=3,
+        tol=1e-5,
     )
-    with pytest.raises(ShapeError, match="training_mode=1 is not supported") as e:
-        import_model(model)
-    assert "batchnormalization_0" in str(e.value)
+
+
+def test_batchnorm_training_mode_compiles(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    x = bn_inputs((2, 3, 4, 5))
+    check_compiled(
+        [Case("BatchNormalization", x, {"training_mode": 1}, num_outputs=3, tol=1e-5)],
+        tmp_path,
+        opset=15,
+    )
+
+
+def test_batchnorm_old_training_outputs_are_rejected() -> None:
+    # Opsets before 14 name training outputs (saved mean/var, ...) without a training_mode.
     model, _ = make_op_model("BatchNormalization", bn_inputs((2, 3, 4)), opset=9, num_outputs=5)
     with pytest.raises(ShapeError, match="training-mode statistics"):
         import_model(model)

@@ -3,15 +3,16 @@ InstanceNormalization, GroupNormalization, LRN, MeanVarianceNormalization and
 LpNormalization.
 
 Statistics are taken in float64 and the result is cast back, so float32 outputs stay well
-within onnxruntime's rounding. BatchNormalization only ever sees inference: flowc compiles
-deployed graphs, and a node asking for training statistics is rejected with a clear error.
+within onnxruntime's rounding. The BatchNormalization op is the inference form; a node in
+training mode (opsets 14+) is imported as the reductions and element-wise ops that compute the
+batch statistics and the running-statistics update.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -361,6 +362,8 @@ def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
         )
     for attr in ("spatial", "is_test", "consumed_inputs"):
         n.attrs.pop(attr, None)
+    if n.opset >= 14 and int(n.attrs.get("training_mode", 0)):
+        return _batchnorm_training(n)
     if len(n.output_names) == 1:
         return None
     if any(n.output_names[1:]):
@@ -370,6 +373,48 @@ def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
             hint="export the model in evaluation mode",
         )
     return n.emit("BatchNormalization", n.inputs, n.attrs, output_names=n.output_names[:1])
+
+
+def _batchnorm_training(n: OnnxNode) -> list[Value]:
+    """training_mode=1 (opsets 14+): normalize with the batch's own statistics (population
+    variance over every axis but the channel) and return the updated running mean and
+    variance, input * momentum + batch * (1 - momentum). Imported as the reductions and
+    element-wise ops it is made of, so nothing new needs a kernel."""
+    x, scale, bias, mean, var = (n.input(i) for i in range(5))
+    assert x is not None and scale is not None and bias is not None
+    assert mean is not None and var is not None
+    rank, c = x.type.rank, x.type.shape[1]
+    dt = x.type.dtype.np
+    axes = n.const("axes", np.array([d for d in range(rank) if d != 1], np.int64))
+    per_channel = n.const("per_channel", np.array([c] + [1] * (rank - 2), np.int64))
+    momentum = float(n.attrs.get("momentum", 0.9))
+    eps = float(n.attrs.get("epsilon", 1e-5))
+
+    def emit(op: str, ins: list[Value | None], attrs: dict[str, Any] | None = None) -> Value:
+        return n.emit(op, ins, attrs or {}, suffix=op.lower())[0]
+
+    batch_mean = emit("ReduceMean", [x, axes], {"keepdims": 1})
+    centered = emit("Sub", [x, batch_mean])
+    batch_var = emit("ReduceMean", [emit("Mul", [centered, centered]), axes], {"keepdims": 1})
+    inv = emit("Reciprocal", [emit("Sqrt", [emit("Add", [batch_var, n.const("eps", eps, dt)])])])
+    (y,) = n.emit(
+        "Add",
+        [
+            emit("Mul", [emit("Mul", [centered, inv]), emit("Reshape", [scale, per_channel])]),
+            emit("Reshape", [bias, per_channel]),
+        ],
+        suffix="y",
+        output_names=n.output_names[:1],
+    )
+    outs = [y]
+    flat = n.const("flat", np.array([c], np.int64))
+    for k, (running, batch) in enumerate(((mean, batch_mean), (var, batch_var)), start=1):
+        if len(n.output_names) <= k or not n.output_names[k]:
+            break
+        keep = emit("Mul", [running, n.const("momentum", momentum, dt)])
+        new = emit("Mul", [emit("Reshape", [batch, flat]), n.const("rest", 1.0 - momentum, dt)])
+        outs += n.emit("Add", [keep, new], suffix=f"running{k}", output_names=[n.output_names[k]])
+    return outs
 
 
 defop(
