@@ -14,7 +14,7 @@ from flowc.errors import InputError, ShapeError
 from flowc.frontend.onnx import import_model
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
-from flowc.ops.registry import find_op, get_op
+from flowc.ops.registry import get_op
 
 rng = np.random.default_rng(1)
 
@@ -404,12 +404,40 @@ def test_eyelike_int_input_and_error() -> None:
     assert "2-D" in import_error("EyeLike", [rand(2, 2, 2)])
 
 
-def test_nonzero_is_not_supported() -> None:
-    assert find_op("NonZero") is None
-
-
 def test_gather_scalar_result_folds() -> None:
     # A 1-D constant indexed by a scalar gives a 0-d array (np.take alone gives a NumPy scalar).
     out = get_op("Gather").evaluate([i64(4, 5, 6), np.array(-1, np.int64)], Attrs())[0]
     assert isinstance(out, np.ndarray) and out.shape == () and int(out) == 6
     check_op("Gather", [i64(4, 5, 6), np.array(1, np.int64)], const_inputs=[0, 1])
+
+
+# -- Compress, NonZero, Unique ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+def test_compress_with_a_known_condition_is_a_gather(axis: int | None) -> None:
+    x = rand(3, 4)
+    n = x.size if axis is None else x.shape[axis]
+    cond = rng.random(n) > 0.4
+    attrs = {} if axis is None else {"axis": axis}
+    check_op("Compress", [x, cond], attrs, opset=11, const_inputs=[1])
+    model, _ = make_op_model("Compress", [x, cond], attrs, opset=11, const_inputs=[1])
+    assert "Gather" in import_model(model).op_counts()
+
+
+def test_compress_with_a_run_time_condition_is_a_clear_error() -> None:
+    model, _ = make_op_model("Compress", [rand(3), np.array([True, False, True])], opset=11)
+    with pytest.raises(ShapeError, match=r"input 1 \(condition\) must be known at compile time"):
+        import_model(model)
+
+
+def test_nonzero_and_unique_fold_when_their_input_is_known() -> None:
+    x = np.array([[0, 2, 0], [3, 0, 3]], np.int64)
+    check_op("NonZero", [x], opset=13, const_inputs=[0])
+    for sorted_ in (0, 1):
+        for axis in (None, 0, 1):
+            attrs = {"sorted": sorted_} | ({} if axis is None else {"axis": axis})
+            check_op("Unique", [x], attrs, opset=11, num_outputs=4, const_inputs=[0])
+    model, _ = make_op_model("Unique", [x], {"sorted": 0}, opset=11, num_outputs=4)
+    with pytest.raises(ShapeError, match="number of distinct values"):
+        import_model(model)

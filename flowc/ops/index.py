@@ -929,3 +929,122 @@ defop(
     attrs={"dtype": None, "k": 0},
     emit=_eyelike_emit,
 )
+
+
+# -- Compress, NonZero, Unique: output shapes that depend on values ----------------------------
+# flowc compiles fixed shapes, so the values that decide the output's length must be known at
+# compile time: Compress's condition (the data may come at run time: a Gather with constant
+# indices), NonZero's and Unique's whole input (they fold to constants).
+
+
+def _compress_indices(ctx: InferCtx) -> np.ndarray:
+    cond = ctx.const(1, "condition")
+    if cond.ndim != 1:
+        raise ctx.fail(f"condition must be 1-D, got shape {list(cond.shape)}")
+    return np.flatnonzero(cond.astype(bool))
+
+
+def _compress_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    keep = _compress_indices(ctx)
+    axis = ctx.attrs.get("axis")
+    length = x.numel if axis is None else x.shape[ctx.axis(int(axis), x.rank)]
+    if keep.size and keep[-1] >= length:
+        raise ctx.fail(f"condition selects position {int(keep[-1])} of an axis of length {length}")
+    if axis is None:
+        return [TensorType((keep.size,), x.dtype)]
+    ax = ctx.axis(int(axis), x.rank)
+    return [x.with_shape((*x.shape[:ax], keep.size, *x.shape[ax + 1 :]))]
+
+
+def _compress_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, cond = _in(xs, 0), _in(xs, 1)
+    axis = a.get("axis")
+    return np.compress(cond.astype(bool), x, axis=None if axis is None else int(axis))
+
+
+def _compress_import(n: OnnxNode) -> list[Value] | None:
+    """With the condition known, Compress is a Gather of the kept positions."""
+    x, cond = n.input(0), n.input(1)
+    if x is None or cond is None or cond.const is None:
+        return None  # inference reports what is missing
+    keep = np.flatnonzero(np.asarray(cond.const).astype(bool)).astype(np.int64)
+    axis = n.attrs.get("axis")
+    if axis is None:
+        flat = n.const("flat", np.array([-1], np.int64))
+        (x,) = n.emit("Reshape", [x, flat], suffix="flatten")
+        axis = 0
+    if keep.size and keep[-1] >= x.type.shape[int(axis) % x.type.rank]:
+        return None  # out of range: inference says so
+    idx = n.const("kept", keep)
+    return n.emit("Gather", [x, idx], {"axis": int(axis)}, output_names=n.output_names)
+
+
+defop(
+    "Compress",
+    FAMILY,
+    infer=_compress_infer,
+    reference=_compress_ref,
+    attrs={"axis": None},
+    inputs=2,
+    onnx_import=_compress_import,
+)
+
+
+def _nonzero_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.const(0, "the data: the number of nonzero elements is the output's length")
+    return [TensorType((max(x.ndim, 1), int(np.count_nonzero(x))), DType.I64)]
+
+
+def _nonzero_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = _in(xs, 0)
+    return np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64).reshape(max(x.ndim, 1), -1)
+
+
+defop("NonZero", FAMILY, infer=_nonzero_infer, reference=_nonzero_ref)
+
+
+def _unique_parts(x: np.ndarray, a: Attrs) -> list[np.ndarray]:
+    axis = a.get("axis")
+    ax = None if axis is None else int(axis) % max(x.ndim, 1)
+    values, first, inverse, counts = np.unique(
+        x, return_index=True, return_inverse=True, return_counts=True, axis=ax
+    )
+    if not a["sorted"]:
+        # In order of first occurrence: renumber everything by that order.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        values = np.take(values, order, axis=0 if ax is None else ax)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    return [
+        values,
+        first.astype(np.int64),
+        inverse.reshape(-1).astype(np.int64),
+        counts.astype(np.int64),
+    ]
+
+
+def _unique_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.const(0, "the data: the number of distinct values is the output's length")
+    axis = ctx.attrs.get("axis")
+    if axis is not None:
+        ctx.axis(int(axis), x.ndim)
+    parts = _unique_parts(x, ctx.attrs)
+    types = [TensorType(parts[0].shape, ctx.dtype(0))]
+    types += [TensorType(p.shape, DType.I64) for p in parts[1:]]
+    return types[: max(ctx.num_outputs, 1)]
+
+
+def _unique_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    return _unique_parts(_in(xs, 0), a)
+
+
+defop(
+    "Unique",
+    FAMILY,
+    infer=_unique_infer,
+    reference=_unique_ref,
+    attrs={"axis": None, "sorted": 1},
+    outputs=(1, 4),
+)
