@@ -182,7 +182,9 @@ CEXPR: dict[str, CExprFn] = {
     "BitwiseXor": _fixed("($0 ^ $1)"),
     "BitwiseNot": _fixed("(~$0)"),
     "Mod": lambda a, p: "flowc::ew::fmod_($0, $1)" if a["fmod"] else "flowc::ew::mod_($0, $1)",
-    "BitShift": lambda a, p: "($0 << $1)" if a["direction"] == "LEFT" else "($0 >> $1)",
+    "BitShift": lambda a, p: (
+        "flowc::ew::shl_($0, $1)" if a["direction"] == "LEFT" else "flowc::ew::shr_($0, $1)"
+    ),
     "Sum": lambda a, p: "(" + " + ".join(f"${k}" for k in range(len(p))) + ")",
     "Max": lambda a, p: _chain("max_", len(p)),
     "Min": lambda a, p: _chain("min_", len(p)),

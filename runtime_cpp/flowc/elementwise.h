@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "flowc/device.h"
 
@@ -139,6 +140,22 @@ __device__ __forceinline__ T mod_(T a, T b) {
   T r = a % b;
   return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? T(r + b) : r;
 }
+// ONNX BitShift: a shift by the type's width or more (a negative amount counts as a huge
+// unsigned one) empties a left shift and leaves only the sign after a right shift, as NumPy
+// does; C++ leaves those undefined.
+template <class T, class U>
+__device__ __forceinline__ T shl_(T x, U y) {
+  using UT = std::make_unsigned_t<T>;
+  const auto n = static_cast<std::make_unsigned_t<U>>(y);
+  return n >= sizeof(T) * 8 ? T(0) : static_cast<T>(static_cast<UT>(x) << n);
+}
+template <class T, class U>
+__device__ __forceinline__ T shr_(T x, U y) {
+  const auto n = static_cast<std::make_unsigned_t<U>>(y);
+  if (n >= sizeof(T) * 8) return x < T(0) ? T(-1) : T(0);
+  return static_cast<T>(x >> n);
+}
+
 // Floats: NumPy's np.mod (ONNX Mod with fmod=0), infinities and zeros included.
 template <class F>
 __device__ __forceinline__ F float_mod_(F a, F b) {
