@@ -865,7 +865,7 @@ def verify(
 @click.option("--jobs", "-j", default=os.cpu_count() or 1, show_default="CPUs", help="Processes.")
 @click.option(
     "--group-size",
-    default=40,
+    default=120,
     show_default=True,
     help="host: cases compiled side by side into one build.",
 )

@@ -52,8 +52,46 @@ _TENSORS_ONLY = "values other than tensors"
 _DATA_SHAPES = "output shapes that depend on the data"
 _RANDOM = "random numbers"
 _ROUNDING = "the expected values' own rounding"
-_NOT_YET = "not implemented yet"
-GAPS: dict[str, tuple[str, str]] = {}
+_SEQ = "sequence and optional values are not tensors; flowc's IR holds tensors only"
+_STR = "string tensors are not supported"
+GAPS: dict[str, tuple[str, str]] = {
+    "Attention": (
+        _ROUNDING,
+        "the bfloat16/float16 cases' expected outputs were computed in NumPy in the narrow "
+        "type step by step; flowc accumulates in float32 (as onnxruntime does) and differs by "
+        "1-2 units in the last place, more than the cases' rtol of 1e-3",
+    ),
+    "DFT": (
+        _ROUNDING,
+        "the two inverse cases expect NumPy's float32 FFT roundoff (1.9e-7 where the exact "
+        "value is 0) within an atol of 1e-7; flowc's result is exact there",
+    ),
+    "Bernoulli": (_RANDOM, "draws random numbers; the expected values come from NumPy's generator"),
+    "Dropout": (
+        _RANDOM,
+        "training mode with ratio > 0 drops at random; flowc compiles inference and keeps "
+        "every value (with a warning)",
+    ),
+    "NonMaxSuppression": (_DATA_SHAPES, "the number of selected boxes depends on the scores"),
+    "ImageDecoder": (
+        _DATA_SHAPES,
+        "decoding JPEG/PNG/... needs an image codec, and the image's size comes from its bytes",
+    ),
+    "Equal": (_TENSORS_ONLY, "the two string cases: " + _STR),
+    "LabelEncoder": (_TENSORS_ONLY, "every case maps strings: " + _STR),
+    "RegexFullMatch": (_TENSORS_ONLY, _STR),
+    "StringConcat": (_TENSORS_ONLY, _STR),
+    "StringNormalizer": (_TENSORS_ONLY, _STR),
+    "StringSplit": (_TENSORS_ONLY, _STR),
+    "Identity": (_TENSORS_ONLY, "the sequence and optional cases: " + _SEQ),
+    "If": (_TENSORS_ONLY, "the branches returning a sequence or an optional: " + _SEQ),
+    "Loop": (_TENSORS_ONLY, "the loops carrying a sequence or an optional: " + _SEQ),
+    "OptionalGetElement": (_TENSORS_ONLY, _SEQ),
+    "OptionalHasElement": (_TENSORS_ONLY, _SEQ),
+    "SequenceInsert": (_TENSORS_ONLY, _SEQ),
+    "SequenceMap": (_TENSORS_ONLY, _SEQ),
+    "SplitToSequence": (_TENSORS_ONLY, _SEQ),
+}
 CASE_TIMEOUT_S = 120
 
 
@@ -663,7 +701,7 @@ def run_cases(
     target: str,
     jobs: int = 1,
     on_result: Callable[[Result], None] | None = None,
-    group_size: int = 40,
+    group_size: int = 120,
 ) -> list[Result]:
     """Run ``infos`` for ``target`` on ``jobs`` processes; results in ``infos`` order."""
     if target not in TARGETS:

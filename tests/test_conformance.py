@@ -41,27 +41,54 @@ def _check_list(target: str, results: list[conf.Result], full: bool) -> None:
     )
 
 
-def test_ref_conformance_matches_the_expected_failures(
-    cases: tuple[Path, list[conf.CaseInfo]],
-) -> None:
+@pytest.fixture(scope="module")
+def ref_results(cases: tuple[Path, list[conf.CaseInfo]]) -> list[conf.Result]:
     root, infos = cases
-    assert len(infos) == 1884
-    results = conf.run_cases(root, infos, "ref", jobs=2)
-    s = conf.summarize(results)
-    assert s.total == 1884 and s.passed >= 1280
-    _check_list("ref", results, full=True)
+    return conf.run_cases(root, infos, "ref", jobs=2)
 
 
-def test_host_conformance_on_a_sample(cases: tuple[Path, list[conf.CaseInfo]]) -> None:
-    """A sample sharing builds (split on failure); the whole set runs with
-    FLOWC_CONFORMANCE_HOST=all (minutes)."""
-    root, infos = cases
-    full = os.environ.get("FLOWC_CONFORMANCE_HOST") == "all"
-    pattern = None if full else r"^test_(relu|abs|add|reduce_sum_default_axes|reshape_reduced|mod_)"
+def _host_results(infos: list[conf.CaseInfo], root: Path) -> tuple[list[conf.Result], bool]:
+    """Every case compiled, built and run on the host (about 6 minutes on 2 cores, cases
+    sharing builds 120 at a time). FLOWC_CONFORMANCE_HOST=sample runs a sample instead, for a
+    quick local check; CI always runs everything."""
+    full = os.environ.get("CI") == "true" or os.environ.get("FLOWC_CONFORMANCE_HOST") != "sample"
+    pattern = None if full else r"^test_(relu|abs|add|reduce_sum_default_axes|cast_FLOAT_to|mod_)"
     chosen = conf.select(infos, pattern)
-    results = conf.run_cases(root, chosen, "host", jobs=2, group_size=40)
+    return conf.run_cases(root, chosen, "host", jobs=2, group_size=120), full
+
+
+def test_ref_conformance_matches_the_expected_failures(
+    cases: tuple[Path, list[conf.CaseInfo]], ref_results: list[conf.Result]
+) -> None:
+    _, infos = cases
+    assert len(infos) == 1884
+    s = conf.summarize(ref_results)
+    assert s.total == 1884 and s.passed >= 1750
+    _check_list("ref", ref_results, full=True)
+
+
+def test_host_conformance(
+    cases: tuple[Path, list[conf.CaseInfo]], ref_results: list[conf.Result]
+) -> None:
+    """One test, so the long host run happens once whatever the xdist scheduling: the
+    expected-failure list both ways, the overall count, the claim (an op type flowc claims
+    passes 95% of its cases on the host; every other op type in the suite has its reason in
+    conformance.GAPS, and no reason is stale) and the checked-in table."""
+    root, infos = cases
+    results, full = _host_results(infos, root)
     assert any(r.status == "pass" for r in results)
     _check_list("host", results, full=full)
+    if not full:
+        return  # the rest is about every case; a sample says nothing about it
+    assert conf.summarize(results).passed >= 1750
+    short = conf.host_shortfalls(infos, results)
+    assert not sorted(set(short) - set(conf.GAPS)), "op types below the claim without a reason"
+    assert not sorted(set(conf.GAPS) - set(short)), "reasons for op types that now pass"
+    text = (HERE.parent / "docs" / "ONNX_SUPPORT.md").read_text()
+    assert text == conf.support_table(infos, ref_results, results), (
+        "docs/ONNX_SUPPORT.md is stale: run flowc conformance --target host, then "
+        "flowc conformance --write-table docs/ONNX_SUPPORT.md"
+    )
 
 
 def test_compare_output_follows_the_backend_tolerances() -> None:
@@ -102,12 +129,6 @@ def test_support_table_has_the_overall_lines() -> None:
     text = conf.support_table(infos, [conf.Result("test_a", "Add", "pass")], None)
     assert "- ref: 1 / 1 passed" in text and "- host: not run" in text
     assert "| Add | 1 | 1 | not run |" in text
-
-
-def test_checked_in_table_is_current() -> None:
-    text = (HERE.parent / "docs" / "ONNX_SUPPORT.md").read_text()
-    assert f"onnx {conf.onnx_version()}" in text
-    assert "ref: " in text and " / 1884 passed" in text
 
 
 def test_cli_rejects_a_bad_filter_or_target() -> None:
