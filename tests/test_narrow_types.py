@@ -111,8 +111,9 @@ def test_casts_match_ml_dtypes_and_onnx_bit_for_bit(tmp_path: Path) -> None:
     for name, dt, sat in meta:
         want = _cast_to(x, dt, sat)
         assert got[name].dtype == want.dtype, name
-        gb, wb = got[name].view(np.uint8 if dt.itemsize == 1 else np.uint16), want.view(
-            np.uint8 if dt.itemsize == 1 else np.uint16
+        gb, wb = (
+            got[name].view(np.uint8 if dt.itemsize == 1 else np.uint16),
+            want.view(np.uint8 if dt.itemsize == 1 else np.uint16),
         )
         if dt.is_float:
             # Any NaN is a NaN: compare the rest bit for bit.

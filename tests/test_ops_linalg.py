@@ -4,6 +4,7 @@ LpNormalization, ReverseSequence, TensorScatter, Scatter): one build per opset."
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,12 @@ EQUATIONS: list[tuple[str, list[tuple[int, ...]]]] = [
 
 @pytest.mark.parametrize(("equation", "shapes"), EQUATIONS)
 def test_einsum(equation: str, shapes: list[tuple[int, ...]]) -> None:
-    got = check_op("Einsum", [rand(*s) for s in shapes], {"equation": equation}, opset=12)
+    # Data seeded by the case, not by test order (xdist runs tests in any order); a trace of
+    # random numbers can cancel to near zero, so the relative error gets 1e-4.
+    r = np.random.default_rng(zlib.crc32(f"{equation}{shapes}".encode()))
+    xs = [r.standard_normal(s).astype(np.float32) for s in shapes]
+    got = check_op("Einsum", xs, {"equation": equation}, opset=12, tol=1e-4)
     # The Einsum op's own reference (what a DSL program evaluates) agrees with the lowering.
-    xs = [rand(*s) for s in shapes]
     want = get_op("Einsum").evaluate(list(xs), Attrs({"equation": equation}))[0]
     model, feeds = make_op_model("Einsum", xs, {"equation": equation}, opset=12)
     lowered = evaluate(import_model(model), feeds)["out0"]

@@ -26,6 +26,7 @@ def _load() -> None:
     from flowc.passes import (  # noqa: F401
         fold_constants,
         fuse_elementwise,
+        lower_ops,
         simplify,
         split_projections,
         widen_types,
@@ -63,4 +64,4 @@ class PassManager:
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
 # What `flowc compile` runs before code generation.
-COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "widen_types", "fuse_elementwise")
+COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "lower_ops", "widen_types", "fuse_elementwise")
