@@ -660,6 +660,40 @@ def run_host_batch(root: Path, infos: list[CaseInfo], build_jobs: int = 1) -> li
     return out
 
 
+def merge_graphs(graphs: Sequence[Any]) -> Any:
+    """One IR graph holding every graph side by side, value names prefixed per graph (the
+    graphs are consumed: their values move into the result)."""
+    from flowc.ir.graph import Graph
+
+    merged = Graph("conformance")
+    for k, g in enumerate(graphs):
+        for v in g.values():
+            v.name = merged.claim_name(f"c{k}_{v.name}")
+        for n in g.nodes:
+            n.name = f"c{k}_{n.name}"
+        merged.inputs += g.inputs
+        merged.constants += g.constants
+        merged.nodes += g.nodes
+        merged.outputs += [o for o in g.outputs if o not in merged.outputs]
+    return merged
+
+
+def cuda_build(root: Path, infos: Sequence[CaseInfo], out: Path, jobs: int = 2) -> Path:
+    """Compile and link (not run) one CUDA program holding the compiled graphs of ``infos``:
+    the check that every kernel flowc generates for them builds with nvcc. Raises on any
+    case that does not compile for the host, and on a failed build."""
+    from flowc.codegen import compile_graph
+    from flowc.harness.build import build
+    from flowc.passes.manager import COMPILE_PIPELINE
+
+    graphs = []
+    for info in infos:
+        model, inputs, outputs = load_case(root, info)
+        graphs.append(prepare(info, model, inputs, outputs, COMPILE_PIPELINE).graph)
+    compile_graph(merge_graphs(graphs), out, prefix="conformance")
+    return build(out, "cuda", jobs=jobs, quick=True)
+
+
 def _host_batches(infos: list[CaseInfo], root: Path, size: int) -> list[list[CaseInfo]]:
     """Cases that can share a model: same opset imports, grouped ``size`` at a time."""
     import onnx

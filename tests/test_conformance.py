@@ -91,6 +91,30 @@ def test_host_conformance(
     )
 
 
+def test_cuda_build_of_every_op_type(
+    cases: tuple[Path, list[conf.CaseInfo]], tmp_path: Path
+) -> None:
+    """One case of every op type that passes on the host, all in one program, compiled and
+    linked with nvcc: every kind of kernel the conformance programs use builds for CUDA
+    (warning-free). Running it needs a GPU."""
+    from test_runtime import CUDA
+
+    missing = CUDA.missing(["cublasLt", "cudnn"])
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"missing {', '.join(missing)} (CI must have them)")
+        pytest.skip(f"no {', '.join(missing)} here: the CUDA build is not checked")
+    root, infos = cases
+    failing = conf.read_expected_failures(LISTS / "expected_failures_host.txt")
+    one: dict[str, conf.CaseInfo] = {}
+    for info in sorted(infos, key=lambda i: i.name):
+        if info.name not in failing and info.op not in one:
+            one[info.op] = info
+    bdir = conf.cuda_build(root, list(one.values()), tmp_path / "out")
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+    assert (bdir / "model_main").is_file()
+
+
 def test_compare_output_follows_the_backend_tolerances() -> None:
     e = np.array([1.0, 2.0, np.nan], np.float32)
     assert conf.compare_output(e + 1e-4, e, rtol=1e-3, atol=1e-7) is None
