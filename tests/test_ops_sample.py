@@ -397,4 +397,4 @@ def test_sample_ops_compiled(tmp_path: Any) -> None:
         Case("MaxUnpool", [qy, qi, np.array([1, 2, 5, 7], np.int64)], pool3, const_inputs=(2,)),
     ]
     code = check_compiled(cases, tmp_path, opset=20)
-    assert "__fmul_rn" in code  # float positions are never contracted into an FMA
+    assert "flowc::ew::mul_rn(" in code  # positions are never contracted into an FMA

@@ -1234,7 +1234,8 @@ def _resize_plan(
         if a[name] not in allowed:
             raise fail(f"{name} {a[name]!r} is not one of {', '.join(allowed)}")
     if a["antialias"]:
-        raise fail("antialias=1 is not supported")
+        # Linear and cubic antialiasing import as matrix products (_antialias_resize).
+        raise fail(f"antialias=1 needs mode linear or cubic, not {a['mode']!r}")
     if rank == 0:
         raise fail("cannot resize a scalar")
     axes = _axes(fail, a["axes"], rank) if a.get("axes") is not None else list(range(rank))

@@ -140,6 +140,17 @@ __device__ __forceinline__ T mod_(T a, T b) {
   T r = a % b;
   return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? T(r + b) : r;
 }
+// A product rounded on its own, never fused with a following add into an FMA (nvcc contracts
+// a * b - c by default; g++ for x86-64 does not), where a kernel must round as a reference
+// that multiplies and subtracts in two steps does.
+#if defined(FLOWC_HOST)
+__device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
+__device__ __forceinline__ double mul_rn(double a, double b) { return a * b; }
+#else
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#endif
+
 // ONNX BitShift: a shift by the type's width or more (a negative amount counts as a huge
 // unsigned one) empties a left shift and leaves only the sign after a right shift, as NumPy
 // does; C++ leaves those undefined.
