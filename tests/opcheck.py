@@ -104,13 +104,65 @@ class Case:
         num_outputs: int = 1,
         const_inputs: Sequence[int] = (),
         tol: float = 1e-5,
+        domain: str = "",
     ) -> None:
         self.op_type = op_type
         self.inputs = inputs
         self.attrs = dict(attrs or {})
+        self.domain = domain
         self.num_outputs = num_outputs
         self.const_inputs = const_inputs
         self.tol = tol
+
+
+def cases_model(
+    cases: Sequence[Case], opsets: Mapping[str, int], ir_version: int = 10, prefix: str = "c"
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """One ONNX model with a node per case, side by side: inputs PREFIXk_inI (constant ones
+    as initializers, None omitted), outputs PREFIXk_outJ with no declared type; and its feeds."""
+    nodes, vis, inits, feeds, outs = [], [], [], {}, []
+    for k, case in enumerate(cases):
+        names = []
+        for i, a in enumerate(case.inputs):
+            if a is None:
+                names.append("")
+                continue
+            name = f"{prefix}{k}_in{i}"
+            names.append(name)
+            a = np.asarray(a)
+            if i in case.const_inputs:
+                inits.append(numpy_helper.from_array(a, name))
+            else:
+                vis.append(
+                    helper.make_tensor_value_info(
+                        name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
+                    )
+                )
+                feeds[name] = a
+        out_names = [f"{prefix}{k}_out{j}" for j in range(case.num_outputs)]
+        nodes.append(
+            helper.make_node(
+                case.op_type,
+                names,
+                out_names,
+                name=f"case{k}_{case.op_type}",
+                domain=case.domain,
+                **case.attrs,
+            )
+        )
+        outs += out_names
+    graph = helper.make_graph(
+        nodes,
+        "cases",
+        vis,
+        [helper.make_empty_tensor_value_info(n) for n in outs],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()]
+    )
+    model.ir_version = ir_version
+    return model, feeds
 
 
 def check_compiled(
@@ -129,44 +181,13 @@ def check_compiled(
     from flowc.codegen import compile_graph
     from flowc.harness.build import build, run
 
-    nodes, vis, inits, feeds, outs, tols = [], [], [], {}, [], {}
-    for k, case in enumerate(cases):
-        names = []
-        for i, a in enumerate(case.inputs):
-            if a is None:
-                names.append("")
-                continue
-            name = f"c{k}_in{i}"
-            names.append(name)
-            a = np.asarray(a)
-            if i in case.const_inputs:
-                inits.append(numpy_helper.from_array(a, name))
-            else:
-                vis.append(
-                    helper.make_tensor_value_info(
-                        name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
-                    )
-                )
-                feeds[name] = a
-        out_names = [f"c{k}_out{j}" for j in range(case.num_outputs)]
-        nodes.append(
-            helper.make_node(
-                case.op_type, names, out_names, name=f"case{k}_{case.op_type}", **case.attrs
-            )
-        )
-        outs += out_names
-        for n in out_names:
-            tols[n] = (case, case.tol)
+    tols = {
+        f"c{k}_out{j}": (case, case.tol)
+        for k, case in enumerate(cases)
+        for j in range(case.num_outputs)
+    }
     if model is None:
-        graph = helper.make_graph(
-            nodes,
-            "cases",
-            vis,
-            [helper.make_empty_tensor_value_info(n) for n in outs],
-            initializer=inits,
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        model.ir_version = 8 if opset < 21 else 10
+        model, feeds = cases_model(cases, {"": opset}, ir_version=8 if opset < 21 else 10)
         inferred = onnx.shape_inference.infer_shapes(model)
         del model.graph.output[:]
         model.graph.output.extend(inferred.graph.output)

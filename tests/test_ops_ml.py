@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from opcheck import Case, cases_model
 
 from flowc.errors import ShapeError, UnsupportedOpError
 from flowc.frontend.onnx import import_model
@@ -47,30 +48,10 @@ class Spec:
 
 
 def build(specs: Sequence[Spec]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    nodes, vis, inits, outs, feeds = [], [], [], [], {}
-    for k, s in enumerate(specs):
-        names = []
-        for i, a in enumerate(s.inputs):
-            name = f"n{k}_in{i}"
-            names.append(name)
-            if i in s.const_inputs:
-                inits.append(numpy_helper.from_array(a, name))
-            else:
-                dt = helper.np_dtype_to_tensor_dtype(a.dtype)
-                vis.append(helper.make_tensor_value_info(name, dt, a.shape))
-                feeds[name] = a
-        nodes.append(
-            helper.make_node(
-                s.op, names, [f"n{k}_out"], name=f"node{k}", domain=s.domain, **s.attrs
-            )
-        )
-        outs.append(helper.make_empty_tensor_value_info(f"n{k}_out"))
-    graph = helper.make_graph(nodes, "ml", vis, outs, initializer=inits)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 5)]
-    )
-    model.ir_version = 10
-    return model, feeds
+    cases = [
+        Case(x.op, x.inputs, x.attrs, const_inputs=x.const_inputs, domain=x.domain) for x in specs
+    ]
+    return cases_model(cases, {"": 21, DOMAIN: 5}, prefix="n")
 
 
 def expected(spec: Spec) -> np.ndarray:
@@ -87,7 +68,7 @@ def check(*specs: Spec) -> None:
         model, feeds = build([s])
         graph = import_model(model)
         graph.verify()
-        got = evaluate(graph, feeds)["n0_out"]
+        got = evaluate(graph, feeds)["n0_out0"]
         want = expected(s)
         c = compare("out", got, want, s.tol)
         assert c.ok, f"{s.op} {s.attrs}: {c.reason or c.error}"
@@ -504,7 +485,7 @@ def test_tree_ensemble_float16_runs_in_float32() -> None:
     model, feeds = build([Spec("TreeEnsemble", [x], a)])
     graph = import_model(model)
     assert [n.op for n in graph.nodes] == ["Cast", f"{DOMAIN}.TreeEnsemble", "Cast"]
-    got = evaluate(graph, feeds)["n0_out"]
+    got = evaluate(graph, feeds)["n0_out0"]
     wide = forest(np.float32, trees=2, depth=2, features=2, targets=2, modes=[0, 3], seed=4)
     want = expected(Spec("TreeEnsemble", [x.astype(np.float32)], wide))
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-3, atol=1e-3)
@@ -618,7 +599,7 @@ def test_ml_ops_compiled(tmp_path: Path) -> None:
     got, _ = run(project, feeds, target="host")
     failures = []
     for k, s in enumerate(specs):
-        c = compare(f"n{k}_out", got[f"n{k}_out"], expected(s), s.tol)
+        c = compare(f"n{k}_out0", got[f"n{k}_out0"], expected(s), s.tol)
         if not c.ok:
             failures.append(f"{s.op} {k}: {c.reason or c.error}")
     assert not failures, "\n".join(failures)

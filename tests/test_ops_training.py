@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from opcheck import Case, cases_model
 
 from flowc.errors import ShapeError, UnsupportedOpError
 from flowc.frontend.onnx import import_model
@@ -49,35 +49,18 @@ class Node:
 
 
 def make_model(nodes: Sequence[Node]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    onodes, vis, inits, outs, feeds = [], [], [], [], {}
-    for k, node in enumerate(nodes):
-        names = []
-        for i, a in enumerate(node.inputs):
-            name = f"n{k}_in{i}"
-            names.append(name)
-            if i in node.const_inputs:
-                inits.append(numpy_helper.from_array(a, name))
-            else:
-                vis.append(
-                    helper.make_tensor_value_info(
-                        name, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape
-                    )
-                )
-                feeds[name] = a
-        out_names = [f"n{k}_out{j}" for j in range(node.outputs)]
-        onodes.append(
-            helper.make_node(
-                node.op, names, out_names, name=f"node{k}", domain=DOMAIN, **node.attrs
-            )
+    cases = [
+        Case(
+            n.op,
+            n.inputs,
+            n.attrs,
+            num_outputs=n.outputs,
+            const_inputs=n.const_inputs,
+            domain=DOMAIN,
         )
-        outs += [helper.make_empty_tensor_value_info(n) for n in out_names]
-    graph = helper.make_graph(onodes, "training", vis, outs, initializer=inits)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-    )
-    model.ir_version = 10
-    return model, feeds
+        for n in nodes
+    ]
+    return cases_model(cases, {"": 21, DOMAIN: 1}, prefix="n")
 
 
 def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
