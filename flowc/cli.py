@@ -645,6 +645,7 @@ def compile_model(
 ) -> None:
     """Load, (parallelize,) and write OUT/: what compile and verify share."""
     from flowc.codegen import compile_graph
+    from flowc.codegen.cpp import c_ident
 
     if popts is None:
         graph = load(model, shapes, dims, for_compile=True)
@@ -659,7 +660,7 @@ def compile_model(
     compile_graph(
         result.physical.graph,
         project,
-        prefix=prefix or logical.name,
+        prefix=prefix or c_ident(logical.name),
         source=model.name,
         arch=arch,
         physical=result.physical,

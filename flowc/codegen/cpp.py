@@ -64,6 +64,51 @@ def c_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+# Characters that may not reach a comment: line breaks of every kind (C, CMake and editors
+# disagree on which end a line), other controls, and the bidi controls that let text read
+# differently from how it compiles (CVE-2021-42574).
+_UNSAFE_IN_COMMENT = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def c_comment(text: str) -> str:
+    """``text`` made safe inside a C/C++ ``//`` or ``/* */`` comment: controls, line and
+    bidi characters become ``?``, ``*/`` and ``/*`` are broken apart, and a trailing
+    backslash (which would continue a ``//`` comment onto the next line) is dropped, so the
+    comment always ends where the template ends it. Lossy by design: a comment is for
+    people; exact names go through c_string."""
+    s = _UNSAFE_IN_COMMENT.sub("?", text)
+    while "*/" in s or "/*" in s or "??" in s:  # "??/" is a trigraph backslash pre-C++17
+        s = s.replace("*/", "* /").replace("/*", "/ *").replace("??", "? ?")
+    return s.rstrip("\\")
+
+
+def cmake_comment(text: str) -> str:
+    """``text`` made safe inside a CMake ``#`` line comment: no control, line or bidi
+    character (a newline would start a command), and no ``[[``/``]]`` bracket openers."""
+    s = _UNSAFE_IN_COMMENT.sub("?", text)
+    return s.replace("[", "(").replace("]", ")")
+
+
+def cmake_string(text: str) -> str:
+    """A quoted CMake argument holding ``text`` exactly: backslash, quote and ``$`` (variable
+    references) escaped; ``;`` escaped so the string stays one list element. Line breaks
+    and other controls are refused: CMake's quoted arguments cannot carry them portably."""
+    if _UNSAFE_IN_COMMENT.search(text):
+        raise CodegenError(
+            f"{text!r}: control or bidi characters cannot go into a CMake file",
+            hint="rename it with plain characters",
+        )
+    s = text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace(";", "\\;")
+    return f'"{s}"'
+
+
+def is_c_ident(text: str) -> bool:
+    """Whether ``text`` is a C identifier (ASCII letters, digits, underscores)."""
+    return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) is not None
+
+
 def c_ident(text: str, fallback: str = "model") -> str:
     """A C identifier derived from ``text`` (letters, digits, underscores; not starting with a digit)."""
     s = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_") or fallback

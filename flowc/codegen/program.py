@@ -25,7 +25,17 @@ import jinja2
 import numpy as np
 
 from flowc import __version__
-from flowc.codegen.cpp import CodegenError, c_ident, c_literal, c_string, ctype
+from flowc.codegen.cpp import (
+    CodegenError,
+    c_comment,
+    c_ident,
+    c_literal,
+    c_string,
+    cmake_comment,
+    cmake_string,
+    ctype,
+    is_c_ident,
+)
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
@@ -41,13 +51,24 @@ WEIGHTS_MAGIC = b"FLOWCWT1"
 
 
 def template_env() -> jinja2.Environment:
-    return jinja2.Environment(
+    """Templates' environment. Text from the model or the command line reaches a generated
+    file only through one of its filters, one per context: ``c_string`` (a C/C++ string
+    literal, exact), ``c_comment`` (inside a C/C++ comment), ``cmake_comment`` and
+    ``cmake_string``."""
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    env.filters.update(
+        c_string=c_string,
+        c_comment=c_comment,
+        cmake_comment=cmake_comment,
+        cmake_string=cmake_string,
+    )
+    return env
 
 
 @dataclass
@@ -293,6 +314,11 @@ def generate(
 ) -> tuple[dict[str, str], list[WeightsLayout]]:
     """The project's text files (name -> content) and the weights (one per rank). With
     ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
+    if prefix is not None and not is_c_ident(prefix):
+        raise CodegenError(
+            f"--prefix {prefix!r} is not a C identifier",
+            hint="use letters, digits and underscores, not starting with a digit",
+        )
     prefix = (prefix or c_ident(graph.name)) + "_"
     mesh = physical.mesh if physical is not None else None
     steps, joins = stream_schedule(graph) if mesh is not None else (None, None)
