@@ -1,3 +1,3 @@
-from flowc.cli import main
+from flowc.entry import main
 
 main()

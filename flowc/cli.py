@@ -349,7 +349,15 @@ def inspect(
     for v in graph.outputs:
         io.add_row("output", escape(v.name), str(v.type))
     console.print(io)
-    ops = Table(title=f"ops ({len(graph.nodes)} nodes)", title_justify="left", show_edge=False)
+    from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE
+
+    # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
+    passes = ", ".join(COMPILE_PIPELINE if memory else DEFAULT_PIPELINE)
+    ops = Table(
+        title=f"ops ({len(graph.nodes)} nodes after {passes})",
+        title_justify="left",
+        show_edge=False,
+    )
     ops.add_column("op")
     ops.add_column("count", justify="right")
     ops.add_column("FLOPs", justify="right")
@@ -453,6 +461,35 @@ def check_output_path(path: Path) -> Path:
     return path
 
 
+def as_declared_type(name: str, a: np.ndarray, specs: Sequence[Any]) -> np.ndarray:
+    """An input array read as its declared element type where NumPy could not say it: a
+    bfloat16, float8 or int4 array saved by NumPy has no type descr of its own and comes
+    back as raw bytes (``|V2``, ``|V1``); those are taken as the model's declared type
+    when the item size matches. Every other array is returned unchanged."""
+    from flowc.ir.dtype import DType
+
+    if a.dtype.kind != "V" or a.dtype.fields is not None:
+        return a
+    spec = next((s for s in specs if str(s["name"]) == name), None)
+    if spec is None:
+        return a
+    want = DType.from_short(str(spec["dtype"])).np
+    if a.dtype.itemsize != want.itemsize:
+        raise InputError(
+            f"--input {name}: raw {a.dtype.itemsize}-byte items cannot be "
+            f"{spec['dtype']} ({want.itemsize} byte(s) each)",
+            hint=f"save the array as {spec['dtype']} (ml_dtypes.{want.name})",
+        )
+    return a.view(want)
+
+
+def read_graph_inputs(items: Sequence[str], graph: Any) -> dict[str, np.ndarray]:
+    """--input options for ``graph``'s inputs, raw-byte arrays taken as their declared types."""
+    specs = [{"name": v.name, "dtype": v.type.dtype.short} for v in graph.inputs]
+    feeds = read_inputs(items, [v.name for v in graph.inputs])
+    return {k: as_declared_type(k, a, specs) for k, a in feeds.items()}
+
+
 def read_inputs(items: Sequence[str], names: Sequence[str]) -> dict[str, np.ndarray]:
     """--input NAME=PATH.npy options as arrays by input name."""
     feeds = {}
@@ -540,7 +577,7 @@ def eval_cmd(
         from flowc.parallel.simulate import simulate
 
         graph, result = load_parallel(model, shapes, dims, popts)
-        feeds = read_inputs(inputs, [v.name for v in graph.inputs])
+        feeds = read_graph_inputs(inputs, graph)
         if random_inputs:
             for k, v in make_random(graph, seed).items():
                 feeds.setdefault(k, v)
@@ -552,8 +589,7 @@ def eval_cmd(
         out.print(f"wrote {output} (simulated on {popts.mesh.size} ranks)")
         return
     graph = load(model, shapes, dims)
-    names = [v.name for v in graph.inputs]
-    feeds = read_inputs(inputs, names)
+    feeds = read_graph_inputs(inputs, graph)
     if random_inputs:
         for k, v in make_random(graph, seed).items():
             feeds.setdefault(k, v)
@@ -588,6 +624,31 @@ def _progress(msg: str) -> None:
     err.print(f"[dim]flowc:[/] {escape(msg)}")
 
 
+def choose_target(target: str | None, purpose: str) -> str:
+    """``target`` as given, or the default for ``purpose`` (``build``: cuda where nvcc is
+    found; ``run``: cuda only where a GPU is present); says which it chose either way."""
+    from flowc.toolchain import default_target
+
+    if target is not None:
+        _progress(f"target {target}")
+        return target
+    chosen, why = default_target(purpose)
+    _progress(f"target {chosen} ({why}; --target to choose)")
+    return chosen
+
+
+def require_gpu(what: str) -> None:
+    """Refuse to run a CUDA build on a machine the driver reports no GPU on, before any
+    device call could fail with a misleading message (out of memory, no device)."""
+    from flowc.toolchain import gpu_count
+
+    if gpu_count() == 0:
+        raise FlowcError(
+            f"{what}: this machine has no GPU to run the CUDA build on",
+            hint="use --target host here, or run on a machine with a GPU",
+        )
+
+
 @cli.command(name="compile")
 @model_options
 @click.option(
@@ -601,36 +662,58 @@ def _progress(msg: str) -> None:
 @click.option(
     "--target",
     type=click.Choice(["cuda", "host"]),
-    default="cuda",
-    show_default=True,
-    help="The build to suggest; both build from the same OUT/.",
+    default=None,
+    help="The build to suggest; both build from the same OUT/ (default: cuda where nvcc is found, else host).",
 )
 @click.option(
     "--arch", default="sm_90", show_default=True, help="CUDA architecture for the CUDA build."
 )
 @click.option("--prefix", default=None, help="C symbol prefix (default: from the model's name).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into a non-empty OUT/ that is no flowc project (still deletes nothing).",
+)
 @parallel_options
 def compile_cmd(
     model: Path,
     shapes: tuple[str, ...],
     dims: tuple[str, ...],
     project: Path,
-    target: str,
+    target: str | None,
     arch: str,
     prefix: str | None,
+    force: bool,
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
     mem_limit: str | None,
     cost_profile: Path | None,
 ) -> None:
-    """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights, CMake)."""
-    if not arch.startswith("sm_") or not arch[3:].isdigit():
+    """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
+    CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
+    a non-empty OUT/ that is no flowc project is refused unless --force."""
+    import shlex
+
+    from flowc.codegen import check_project_dir
+    from flowc.codegen.cpp import is_c_ident
+
+    # Everything the command line decides is checked before the (slow) model work.
+    if re.fullmatch(r"sm_[0-9]+", arch) is None:
         raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
+    if prefix is not None and not is_c_ident(prefix):
+        raise InputError(
+            f"--prefix {prefix!r} is not a C identifier",
+            hint="use ASCII letters, digits and underscores, not starting with a digit",
+        )
+    check_project_dir(project, force)
     popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
-    compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:])
+    target = choose_target(target, "build")
+    compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:], force=force)
+    shown = shlex.quote(str(project))
     out.print(
-        f"wrote {escape(str(project))}/; build it with: flowc build {escape(str(project))} --target {target}"
+        f"wrote {escape(shown)}/; build it with: flowc build {escape(shown)} --target {target}",
+        markup=False,
     )
 
 
@@ -642,6 +725,7 @@ def compile_model(
     popts: Any,
     prefix: str | None = None,
     arch: str = "90",
+    force: bool = False,
 ) -> None:
     """Load, (parallelize,) and write OUT/: what compile and verify share."""
     from flowc.codegen import compile_graph
@@ -650,7 +734,7 @@ def compile_model(
     if popts is None:
         graph = load(model, shapes, dims, for_compile=True)
         _progress(f"generating {project}/")
-        compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch)
+        compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch, force=force)
         return
     logical, result = load_parallel(model, shapes, dims, popts)
     _progress(
@@ -664,6 +748,7 @@ def compile_model(
         source=model.name,
         arch=arch,
         physical=result.physical,
+        force=force,
     )
 
 
@@ -718,12 +803,26 @@ def convert_cmd(model: Path, shapes: tuple[str, ...], dims: tuple[str, ...], out
 
 @cli.command(name="build")
 @click.argument("project", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--target", type=click.Choice(["cuda", "host"]), default="cuda", show_default=True)
-def build_cmd(project: Path, target: str) -> None:
+@click.option(
+    "--target",
+    type=click.Choice(["cuda", "host"]),
+    default=None,
+    help="Default: cuda where nvcc is found, else host.",
+)
+@click.option(
+    "--sanitize",
+    default=None,
+    metavar="address,undefined",
+    help="Host target only: build with AddressSanitizer and/or UBSan, comma-separated "
+    "(into build-host-asan, ...; run it with `flowc run --sanitize`).",
+)
+def build_cmd(project: Path, target: str | None, sanitize: str | None) -> None:
     """Build a project made by `flowc compile` (CMake; the compiler's errors are shown)."""
     from flowc.harness.build import build
 
-    bdir = build(project, target, progress=_progress)
+    # Sanitizers exist on the host build only: asking for them picks it.
+    target = "host" if sanitize and target is None else choose_target(target, "build")
+    bdir = build(project, target, progress=_progress, sanitize=sanitize)
     out.print(f"built {escape(str(bdir))}/model_main")
 
 
@@ -736,7 +835,12 @@ def build_cmd(project: Path, target: str) -> None:
     default=None,
     help="Another weights file of the same layout.",
 )
-@click.option("--target", type=click.Choice(["cuda", "host"]), default="host", show_default=True)
+@click.option(
+    "--target",
+    type=click.Choice(["cuda", "host"]),
+    default=None,
+    help="Default: cuda where a GPU is present, else host.",
+)
 @click.option(
     "-o",
     "--output",
@@ -744,24 +848,45 @@ def build_cmd(project: Path, target: str) -> None:
     required=True,
     help="OUT.npz, keyed by output name.",
 )
+@click.option(
+    "--sanitize",
+    default=None,
+    metavar="address,undefined",
+    help="Run the build made by `flowc build --sanitize` with the same value (host only).",
+)
 def run_cmd(
-    project: Path, inputs: tuple[str, ...], weights: Path | None, target: str, output: Path
+    project: Path,
+    inputs: tuple[str, ...],
+    weights: Path | None,
+    target: str | None,
+    output: Path,
+    sanitize: str | None,
 ) -> None:
     """Run a built project on .npy inputs; write its outputs to OUT.npz."""
     from flowc.harness.build import project_info, run
 
     output = check_output_path(output)
     info = project_info(project)
-    names = [str(spec["name"]) for spec in info["inputs"]]  # type: ignore[attr-defined]
-    feeds = read_inputs(inputs, names)
-    results, _ = run(project, feeds, target=target, weights=weights)
+    target = "host" if sanitize and target is None else choose_target(target, "run")
+    if target == "cuda":
+        require_gpu(f"flowc run {project}")
+    specs = info["inputs"]
+    assert isinstance(specs, list)
+    feeds = read_inputs(inputs, [str(spec["name"]) for spec in specs])
+    feeds = {k: as_declared_type(k, a, specs) for k, a in feeds.items()}
+    results, _ = run(project, feeds, target=target, weights=weights, sanitize=sanitize)
     write_npz_atomic(output, results)
     out.print(f"wrote {escape(str(output))}")
 
 
 @cli.command()
 @model_options
-@click.option("--target", type=click.Choice(["host", "cuda"]), default="host", show_default=True)
+@click.option(
+    "--target",
+    type=click.Choice(["host", "cuda"]),
+    default=None,
+    help="Default: cuda where a GPU is present, else host.",
+)
 @click.option(
     "--input",
     "inputs",
@@ -786,7 +911,7 @@ def verify(
     model: Path,
     shapes: tuple[str, ...],
     dims: tuple[str, ...],
-    target: str,
+    target: str | None,
     inputs: tuple[str, ...],
     seed: int,
     tol: float,
@@ -806,10 +931,21 @@ def verify(
 
     if model.suffix.lower() not in (".onnx", ".flow"):
         raise InputError(f"{model}: verify takes an .onnx model or a .flow program")
+    if model.suffix.lower() == ".onnx":
+        # The reference first: no half-minute build before finding it missing.
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as e:
+            raise FlowcError(
+                f"verify compares with onnxruntime, which cannot be imported ({e})",
+                hint="pip install onnxruntime (or pip install 'flowc[test]')",
+            ) from None
+    target = choose_target(target, "run")
+    if target == "cuda":
+        require_gpu(f"flowc verify {model.name}")
     popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     graph = load(model, shapes, dims)
-    names = [v.name for v in graph.inputs]
-    feeds = read_inputs(inputs, names)
+    feeds = read_graph_inputs(inputs, graph)
     for k, v in make_random(graph, seed).items():
         feeds.setdefault(k, v)
     with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:
@@ -817,14 +953,6 @@ def verify(
         _progress(f"compiling {model.name}")
         compile_model(model, shapes, dims, project, popts)
         build(project, target, progress=_progress)
-        if target == "cuda":
-            import shutil
-
-            if shutil.which("nvidia-smi") is None:
-                raise FlowcError(
-                    "the CUDA build compiled and linked, but this machine has no GPU to run it",
-                    hint="use --target host here, or run on a machine with a GPU",
-                )
         _progress("running")
         got, _ = run(project, feeds, target=target)
     if model.suffix.lower() == ".flow":
@@ -1050,6 +1178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
+        err.print("aborted")
         sys.exit(130)
     except Exception as e:
         if os.environ.get("FLOWC_DEBUG"):

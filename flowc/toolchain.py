@@ -102,6 +102,48 @@ def find_cuda() -> CudaToolkit:
     return tk
 
 
+def gpu_count() -> int:
+    """How many CUDA devices this machine's driver reports (0 without a driver or a GPU).
+
+    Asks the driver itself (libcuda's cuInit / cuDeviceGetCount) in a child process, so a
+    broken driver cannot take flowc down and the answer does not depend on nvidia-smi being
+    on PATH. FLOWC_GPU_COUNT overrides it (tests use it to act as a machine with or
+    without a GPU)."""
+    forced = os.environ.get("FLOWC_GPU_COUNT")
+    if forced is not None and forced.strip().isdigit():
+        return int(forced)
+    probe = (
+        "import ctypes,sys\n"
+        "try:\n"
+        " c=ctypes.CDLL('libcuda.so.1')\n"
+        "except OSError:\n"
+        " sys.exit(0)\n"
+        "n=ctypes.c_int(0)\n"
+        "if c.cuInit(0)==0 and c.cuDeviceGetCount(ctypes.byref(n))==0:\n"
+        " print(n.value)\n"
+    )
+    import subprocess
+
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    text = r.stdout.strip()
+    return int(text) if text.isdigit() else 0
+
+
+def default_target(purpose: str) -> tuple[str, str]:
+    """The target a command uses when none is given, and why: ``build`` (compile and build)
+    picks cuda where nvcc is found, ``run`` (run and verify) only where a GPU is present;
+    the host target otherwise."""
+    if purpose == "build":
+        nvcc = find_cuda().nvcc
+        return ("cuda", f"nvcc found at {nvcc}") if nvcc else ("host", "no nvcc found")
+    return ("cuda", "a GPU is present") if gpu_count() > 0 else ("host", "no GPU found")
+
+
 def host_compile_command(
     sources: list[Path], out: Path, *, extra: list[str] | None = None
 ) -> list[str]:

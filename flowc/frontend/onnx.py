@@ -264,7 +264,7 @@ def _input_types(
                 if d.HasField("dim_param") and d.dim_param:
                     if sym not in missing_syms:
                         missing_syms.append(sym)
-                        hints.append(f"--dim {sym}=N")
+                        hints.append(f"--dim {sym}=<size>")
                 else:
                     hints.append(f"--shape {vi.name}=D0xD1x...")
                 dims.append(-1)

@@ -1,0 +1,206 @@
+"""The CLI's smaller robustness defects (issue 12, items 6 and 12): run on folders that are no
+project, CUDA runs without a GPU, verify without its reference, Ctrl-C at start-up, which
+passes the op tables count, the --dim hint, raw-byte (bfloat16) .npy inputs, and the
+target each command chooses and prints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS
+from onnx import TensorProto, helper
+
+from flowc.harness.build import build
+
+
+def flowc(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flowc", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
+
+
+def assert_clean_error(r: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr + r.stdout
+    for f in fragments:
+        assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
+
+
+def _bf16_model(path: Path) -> Path:
+    """y = float32(x) + z with x a bfloat16 input: the .npy of x saves as raw bytes (|V2)."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["xf", "z"], ["y"]),
+        ],
+        "bf16_in",
+        [
+            helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 3]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bf16_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bf16")
+    out = root / "out"
+    r = flowc("compile", str(_bf16_model(root / "m.onnx")), "-o", str(out), "--target", "host")
+    assert r.returncode == 0, r.stderr
+    build(out, "host")
+    return out
+
+
+def test_run_takes_bfloat16_npy_by_the_declared_type(bf16_project: Path, tmp_path: Path) -> None:
+    x = np.array([[1.5, -2.25, 3.0], [0.0, 1e3, -7.5]], dtype=ml_dtypes.bfloat16)
+    z = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "z.npy", z)
+    assert np.load(tmp_path / "x.npy").dtype == np.dtype("V2")  # what NumPy gives back
+    out = tmp_path / "y.npz"
+    r = flowc(
+        "run", str(bf16_project), "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"z={tmp_path / 'z.npy'}", "-o", str(out), "--target", "host",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(out)["y"], x.astype(np.float32) + z)
+    # A raw item of the wrong size is refused by name.
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3), dtype="V4"))
+    r = flowc(
+        "run", str(bf16_project), "--input", f"x={tmp_path / 'bad.npy'}",
+        "--input", f"z={tmp_path / 'z.npy'}", "-o", str(out), "--target", "host",
+    )  # fmt: skip
+    assert_clean_error(r, "--input x", "bf16")
+
+
+def test_eval_takes_bfloat16_npy(tmp_path: Path) -> None:
+    x = np.array([[1.5, -2.25, 3.0], [0.0, 1e3, -7.5]], dtype=ml_dtypes.bfloat16)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "z.npy", np.ones((2, 3), np.float32))
+    r = flowc(
+        "eval", str(_bf16_model(tmp_path / "m.onnx")), "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"z={tmp_path / 'z.npy'}", "-o", str(tmp_path / "y.npz"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], x.astype(np.float32) + 1)
+
+
+def test_run_on_a_missing_or_foreign_folder(tmp_path: Path) -> None:
+    out = str(tmp_path / "y.npz")
+    assert_clean_error(flowc("run", str(tmp_path / "nowhere"), "-o", out), "no such project folder")
+    (tmp_path / "notes.txt").write_text("not a project")
+    assert_clean_error(flowc("run", str(tmp_path), "-o", out), "not a flowc project")
+    (tmp_path / "flowc_model.json").write_text("{broken")
+    assert_clean_error(flowc("run", str(tmp_path), "-o", out), "flowc_model.json: unreadable")
+
+
+def test_cuda_run_and_verify_without_a_gpu_say_so(bf16_project: Path, tmp_path: Path) -> None:
+    no_gpu = {"FLOWC_GPU_COUNT": "0"}
+    r = flowc(
+        "run", str(bf16_project), "--target", "cuda", "-o", str(tmp_path / "y.npz"), env=no_gpu
+    )
+    assert_clean_error(r, "no GPU")
+    assert "memory" not in r.stderr
+    r = flowc("verify", str(SHARED_MODELS / "mlp.onnx"), "--target", "cuda", env=no_gpu)
+    assert_clean_error(r, "no GPU")
+    assert "configure" not in r.stderr  # refused before any build
+
+
+def test_verify_without_onnxruntime_fails_before_building(tmp_path: Path) -> None:
+    # An onnxruntime that cannot be imported, first on the path: as if it were not installed.
+    (tmp_path / "onnxruntime").mkdir()
+    (tmp_path / "onnxruntime" / "__init__.py").write_text("raise ImportError('blocked')\n")
+    t0 = time.perf_counter()
+    r = flowc(
+        "verify", str(SHARED_MODELS / "mlp.onnx"), "--target", "host",
+        env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert_clean_error(r, "onnxruntime", "pip install")
+    assert "configure" not in r.stderr and "compiling" not in r.stderr
+    assert time.perf_counter() - t0 < 20
+
+
+def test_ctrl_c_during_start_up_prints_no_traceback() -> None:
+    # Interrupts at several moments of start-up (imports, model loading): each ends quietly.
+    for delay in (0.05, 0.15, 0.3, 0.5, 0.8):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "flowc", "inspect", str(SHARED_MODELS / "gpt2_tiny.onnx")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=60)
+        assert "Traceback" not in stderr + stdout, (delay, stderr)
+        assert p.returncode in (0, 130), (delay, p.returncode, stderr)
+        if p.returncode == 130:
+            assert "aborted" in stderr
+
+
+def test_inspect_tables_say_which_passes_ran() -> None:
+    model = str(SHARED_MODELS / "gpt2_tiny.onnx")
+    plain, memory = flowc("inspect", model), flowc("inspect", model, "--memory")
+    assert plain.returncode == 0 and memory.returncode == 0, plain.stderr + memory.stderr
+    assert "nodes after fold_constants, simplify)" in plain.stdout
+    assert "nodes after fold_constants, simplify, lower_ops, widen_types, fuse_elementwise)" in (
+        memory.stdout
+    )
+
+
+def test_dim_hint_for_a_symbol_named_n(tmp_path: Path) -> None:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "dyn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    r = flowc("inspect", str(path))
+    assert_clean_error(r, "--dim N=<size>")
+    assert "N=N" not in r.stderr
+
+
+def test_commands_print_the_target_they_chose(bf16_project: Path, tmp_path: Path) -> None:
+    from flowc.toolchain import find_cuda
+
+    model = _bf16_model(tmp_path / "m.onnx")
+    r = flowc("compile", str(model), "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    if find_cuda().nvcc is not None:
+        assert "target cuda (nvcc found" in r.stderr and "--target cuda" in r.stdout
+    else:
+        assert "target host (no nvcc found" in r.stderr and "--target host" in r.stdout
+    # run and verify use the GPU only where there is one.
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), ml_dtypes.bfloat16))
+    np.save(tmp_path / "z.npy", np.zeros((2, 3), np.float32))
+    r = flowc(
+        "run", str(bf16_project), "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"z={tmp_path / 'z.npy'}", "-o", str(tmp_path / "y.npz"),
+        env={"FLOWC_GPU_COUNT": "0"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "target host (no GPU found" in r.stderr
+    r = flowc("build", str(bf16_project), "--target", "host")
+    assert r.returncode == 0, r.stderr
+    assert "target host" in r.stderr
