@@ -693,6 +693,7 @@ def compile_cmd(
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
     a non-empty OUT/ that is no flowc project is refused unless --force."""
+    import re
     import shlex
 
     from flowc.codegen import check_project_dir
@@ -712,7 +713,7 @@ def compile_cmd(
     compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:], force=force)
     shown = shlex.quote(str(project))
     out.print(
-        f"wrote {escape(shown)}/; build it with: flowc build {escape(shown)} --target {target}",
+        f"wrote {shown}/; build it with: flowc build {shown} --target {target}",
         markup=False,
     )
 

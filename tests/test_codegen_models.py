@@ -21,7 +21,8 @@ from test_models import (
 )
 
 from flowc.codegen import compile_graph
-from flowc.codegen.program import layout_weights, write_weights
+from flowc.codegen.program import layout_weights
+from flowc.codegen.project import write_weights
 from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
 from flowc.harness.build import build, run
 from flowc.harness.compare import max_rel_error

@@ -15,7 +15,8 @@ import pytest
 from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
 from flowc.codegen import compile_graph
-from flowc.codegen.program import layout_weights, weights_file_name
+from flowc.codegen.program import layout_weights
+from flowc.codegen.project import weights_file_name
 from flowc.harness.build import build, run
 from flowc.ir.types import Mesh
 from flowc.ops.comm import COLLECTIVES

@@ -55,7 +55,7 @@ def c_string(text: str) -> str:
     printable ASCII is an octal escape, so quotes, backslashes, newlines, ``*/`` and ``??``
     trigraphs can never end the literal or a comment early."""
     out = []
-    for b in text.encode("utf-8"):
+    for b in text.encode("utf-8", "surrogateescape"):  # a file name's non-UTF-8 bytes too
         ch = chr(b)
         if 0x20 <= b < 0x7F and ch not in '"\\?*/':
             out.append(ch)
@@ -65,10 +65,12 @@ def c_string(text: str) -> str:
 
 
 # Characters that may not reach a comment: line breaks of every kind (C, CMake and editors
-# disagree on which end a line), other controls, and the bidi controls that let text read
-# differently from how it compiles (CVE-2021-42574).
+# disagree on which end a line), other controls, the bidi controls that let text read
+# differently from how it compiles (CVE-2021-42574), and lone surrogates (a file name's
+# bytes that are not UTF-8, as Python decodes them), which no UTF-8 file can hold.
 _UNSAFE_IN_COMMENT = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+    "\ud800-\udfff]"
 )
 
 

@@ -11,14 +11,10 @@ arena.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -40,7 +36,7 @@ from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
 from flowc.passes.stream_schedule import stream_schedule
-from flowc.resources import runtime_dir, templates_dir
+from flowc.resources import templates_dir
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -114,16 +110,6 @@ def layout_weights(
     return WeightsLayout(
         offsets, stored, pos, data, zlib.crc32(data), layout_id & 0xFFFFFFFFFFFFFFFF
     )
-
-
-def write_weights(path: Path, layout: WeightsLayout) -> None:
-    fields = [1, layout.stored_bytes, layout.crc, layout.layout_id, 0, 0, 0]
-    header = WEIGHTS_MAGIC + np.array(fields, "<u8").tobytes()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header)
-        f.write(layout.data)
-    os.replace(tmp, path)
 
 
 class Program:
@@ -437,34 +423,3 @@ def generate(
         + "\n",
     }
     return files, all_weights
-
-
-def weights_file_name(rank: int, ranks: int) -> str:
-    """``weights.bin`` for a one-device program, ``weights.rank<R>.bin`` per rank otherwise
-    (model.cu.j2 derives the same names from the path it is given)."""
-    return "weights.bin" if ranks == 1 else f"weights.rank{rank}.bin"
-
-
-def write_project(out: Path, files: dict[str, str], weights: list[WeightsLayout]) -> None:
-    """Write OUT/ as a whole: into a temporary directory beside it, then swapped in."""
-    out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        for r, w in enumerate(weights):
-            write_weights(tmp / weights_file_name(r, len(weights)), w)
-        shutil.copytree(runtime_dir() / "flowc", tmp / "flowc")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
