@@ -31,12 +31,12 @@ SENTINEL = "flowc_sentinel"
 IN_NAME = "in\n#error in */ /* ${HOME} $(touch x) ; \"q\" 's' \\ \t\x01\u202e end\\"
 OUT_NAME = f"out\nexecute_process(COMMAND touch {SENTINEL}) */ /* # ; $(id) ${{X}} \\"
 GRAPH_NAME = f'g\n#error graph */ /* ${{X}} $(id) ; "q" execute_process(COMMAND touch {SENTINEL})\\'
-# The model's file name (no '/': no file name holds one): a line break followed by a CMake command that would create the
-# sentinel in the project folder at configure time, then C preprocessor lines; '\udcff' is
-# the byte 0xff, which is not UTF-8. The last line starts with '#' so that, were the name
-# pasted raw, CMakeLists.txt would still parse and run the command.
+# The model's file name (no '/': no file name holds one): a line break followed by a CMake
+# command that would create the sentinel in the project folder at configure time, then C
+# preprocessor lines. The last line starts with '#' so that, were the name pasted raw,
+# CMakeLists.txt would still parse and run the command.
 FILE_NAME = (
-    "m * ; $(touch x) \"q\" 's' \t\x01\u202e\udcff \\\n"
+    "m * ; $(touch x) \"q\" 's' \t\x01\u202e \\\n"
     f"execute_process(COMMAND touch {SENTINEL} WORKING_DIRECTORY ${{CMAKE_CURRENT_SOURCE_DIR}})\n"
     "#error file\n#x.onnx"
 )
@@ -98,9 +98,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The hostile model compiled (no --prefix: the graph's name makes it) into a folder whose
-    path holds characters the build tools take (space, quote, #, parentheses, &, é), and
-    built for the host: shared by the tests below, the one build of this file."""
+    """The hostile model compiled (no --prefix: it is made from the model's name) into a
+    folder whose path holds characters the build tools take (space, quote, #, parentheses,
+    &, é), and built for the host: shared by the tests below, the one build of this file."""
     root = tmp_path_factory.mktemp("hostile")
     model = _model(root / FILE_NAME, IN_NAME, OUT_NAME, GRAPH_NAME)
     out = root / "out dir 'q' #1 (é) &x"
@@ -322,6 +322,18 @@ def test_files_get_the_umask_mode(
     assert (out / "flowc" / "host").stat().st_mode & 0o777 == 0o750
     for name in ("model.cu", "weights.bin", "flowc_model.json", "flowc/host/emulator.h"):
         assert (out / name).stat().st_mode & 0o777 == 0o640, name
+
+
+def test_file_name_that_is_not_utf8(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # '\udcff' is how Python spells the file name's byte 0xff: the comments show '?'.
+    model = tmp_path / "m\udcff.onnx"
+    model.write_bytes(tiny.read_bytes())
+    code, _, err = flowc(capsys, "compile", model, "-o", tmp_path / "p", "--target", "host")
+    assert code == 0, err
+    first = (tmp_path / "p" / "model.cu").read_text(encoding="utf-8").split("\n")[0]
+    assert first.endswith("from m?.onnx. Do not edit."), first
 
 
 def test_comment_filters_end_where_the_template_ends_them() -> None:

@@ -69,8 +69,7 @@ def c_string(text: str) -> str:
 # differently from how it compiles (CVE-2021-42574), and lone surrogates (a file name's
 # bytes that are not UTF-8, as Python decodes them), which no UTF-8 file can hold.
 _UNSAFE_IN_COMMENT = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-    "\ud800-\udfff]"
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 
