@@ -32,6 +32,7 @@ from flowc.codegen.cpp import (
     ctype,
     is_c_ident,
 )
+from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ops.registry import get_op
 from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
@@ -393,6 +394,8 @@ def generate(
         "mesh": list(mesh.shape) if mesh is not None else [],
         "mesh_size": mesh.size if mesh is not None else 1,
         "num_events": prog.num_events,
+        # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
+        "dtype_names": sorted((d.onnx, d.short) for d in DType),
     }
     env = prog.env
     files = {

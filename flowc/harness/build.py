@@ -145,6 +145,31 @@ def launcher(ranks: int, target: str) -> tuple[list[str], dict[str, str]]:
     return cmd, env
 
 
+def _output_files(results_dir: Path, outputs: list[dict[str, object]]) -> list[str]:
+    """The file of each output, in order, from the driver's outputs.json (files are named
+    after the outputs, sanitized, so only the map says which is which)."""
+    try:
+        listed = json.loads((results_dir / "outputs.json").read_text(encoding="utf-8"))["outputs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FlowcError(
+            f"the compiled model wrote no readable {results_dir / 'outputs.json'} ({e})",
+            hint="a project from an older flowc writes none; recreate it with `flowc compile`",
+        ) from None
+    files = {}
+    for entry in listed:
+        k = entry["index"]
+        if not 0 <= k < len(outputs) or entry["name"] != outputs[k]["name"]:
+            raise FlowcError(
+                f"{results_dir / 'outputs.json'}: entry {entry!r} does not match the project's "
+                "outputs (flowc_model.json)",
+                hint="rebuild the project: `flowc build`",
+            )
+        files[k] = str(entry["file"])
+    if sorted(files) != list(range(len(outputs))):
+        raise FlowcError(f"{results_dir / 'outputs.json'} does not list every output")
+    return [files[k] for k in range(len(outputs))]
+
+
 def run(
     out: Path,
     feeds: Mapping[str, np.ndarray],
@@ -165,7 +190,15 @@ def run(
     outputs = info["outputs"]
     assert isinstance(inputs, list) and isinstance(outputs, list)
     with tempfile.TemporaryDirectory(prefix="flowc-run-") as tmp:
-        args = [str(exe), "--weights", str(weights or out / "weights.bin"), "--out-dir", tmp]
+        # A folder that does not exist yet: the driver makes it whole, or not at all.
+        results_dir = Path(tmp) / "outputs"
+        args = [
+            str(exe),
+            "--weights",
+            str(weights or out / "weights.bin"),
+            "--out-dir",
+            str(results_dir),
+        ]
         for k, spec in enumerate(inputs):
             name = spec["name"]
             if name not in feeds:
@@ -194,9 +227,10 @@ def run(
             raise FlowcError(
                 f"the compiled model failed (exit {r.returncode}):\n{r.stderr.strip()}"
             )
+        files = _output_files(results_dir, outputs)
         results = {
             spec["name"]: from_raw_npy(
-                np.load(Path(tmp) / f"output_{k}.npy"), DType.from_short(spec["dtype"]).np
+                np.load(results_dir / files[k]), DType.from_short(spec["dtype"]).np
             )
             for k, spec in enumerate(outputs)
         }
