@@ -99,11 +99,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The hostile model compiled (no --prefix: it is made from the model's name) into a
-    folder whose path holds characters the build tools take (space, quote, #, parentheses,
-    &, é), and built for the host: shared by the tests below, the one build of this file."""
+    folder whose path holds characters the build tools take (space, #, parentheses, &, é,
+    =, %, ~), and built for the host: shared by the tests below, the one build of this file."""
     root = tmp_path_factory.mktemp("hostile")
     model = _model(root / FILE_NAME, IN_NAME, OUT_NAME, GRAPH_NAME)
-    out = root / "out dir 'q' #1 (é) &x"
+    out = root / "out dir #1 (é) &x=%~"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()) as err:
         main(["compile", str(model), "-o", str(out), "--target", "host"])
@@ -255,7 +255,7 @@ def test_prefix_and_unbuildable_paths_are_refused_before_work(
         flowc(capsys, "compile", tiny, "-o", out, "--prefix", "a b); /*"), "not a C identifier"
     )
     clean_error(flowc(capsys, "compile", tiny, "-o", out, "--arch", "sm_٩٠"), "--arch")
-    for ch in ['"', "$", ";", "\\", ",", "|", ":", "[", "]", "\n", "\t", "\x7f", "\x85"]:
+    for ch in ['"', "'", "`", "$", ";", "\\", ",", "|", ":", "[", "]", "\n", "\t", "\x7f", "\x85"]:
         clean_error(
             flowc(capsys, "compile", tiny, "-o", tmp_path / f"a{ch}b" / "o"), "cannot handle"
         )

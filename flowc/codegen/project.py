@@ -34,12 +34,13 @@ from flowc.resources import runtime_dir
 MANIFEST = "flowc_model.json"
 
 # Characters a project's absolute path may not hold, found by building a project at such a
-# path with CMake + Make and CMake + Ninja: '"', ';' and '\' break CMake's own argument
-# parsing; ':' and ',' split the build's RPATH (-Wl,-rpath,A:B); '|' breaks build.ninja;
-# '[', ']' and '$(' break the Makefiles. '$' is refused as a whole (${VAR} is read as a
-# variable by CMake in some places), and so is every control character (line breaks,
+# path with CMake + Make and CMake + Ninja, for the host and with nvcc: '"', ';' and '\'
+# break CMake's own argument parsing; ':' and ',' split the build's RPATH
+# (-Wl,-rpath,A:B); '|' breaks build.ninja; '[', ']' and '$(' break the Makefiles; "'" and
+# '`' break nvcc's compile of the CUDA build. '$' is refused as a whole (${VAR} is read as
+# a variable by CMake in some places), and so is every control character (line breaks,
 # tabs, DEL, C1) and the Unicode line/paragraph separators.
-UNSAFE_PATH_CHARS = frozenset('"$;\\,|:[]')
+UNSAFE_PATH_CHARS = frozenset("\"$;\\,|:[]'`")
 
 
 class ProjectError(FlowcError):
@@ -98,7 +99,7 @@ def check_output_path(out: Path) -> None:
             shown = " ".join(repr(c) for c in bad)
             raise ProjectError(
                 f"-o {full!r}: the path holds {shown}, which CMake, Make or Ninja cannot handle",
-                hint='choose a folder whose path has none of " $ ; \\ , | : [ ] '
+                hint="choose a folder whose path has none of \" $ ; \\ , | : [ ] ' ` "
                 "or control characters (spaces are fine)",
             )
 
