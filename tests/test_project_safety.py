@@ -286,10 +286,10 @@ def test_failed_write_leaves_nothing_behind(
             raise PermissionError(13, "Permission denied", str(dst))
         real_replace(src, dst)
 
-    fresh = tmp_path / "fresh"
+    fresh = tmp_path / "new" / "fresh"
     monkeypatch.setattr(os, "replace", failing)
     clean_error(flowc(capsys, "compile", tiny, "-o", fresh), str(fresh / "weights.bin"))
-    assert sorted(os.listdir(tmp_path)) == []  # the folder it made went too
+    assert sorted(os.listdir(tmp_path)) == []  # the folders it made went too
     monkeypatch.setattr(os, "replace", real_replace)
     code, _, err = flowc(capsys, "compile", tiny, "-o", fresh, "--target", "host")
     assert code == 0, err
@@ -301,7 +301,7 @@ def test_failed_write_leaves_nothing_behind(
     clean_error(flowc(capsys, "compile", tiny, "-o", fresh, "--mesh", "2"), "weights.rank1.bin")
     # Nothing this attempt created stays (weights.rank*.bin), nothing else was touched.
     assert sorted(os.listdir(fresh)) == before
-    assert sorted(os.listdir(tmp_path)) == ["fresh"]
+    assert sorted(os.listdir(fresh.parent)) == ["fresh"]
     monkeypatch.setattr(os, "replace", real_replace)
     code, _, err = flowc(capsys, "compile", tiny, "-o", fresh, "--target", "host")
     assert code == 0, err

@@ -271,8 +271,10 @@ def write_project(
     created: list[Path] = []
     current = out
     try:
-        if not out.is_dir():
-            _mkdirs(out.parent, PurePosixPath(out.name), created)
+        # OUT/ and the folders above it that are missing, top down.
+        for path in reversed([p for p in (out, *out.parents) if not os.path.lexists(p)]):
+            os.mkdir(path)
+            created.append(path)
         for name in sorted(new):
             rel = PurePosixPath(name)
             current = out.joinpath(*rel.parts)
