@@ -93,6 +93,22 @@ class Parallelized:
     profile: Profile
     attempts: int = 1
 
+    @property
+    def proven_optimal(self) -> bool:
+        """Whether the search proved its plan optimal (plans it did not search: True)."""
+        return bool(self.plan.stats.get("optimal", 1.0))
+
+    @property
+    def gap(self) -> float:
+        """How much cheaper a plan could still be, as a fraction of this one's modeled time
+        (0 when proven optimal; inf when the search had no bound)."""
+        return float(self.plan.stats.get("gap", 0.0))
+
+    @property
+    def reproducible(self) -> bool:
+        """False when the solver's wall-clock backstop, not its node limit, stopped it."""
+        return bool(self.plan.stats.get("reproducible", 1.0))
+
 
 def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
     by_name = {v.name: v for v in graph.values()}

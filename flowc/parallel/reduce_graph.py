@@ -215,3 +215,248 @@ def reduce(cg: CostGraph, pinned: set[int] | None = None, eliminate: bool = True
     counts["merged_edges"] = merged
     reduced = CostGraph(unary, list(cg.memory), [], list(cg.fanouts))
     return Reduction(reduced, alive, edges, removed, counts)
+
+
+@dataclass
+class Pruned:
+    """A cost graph with dominated choices removed; ``keep[v][i]`` is the original index of
+    the pruned graph's choice i of vertex v."""
+
+    graph: CostGraph
+    keep: list[np.ndarray]
+    removed: int
+
+    def expand(self, choice: Sequence[int]) -> list[int]:
+        return [int(self.keep[v][c]) for v, c in enumerate(choice)]
+
+    def restrict(self, choice: Sequence[int]) -> list[int] | None:
+        """The pruned graph's indices of a full choice, None where one was pruned away."""
+        out = []
+        for v, c in enumerate(choice):
+            hit = np.flatnonzero(self.keep[v] == c)
+            if not len(hit):
+                return None
+            out.append(int(hit[0]))
+        return out
+
+
+def _dominated(features: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Which rows are dominated: some other row is <= in every feature, has the same keys,
+    and differs (a strict partial order once the unary costs are all distinct)."""
+    k = features.shape[0]
+    le = np.ones((k, k), dtype=bool)  # le[i, j]: row i <= row j everywhere
+    for start in range(0, features.shape[1], 256):
+        f = features[:, start : start + 256]
+        le &= np.all(f[:, None, :] <= f[None, :, :], axis=2)
+    if keys.shape[1]:
+        le &= np.all(keys[:, None, :] == keys[None, :, :], axis=2)
+    np.fill_diagonal(le, False)
+    return np.asarray(le.any(axis=0))
+
+
+def prune_dominated(cg: CostGraph, use_memory: bool) -> Pruned:
+    """Remove every choice that another choice of the same vertex dominates: no more costly
+    alone, no more costly on any pairwise edge for every choice of the neighbour, boxing
+    from its layout never dearer in any fanout it produces, the same wanted layouts in the
+    fanouts it reads, and (with ``use_memory``) no more memory. Some optimum never uses a
+    dominated choice, and with distinct unary costs (``CostGraph.rounded``'s tie-break) the
+    optimum is unique in the choices it keeps, so the result is the same plan.
+    Repeated until nothing changes: a removal narrows the neighbours' rows."""
+    n = cg.num_vertices
+    keep = [np.arange(len(u)) for u in cg.unary]
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        for v in range(n):
+            if len(keep[v]) < 2:
+                continue
+            kv = keep[v]
+            feats: list[np.ndarray] = [cg.unary[v][kv][:, None]]
+            keys: list[np.ndarray] = []
+            mem = cg.memory[v]
+            if use_memory and mem is not None:
+                feats.append(mem[kv][:, None])
+            for a, b, m in cg.edges:
+                if a == v:
+                    feats.append(m[np.ix_(kv, keep[b])])
+                elif b == v:
+                    feats.append(m[np.ix_(keep[a], kv)].T)
+            for f in cg.fanouts:
+                if f.producer == v:
+                    feats.append(f.cost[f.src[kv]])
+                for c, wanted in f.uses:
+                    if c == v:
+                        keys.append(wanted[kv][:, None])
+            dom = _dominated(
+                np.concatenate(feats, axis=1),
+                np.concatenate(keys, axis=1) if keys else np.zeros((len(kv), 0)),
+            )
+            if dom.any():
+                keep[v] = kv[~dom]
+                removed += int(dom.sum())
+                changed = True
+    graph = CostGraph(
+        [u[k] for u, k in zip(cg.unary, keep, strict=True)],
+        [None if m is None else m[k] for m, k in zip(cg.memory, keep, strict=True)],
+        [(a, b, m[np.ix_(keep[a], keep[b])]) for a, b, m in cg.edges],
+        [
+            Fanout(
+                f.producer, f.src[keep[f.producer]], [(c, w[keep[c]]) for c, w in f.uses], f.cost
+            )
+            for f in cg.fanouts
+        ],
+    )
+    return Pruned(graph, keep, removed)
+
+
+def simplify_fanouts(cg: CostGraph) -> CostGraph:
+    """Fanouts with fewer real choices: a reader that always wants one layout makes that
+    boxing a fixed charge on the producer's choice (and free for the others), so it leaves
+    the fanout; a fanout left with no varying reader is the producer's own cost, and one
+    left with one varying reader is a pairwise edge. Exact; it frees vertices for
+    ``reduce``."""
+    unary = [u.copy() for u in cg.unary]
+    edges = list(cg.edges)
+    fanouts: list[Fanout] = []
+    for f in cg.fanouts:
+        fixed = sorted({int(w[0]) for _, w in f.uses if len(set(w.tolist())) == 1})
+        varying = [(c, w) for c, w in f.uses if len(set(w.tolist())) > 1]
+        cost = f.cost.copy()
+        if fixed:
+            unary[f.producer] = unary[f.producer] + cost[np.ix_(f.src, np.array(fixed))].sum(axis=1)
+            cost[:, fixed] = 0.0
+        readers = sorted({c for c, _ in varying})
+        if len(readers) == 1:
+            c = readers[0]
+            m = np.zeros((len(f.src), len(unary[c])))
+            for j in range(m.shape[1]):
+                for b in sorted({int(w[j]) for _, w in varying}):
+                    m[:, j] += cost[f.src, b]
+            edges.append((f.producer, c, m))
+        elif readers:
+            fanouts.append(Fanout(f.producer, f.src, varying, cost))
+    return CostGraph(unary, list(cg.memory), edges, fanouts)
+
+
+# -- exact elimination (dynamic programming over the graph) ----------------------------------
+
+# The largest table (entries) one elimination step may build; past it ``eliminate_all`` gives
+# up and the integer program solves the graph instead.
+MAX_ELIMINATION_TABLE = 1 << 22
+
+
+@dataclass
+class _Factor:
+    scope: tuple[int, ...]  # vertices, ascending; table axes in this order
+    table: np.ndarray
+
+
+def _fanout_table(f: Fanout, sizes: Sequence[int], limit: int) -> _Factor | None:
+    """A fanout as one table over its producer and readers: the boxing to each distinct
+    wanted layout, paid once."""
+    scope = tuple(sorted({f.producer, *(c for c, _ in f.uses)}))
+    if int(np.prod([sizes[v] for v in scope])) > limit:
+        return None
+    axis = {v: i for i, v in enumerate(scope)}
+
+    def along(v: int, arr: np.ndarray) -> np.ndarray:
+        shape = [1] * len(scope)
+        shape[axis[v]] = len(arr)
+        return arr.reshape(shape)
+
+    table = np.zeros([sizes[v] for v in scope])
+    src = along(f.producer, f.src)
+    for b in range(f.cost.shape[1]):
+        column = f.cost[:, b]
+        if not column.any():
+            continue
+        needed = np.zeros([1] * len(scope), dtype=bool)
+        for c, w in f.uses:
+            needed = needed | along(c, w == b)
+        if needed.any():
+            table = table + np.where(needed, column[src], 0.0)
+    return _Factor(scope, np.broadcast_to(table, [sizes[v] for v in scope]).copy())
+
+
+def _expand(f: _Factor, scope: tuple[int, ...]) -> np.ndarray:
+    """``f``'s table broadcastable over ``scope`` (a superset, ascending)."""
+    shape = [1] * len(scope)
+    pos = {v: i for i, v in enumerate(scope)}
+    for v, n in zip(f.scope, f.table.shape, strict=True):
+        shape[pos[v]] = n
+    return f.table.reshape(shape)
+
+
+def eliminate_all(
+    unary: Sequence[np.ndarray],
+    edges: dict[tuple[int, int], np.ndarray],
+    fanouts: Sequence[Fanout],
+    vertices: Sequence[int],
+    limit: int = MAX_ELIMINATION_TABLE,
+) -> tuple[dict[int, int], int] | None:
+    """The exact minimum over ``vertices`` by variable elimination (bucket elimination):
+    repeatedly take the vertex whose elimination builds the smallest table (ties: the
+    lowest id), add up the tables that hold it, and keep the minimum over its choices for
+    each choice of the rest, remembering the argmin. Deterministic: no solver, no limits
+    that depend on time. None when some step would exceed ``limit`` entries; else each
+    vertex's choice and the largest table built."""
+    sizes = {v: len(unary[v]) for v in vertices}
+    size_list = [len(u) for u in unary]
+    factors: dict[int, _Factor] = {}
+    for v in vertices:
+        factors[len(factors)] = _Factor((v,), np.asarray(unary[v], dtype=np.float64))
+    for (a, b), m in edges.items():
+        factors[len(factors)] = _Factor((a, b), m)
+    for fan in fanouts:
+        ft = _fanout_table(fan, size_list, limit)
+        if ft is None:
+            return None
+        factors[len(factors)] = ft
+    holding: dict[int, set[int]] = {v: set() for v in vertices}
+    for k, factor in factors.items():
+        for v in factor.scope:
+            holding[v].add(k)
+    next_id = len(factors)
+
+    def joint_scope(v: int) -> tuple[int, ...]:
+        return tuple(sorted({w for k in holding[v] for w in factors[k].scope}))
+
+    def score(v: int) -> int:
+        return int(np.prod([sizes[w] for w in joint_scope(v)]))
+
+    scores = {v: score(v) for v in vertices}
+    steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []
+    largest = 0
+    left = set(vertices)
+    while left:
+        v = min(left, key=lambda u: (scores[u], u))
+        if scores[v] > limit:
+            return None
+        scope = joint_scope(v)
+        largest = max(largest, scores[v])
+        total = np.zeros([1] * len(scope))
+        for k in sorted(holding[v]):
+            total = total + _expand(factors[k], scope)
+        total = np.broadcast_to(total, [sizes[w] for w in scope])
+        ax = scope.index(v)
+        rest = scope[:ax] + scope[ax + 1 :]
+        steps.append((v, rest, np.argmin(total, axis=ax)))
+        new = _Factor(rest, total.min(axis=ax))
+        for k in list(holding[v]):
+            for w in factors[k].scope:
+                if w != v:
+                    holding[w].discard(k)
+            del factors[k]
+        factors[next_id] = new
+        for w in rest:
+            holding[w].add(next_id)
+        next_id += 1
+        left.discard(v)
+        del holding[v]
+        for w in rest:
+            scores[w] = score(w)
+    choice: dict[int, int] = {}
+    for v, rest, best in reversed(steps):
+        choice[v] = int(best[tuple(choice[w] for w in rest)])
+    return choice, largest

@@ -47,6 +47,35 @@ def summarize(result: Parallelized) -> Summary:
     )
 
 
+def search_notes(stats: dict[str, float]) -> list[str]:
+    """What a reader must know about how far the search got: the gap when the plan is not
+    proven optimal, a fallback to a uniform plan, a wall-clock stop."""
+    notes = []
+    if "optimal" in stats and not stats["optimal"]:
+        gap, gap_s = stats.get("gap", float("inf")), stats.get("gap_s", float("inf"))
+        within = (
+            f"within {gap * 100:.2f}% ({_us(gap_s)}) of the best bound"
+            if gap_s != float("inf")
+            else "with no bound on how far from the optimum"
+        )
+        how = (
+            "memory priced (Lagrangian bound)"
+            if "lagrangian_solves" in stats
+            else f"node limit {int(stats.get('node_limit', 0))} reached"
+        )
+        notes.append(f"search: NOT PROVEN OPTIMAL: {within}; {how}")
+    if stats.get("fallback"):
+        notes.append(
+            "search: the search's own plan was worse than a uniform plan; that one is used"
+        )
+    if "reproducible" in stats and not stats["reproducible"]:
+        notes.append(
+            "search: the wall-clock backstop stopped the solver: this plan depends on the "
+            "machine's speed and load and is NOT REPRODUCIBLE"
+        )
+    return notes
+
+
 def print_plan(
     console: Console,
     graph: Graph,
@@ -62,16 +91,23 @@ def print_plan(
         head += (
             f"; search: {int(stats.get('nodes_before', 0))} nodes, "
             f"{int(stats.get('nodes_after', 0))} after reductions, "
-            f"{int(stats.get('variables', 0))} ILP variables, solved in {stats['solve_s']:.2f} s"
         )
-    if "gap_s" in stats:
-        head += (
-            f" (memory priced: {int(stats.get('lagrangian_solves', 0))} solves, "
-            f"within {_us(stats['gap_s'])} of the optimum)"
-        )
+        if stats.get("eliminated"):
+            head += f"solved exactly by elimination in {stats['solve_s']:.2f} s"
+        else:
+            head += (
+                f"{int(stats.get('variables', 0))} ILP variables, "
+                f"solved in {stats['solve_s']:.2f} s"
+            )
+    if "lagrangian_solves" in stats:
+        head += f" (memory priced: {int(stats['lagrangian_solves'])} solves)"
+    if stats.get("optimal"):
+        head += ", proven optimal"
     if result.attempts > 1:
         head += f"; {result.attempts} attempts to fit the memory limit"
     console.print(head)
+    for line in search_notes(stats):
+        console.print(line)
 
     layouts = Table(
         title="layout per value (B = whole on every device)", title_justify="left", show_edge=False

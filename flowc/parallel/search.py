@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,17 +29,33 @@ from flowc.ir.types import Mesh, NdSbp, Sbp
 from flowc.parallel.cost import Profile, boxing_time, node_time
 from flowc.parallel.layout import broadcast, fits, local_type, nd_sbps
 from flowc.parallel.plan import Plan
-from flowc.parallel.reduce_graph import CostGraph, Fanout, Reduction, reduce
+from flowc.parallel.reduce_graph import (
+    CostGraph,
+    Fanout,
+    Reduction,
+    eliminate_all,
+    prune_dominated,
+    reduce,
+    simplify_fanouts,
+)
 from flowc.parallel.strategies import Strategy, all_broadcast_signature, strategies
 
 # Modeled times are compared at nanosecond resolution: closer plans are ties, broken
 # towards earlier choices (the all-B strategy first).
 RESOLUTION_S = 1e-9
-DEFAULT_TIME_LIMIT_S = 60.0
+# Branch and bound stops after this many nodes: a limit on work, not on time, so the same
+# input gives the same plan on any machine and under any load (HiGHS runs on one thread
+# with a fixed seed). A plan the limit stops short of proving says so, with its gap.
+NODE_LIMIT = 2000
+# A wall-clock backstop far beyond what the node limit normally takes; should it trip, the
+# plan depends on the machine's speed, and the printout says it is not reproducible.
+BACKSTOP_TIME_S = 600.0
 # Above this many variables a program with a memory limit is solved by pricing memory
 # (see _lagrangian) rather than by branch and bound on the limit.
 EXACT_LIMITED_VARIABLES = 8000
 LAGRANGIAN_STEPS = 12
+# The priced search stops bisecting once its plan is proven this close to the optimum.
+LAGRANGIAN_GAP = 1e-3
 
 
 @dataclass
@@ -46,6 +63,21 @@ class Solution:
     choice: list[int]  # one choice index per vertex of the cost graph
     objective: float  # the cost graph's total for ``choice``, in its own units
     stats: dict[str, float]
+    # No choice within the limits costs less than this (the objective when proven optimal).
+    bound: float = -math.inf
+
+
+@dataclass
+class _Outcome:
+    """What the solver says about the program: the choices (None: it found none), whether
+    they are proven optimal, the best bound (program units), and how it stopped."""
+
+    choice: dict[int, int] | None
+    optimal: bool
+    bound: float
+    nodes: int
+    timed_out: bool
+    message: str
 
 
 class _Program:
@@ -144,8 +176,9 @@ class _Program:
                         z[key] = self.var(float(t), False)
                     self.row([z[key], int(e[r, k])], [1.0, -1.0], 0.0, np.inf)
 
-    def solve(self, time_limit: float) -> tuple[dict[int, int], bool]:
-        """Each vertex's choice, and whether it is proven optimal (else the time ran out)."""
+    def solve(self, node_limit: int, time_limit: float) -> _Outcome:
+        """Branch and bound on one thread with a fixed seed, stopped by ``node_limit``
+        (deterministic) or, as a backstop only, by ``time_limit``."""
         n = len(self.cost)
         r: list[int] = []
         c: list[int] = []
@@ -155,22 +188,43 @@ class _Program:
             c.extend(cols)
             d.extend(coefs)
         matrix = coo_array((d, (r, c)), shape=(len(self.rows), n)).tocsr()
-        res = milp(
-            np.array(self.cost),
-            integrality=np.array(self.integer),
-            bounds=Bounds(np.zeros(n), np.array(self.upper)),
-            constraints=LinearConstraint(
-                matrix, [row[2] for row in self.rows], [row[3] for row in self.rows]
-            ),
-            options={"time_limit": time_limit, "mip_rel_gap": 0.0},
-        )
-        if res.x is None:
+        with warnings.catch_warnings():
+            # scipy passes options it does not list (threads, random_seed) on to HiGHS as
+            # they are, and says so in a warning.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = milp(
+                np.array(self.cost),
+                integrality=np.array(self.integer),
+                bounds=Bounds(np.zeros(n), np.array(self.upper)),
+                constraints=LinearConstraint(
+                    matrix, [row[2] for row in self.rows], [row[3] for row in self.rows]
+                ),
+                options={
+                    "node_limit": node_limit,
+                    "time_limit": time_limit,
+                    "mip_rel_gap": 0.0,
+                    "threads": 1,
+                    "random_seed": 0,
+                },
+            )
+        optimal = res.status == 0
+        timed_out = "Time limit" in str(res.message)
+        bound = res.get("mip_dual_bound")
+        if bound is None or not np.isfinite(bound):
+            bound = -math.inf
+        choice = None
+        if res.x is not None:
+            choice = {v: int(np.argmax(res.x[cols])) for v, cols in self.x.items()}
+            if optimal:
+                bound = float(res.fun)
+        elif res.status in (2, 3):
             raise InputError(
                 f"the placement search found no plan ({res.message}; {n} variables, "
-                f"{len(self.rows)} constraints, time limit {time_limit:g} s)",
+                f"{len(self.rows)} constraints)",
                 hint="use data parallelism, or fix some placements to make the search smaller",
             )
-        return {v: int(np.argmax(res.x[cols])) for v, cols in self.x.items()}, res.status == 0
+        nodes = int(res.get("mip_node_count") or 0)
+        return _Outcome(choice, optimal, float(bound), nodes, timed_out, str(res.message))
 
 
 def _classes(matrix: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -185,37 +239,113 @@ def solve_cost_graph(
     memory_limit: float | None = None,
     resolution: float = 1.0,
     reduce_first: bool = True,
-    time_limit: float = DEFAULT_TIME_LIMIT_S,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = BACKSTOP_TIME_S,
+    candidates: Callable[[], Sequence[Sequence[int]]] | None = None,
 ) -> Solution:
     """The choice per vertex of least total cost, with memory at most ``memory_limit``.
 
     Costs are compared in whole units of ``resolution``. The caller checks that the limit
     can be met at all (the vertices' smallest memories add up to at most the limit).
+    Dominated choices are pruned and the graph reduced (exactly); what is left is solved by
+    elimination when its tables stay small, else by the integer program. When that stops
+    at ``node_limit`` before proving its plan optimal, ``candidates`` (full choice vectors,
+    e.g. the uniform plans) are evaluated too and the cheapest that fits is returned; the
+    stats then hold the gap to the best bound.
     """
-    rounded = cg.rounded(resolution)
-    pinned = set()
-    if memory_limit is not None:
-        pinned = {v for v, m in enumerate(cg.memory) if m is not None}
-    red = reduce(rounded, pinned, eliminate=reduce_first)
     start = time.perf_counter()
-    prog = _Program(red, memory_limit)
-    if memory_limit is not None and len(prog.cost) > EXACT_LIMITED_VARIABLES:
-        return _lagrangian(cg, memory_limit, resolution, reduce_first, time_limit)
-    alive: dict[int, int] = {}
-    optimal = True
-    if prog.x:
-        alive, optimal = prog.solve(time_limit)
-    choice = red.recover(alive)
-    stats = {
-        "variables": float(len(prog.cost)),
-        "constraints": float(len(prog.rows)),
-        "solve_s": time.perf_counter() - start,
-        "optimal": float(optimal),
+    rounded = cg.rounded(resolution)
+    limited = memory_limit is not None
+    pruned = None
+    work = rounded
+    if reduce_first:
+        pruned = prune_dominated(rounded, use_memory=limited)
+        work = simplify_fanouts(pruned.graph)
+    pinned = {v for v, m in enumerate(work.memory) if m is not None} if limited else set()
+    red = reduce(work, pinned, eliminate=reduce_first)
+    alive_vertices = [v for v in range(work.num_vertices) if red.alive[v]]
+    stats: dict[str, float] = {
         "nodes_before": float(cg.num_vertices),
-        "nodes_after": float(sum(red.alive)),
+        "nodes_after": float(len(alive_vertices)),
+        "pruned_choices": float(pruned.removed if pruned is not None else 0),
         **{k: float(n) for k, n in red.counts.items()},
     }
-    return Solution(choice, cg.evaluate(choice), stats)
+    outcome: _Outcome | None = None
+    if not limited and reduce_first and alive_vertices:
+        got = eliminate_all(red.graph.unary, red.edges, red.graph.fanouts, alive_vertices)
+        if got is not None:
+            outcome = _Outcome(got[0], True, -math.inf, 0, False, "eliminated")
+            stats.update(variables=0.0, constraints=0.0, eliminated=float(len(alive_vertices)))
+            stats["largest_table"] = float(got[1])
+    if outcome is None:
+        prog = _Program(red, memory_limit)
+        if limited and len(prog.cost) > EXACT_LIMITED_VARIABLES:
+            return _lagrangian(
+                cg,
+                float(memory_limit or 0),
+                resolution,
+                reduce_first,
+                node_limit,
+                time_limit,
+                candidates,
+            )
+        stats.update(variables=float(len(prog.cost)), constraints=float(len(prog.rows)))
+        if prog.x:
+            outcome = prog.solve(node_limit, time_limit)
+            stats["bb_nodes"] = float(outcome.nodes)
+        else:
+            outcome = _Outcome({}, True, -math.inf, 0, False, "nothing left to choose")
+    best: list[int] | None = None
+    if outcome.choice is not None:
+        best = red.recover(outcome.choice)
+        if pruned is not None:
+            best = pruned.expand(best)
+    objective = math.inf if best is None else cg.evaluate(best)
+    if outcome.optimal:
+        bound = objective
+    else:
+        # The program's bound is on rounded costs, which may undercount by a unit in all
+        # (the tie-break); the rounding of each term is within the stated resolution.
+        bound = (max(outcome.bound, _simple_bound(red)) - 1.0) * resolution
+        for cand in candidates() if candidates is not None else ():
+            full = list(cand)
+            if limited and cg.memory_of(full) > float(memory_limit or 0):
+                continue
+            cost = cg.evaluate(full)
+            if cost < objective:
+                best, objective = full, cost
+                stats["fallback"] = 1.0
+    if best is None:
+        raise InputError(
+            f"the placement search found no plan within its node limit ({outcome.message}; "
+            f"{node_limit} nodes)",
+            hint="use data parallelism, or fix some placements to make the search smaller",
+        )
+    _gap_stats(stats, objective, bound, resolution)
+    stats["optimal"] = float(outcome.optimal or stats["gap_s"] <= resolution)
+    if stats["optimal"]:
+        del stats["gap_s"]
+    stats["reproducible"] = float(not outcome.timed_out)
+    stats["node_limit"] = float(node_limit)
+    stats["solve_s"] = time.perf_counter() - start
+    return Solution(best, objective, stats, min(bound, objective))
+
+
+def _simple_bound(red: Reduction) -> float:
+    """A lower bound that needs no solver: every vertex and edge at its own cheapest
+    (boxing costs are never negative), over the reduced graph (whose optimum is exact)."""
+    total = sum(float(np.min(red.graph.unary[v])) for v, a in enumerate(red.alive) if a)
+    return total + sum(float(np.min(m)) for m in red.edges.values())
+
+
+def _gap_stats(stats: dict[str, float], objective: float, bound: float, resolution: float) -> None:
+    """``gap_s``: how much cheaper than ``objective`` a plan could still be; ``gap``: that
+    as a fraction of the objective (0 when proven optimal)."""
+    gap = max(0.0, objective - bound) if math.isfinite(bound) else math.inf
+    if gap <= resolution:
+        gap = 0.0
+    stats["gap_s"] = gap
+    stats["gap"] = gap / objective if objective > 0 else (0.0 if gap == 0 else math.inf)
 
 
 def _priced(cg: CostGraph, lam: float) -> CostGraph:
@@ -225,7 +355,13 @@ def _priced(cg: CostGraph, lam: float) -> CostGraph:
 
 
 def _lagrangian(
-    cg: CostGraph, limit: float, resolution: float, reduce_first: bool, time_limit: float
+    cg: CostGraph,
+    limit: float,
+    resolution: float,
+    reduce_first: bool,
+    node_limit: int,
+    time_limit: float,
+    candidates: Callable[[], Sequence[Sequence[int]]] | None,
 ) -> Solution:
     """Large programs under a memory limit: the limit makes branch and bound slow (its LP
     relaxation splits constants fractionally), while without it the programs solve at once.
@@ -234,58 +370,94 @@ def _lagrangian(
     distance from the optimum is bounded by the dual (``gap_s`` in the stats)."""
     start = time.perf_counter()
     solves = 0
+    reproducible = True
 
     def solve(lam: float) -> Solution:
-        nonlocal solves
+        nonlocal solves, reproducible
         solves += 1
-        return solve_cost_graph(
+        sol = solve_cost_graph(
             _priced(cg, lam),
             resolution=resolution,
             reduce_first=reduce_first,
+            node_limit=node_limit,
             time_limit=time_limit,
         )
+        reproducible = reproducible and bool(sol.stats["reproducible"])
+        return sol
 
     best: Solution | None = None
+    best_cost = math.inf
     bound = -math.inf
 
     def consider(lam: float, sol: Solution) -> bool:
-        nonlocal best, bound
+        nonlocal best, best_cost, bound
         mem = cg.memory_of(sol.choice)
-        bound = max(bound, sol.objective - lam * limit)
+        # For every plan within the limit: cost >= priced cost - lam * limit >= the priced
+        # program's bound - lam * limit.
+        bound = max(bound, sol.bound - lam * limit)
         if mem <= limit:
             cost = cg.evaluate(sol.choice)
-            if best is None or cost < cg.evaluate(best.choice):
-                best = sol
+            if cost < best_cost:
+                best, best_cost = sol, cost
             return True
         return False
 
-    if consider(0.0, solve(0.0)):
-        lo, hi = 0.0, 0.0
-    else:
+    def close_enough() -> bool:
+        return best_cost - bound <= max(resolution, LAGRANGIAN_GAP * abs(best_cost))
+
+    first = solve(0.0)
+    if not consider(0.0, first):
         # Prices grow until the cheapest priced plan fits (at a high enough price it is the
         # plan of least memory, which fits: the caller checked that).
         scale = max(abs(float(np.sum([u.max() for u in cg.unary]))), resolution)
         lo, hi = 0.0, scale / max(limit, 1.0)
+        low_plan = first.choice
+        high = solve(hi)
         for _ in range(64):
-            if consider(hi, solve(hi)):
+            if consider(hi, high):
                 break
-            lo, hi = hi, hi * 4
+            lo, hi, low_plan = hi, hi * 4, high.choice
+            high = solve(hi)
+        high_plan = high.choice
+        # Then the price where the cheapest plan over the limit and the cheapest within it
+        # cost the same (the dual's breakpoint, as Kelley's cutting planes find it): a plan
+        # cheaper there replaces one of the two, else that price maximizes the dual bound.
         for _ in range(LAGRANGIAN_STEPS):
-            mid = (lo + hi) / 2
-            if consider(mid, solve(mid)):
-                hi = mid
+            if close_enough():
+                break
+            c_lo, m_lo = cg.evaluate(low_plan), cg.memory_of(low_plan)
+            c_hi, m_hi = cg.evaluate(high_plan), cg.memory_of(high_plan)
+            lam = (c_hi - c_lo) / (m_lo - m_hi) if m_lo > m_hi else (lo + hi) / 2
+            if not lo < lam < hi:
+                lam = (lo + hi) / 2
+            sol = solve(lam)
+            priced = cg.evaluate(sol.choice) + lam * cg.memory_of(sol.choice)
+            meet = min(c_lo + lam * m_lo, c_hi + lam * m_hi)
+            fits = consider(lam, sol)
+            if priced >= meet - resolution:
+                break
+            if fits:
+                hi, high_plan = lam, sol.choice
             else:
-                lo = mid
+                lo, low_plan = lam, sol.choice
     assert best is not None
-    cost = cg.evaluate(best.choice)
-    stats = {
-        **best.stats,
-        "solve_s": time.perf_counter() - start,
-        "optimal": float(cost - bound <= resolution),
-        "lagrangian_solves": float(solves),
-        "gap_s": max(0.0, cost - bound),
-    }
-    return Solution(best.choice, cost, stats)
+    choice, cost = best.choice, best_cost
+    stats = dict(best.stats)
+    stats.pop("fallback", None)
+    if cost - bound > resolution and candidates is not None:
+        for cand in candidates():
+            full = list(cand)
+            if cg.memory_of(full) <= limit and cg.evaluate(full) < cost:
+                choice, cost = full, cg.evaluate(full)
+                stats["fallback"] = 1.0
+    _gap_stats(stats, cost, bound, resolution)
+    stats["optimal"] = float(stats["gap_s"] == 0.0)
+    stats.update(
+        solve_s=time.perf_counter() - start,
+        lagrangian_solves=float(solves),
+        reproducible=float(reproducible),
+    )
+    return Solution(choice, cost, stats, min(bound, cost))
 
 
 # -- from a graph to a cost graph ------------------------------------------------------------
@@ -431,6 +603,21 @@ class PlacementProblem:
     def min_param_bytes(self) -> int:
         return sum(int(min(m)) for m in self.cg.memory if m is not None)
 
+    def choice_of(self, plan: Plan) -> list[int] | None:
+        """``plan`` as one choice per vertex, None when it uses a layout or strategy this
+        problem does not offer (e.g. one that a fixed placement rules out)."""
+        choice = [0] * self.cg.num_vertices
+        for v, layouts in self.layouts.items():
+            if plan.value_sbp.get(v) not in layouts:
+                return None
+            choice[self.vertex[v]] = layouts.index(plan.value_sbp[v])
+        for node, options in self.strategies.items():
+            s = plan.node_strategy.get(node)
+            if s not in options:
+                return None
+            choice[self.vertex[node]] = options.index(s)
+        return choice
+
     def plan(self, choice: list[int], method: str) -> Plan:
         value_sbp: dict[Value, NdSbp] = {}
         node_strategy: dict[Node, Strategy] = {}
@@ -451,11 +638,15 @@ def search(
     *,
     fixed: Mapping[Value, NdSbp] | None = None,
     param_limit: int | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT_S,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = BACKSTOP_TIME_S,
     method: str = "auto",
+    baselines: bool = True,
 ) -> Plan:
     """The plan of least modeled time whose layouts agree with ``fixed`` and whose
-    constants take at most ``param_limit`` bytes per rank."""
+    constants take at most ``param_limit`` bytes per rank. Should the search stop at
+    ``node_limit`` unproven, it is never worse than the uniform plans (data parallel on
+    all or one mesh axis, all-broadcast) that keep ``fixed`` and fit (with ``baselines``)."""
     problem = PlacementProblem(graph, mesh, profile, fixed)
     if param_limit is not None:
         least = problem.min_param_bytes()
@@ -465,38 +656,98 @@ def search(
                 f"per rank: the smallest possible is {least} bytes",
                 hint="allow more parameter memory, use a larger mesh, or fix fewer placements",
             )
+
+    def uniform() -> list[list[int]]:
+        out = []
+        for plan in uniform_plans(graph, mesh, profile, fixed, node_limit, time_limit):
+            choice = problem.choice_of(plan)
+            if choice is not None:
+                out.append(choice)
+        return out
+
     sol = solve_cost_graph(
-        problem.cg, memory_limit=param_limit, resolution=RESOLUTION_S, time_limit=time_limit
+        problem.cg,
+        memory_limit=param_limit,
+        resolution=RESOLUTION_S,
+        node_limit=node_limit,
+        time_limit=time_limit,
+        candidates=uniform if baselines else None,
     )
     plan = problem.plan(sol.choice, method)
-    plan.stats = {**sol.stats, "objective_s": sol.objective}
+    plan.stats = {**sol.stats, "objective_s": sol.objective, "bound_s": sol.bound}
     return plan
 
 
+def uniform_plans(
+    graph: Graph,
+    mesh: Mesh,
+    profile: Profile,
+    fixed: Mapping[Value, NdSbp] | None = None,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = BACKSTOP_TIME_S,
+) -> list[Plan]:
+    """The plans of one rule for the whole graph that can be made: all-broadcast (when
+    nothing is fixed), and data parallel over all mesh axes and over each one alone."""
+    out = [] if fixed else [broadcast_plan(graph, mesh)]
+    axes_sets = [tuple(range(mesh.ndim))]
+    if mesh.ndim > 1:
+        axes_sets += [(a,) for a in range(mesh.ndim)]
+    for axes in axes_sets:
+        try:
+            out.append(
+                data_parallel_plan(
+                    graph, mesh, profile, fixed, axes, node_limit=node_limit, time_limit=time_limit
+                )
+            )
+        except InputError:
+            continue
+    return out
+
+
 def data_parallel_plan(
-    graph: Graph, mesh: Mesh, profile: Profile, fixed: Mapping[Value, NdSbp] | None = None
+    graph: Graph,
+    mesh: Mesh,
+    profile: Profile,
+    fixed: Mapping[Value, NdSbp] | None = None,
+    axes: tuple[int, ...] | None = None,
+    *,
+    node_limit: int = NODE_LIMIT,
+    time_limit: float = BACKSTOP_TIME_S,
 ) -> Plan:
-    """Every graph input split on its batch axis (0) over all devices, every constant
-    whole on every device, each node's strategy the best under those (the ILP again)."""
+    """Every graph input split on its batch axis (0) over the mesh ``axes`` (default: all
+    devices), every constant whole on every device, each node's strategy the best under
+    those (the search again)."""
     given = dict(fixed or {})
-    split = NdSbp(tuple(Sbp("S", 0) for _ in mesh.shape))
+    axes = tuple(range(mesh.ndim)) if axes is None else axes
+    split = NdSbp(tuple(Sbp("S", 0) if a in axes else Sbp("B") for a in range(mesh.ndim)))
+    ways = math.prod(mesh.shape[a] for a in axes)
     want: dict[Value, NdSbp] = {}
     for v in graph.inputs:
         if v in given:
             continue
-        if v.type.rank == 0 or v.type.shape[0] % mesh.size:
+        if v.type.rank == 0 or v.type.shape[0] % ways:
             batch = "none (it is a scalar)" if v.type.rank == 0 else str(v.type.shape[0])
+            over = f"all {ways} devices" if len(axes) == mesh.ndim else f"{ways} devices"
             raise InputError(
-                f"data parallelism splits input {v.name!r} ({v.type}) on axis 0 over all "
-                f"{mesh.size} devices of mesh {mesh}, but its batch is {batch}",
-                hint=f"use a batch that divides by {mesh.size}, give {v.name!r} a placement "
+                f"data parallelism splits input {v.name!r} ({v.type}) on axis 0 over "
+                f"{over} of mesh {mesh}, but its batch is {batch}",
+                hint=f"use a batch that divides by {ways}, give {v.name!r} a placement "
                 "(e.g. B), or let the search choose",
             )
         want[v] = split
     for c in graph.constants:
         want.setdefault(c, broadcast(mesh))
     want.update(given)
-    return search(graph, mesh, profile, fixed=want, method="data")
+    return search(
+        graph,
+        mesh,
+        profile,
+        fixed=want,
+        method="data",
+        node_limit=node_limit,
+        time_limit=time_limit,
+        baselines=False,
+    )
 
 
 def broadcast_plan(graph: Graph, mesh: Mesh) -> Plan:
