@@ -30,7 +30,10 @@ SENTINEL = "flowc_sentinel"
 # name ends in a backslash, which would continue a // comment onto the next line.
 IN_NAME = "in\n#error in */ /* ${HOME} $(touch x) ; \"q\" 's' \\ \t\x01\u202e end\\"
 OUT_NAME = f"out\nexecute_process(COMMAND touch {SENTINEL}) */ /* # ; $(id) ${{X}} \\"
-GRAPH_NAME = f'g\n#error graph */ /* ${{X}} $(id) ; "q" execute_process(COMMAND touch {SENTINEL})\\'
+GRAPH_NAME = (
+    f"g\n#error graph */ /* ${{X}} $(id) ; \"q\" 's' \x01\u2066 "
+    f"execute_process(COMMAND touch {SENTINEL})\\"
+)
 # The model's file name (no '/': no file name holds one): a line break followed by a CMake
 # command that would create the sentinel in the project folder at configure time, then C
 # preprocessor lines. The last line starts with '#' so that, were the name pasted raw,
