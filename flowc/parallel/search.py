@@ -239,8 +239,8 @@ def solve_cost_graph(
     memory_limit: float | None = None,
     resolution: float = 1.0,
     reduce_first: bool = True,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = BACKSTOP_TIME_S,
+    node_limit: int | None = None,
+    time_limit: float | None = None,
     candidates: Callable[[], Sequence[Sequence[int]]] | None = None,
 ) -> Solution:
     """The choice per vertex of least total cost, with memory at most ``memory_limit``.
@@ -254,6 +254,9 @@ def solve_cost_graph(
     stats then hold the gap to the best bound.
     """
     start = time.perf_counter()
+    # Read when called, so that a caller (or a test) may change the module's limits.
+    node_limit = NODE_LIMIT if node_limit is None else node_limit
+    time_limit = BACKSTOP_TIME_S if time_limit is None else time_limit
     rounded = cg.rounded(resolution)
     limited = memory_limit is not None
     pruned = None
@@ -638,8 +641,8 @@ def search(
     *,
     fixed: Mapping[Value, NdSbp] | None = None,
     param_limit: int | None = None,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = BACKSTOP_TIME_S,
+    node_limit: int | None = None,
+    time_limit: float | None = None,
     method: str = "auto",
     baselines: bool = True,
 ) -> Plan:
@@ -683,8 +686,8 @@ def uniform_plans(
     mesh: Mesh,
     profile: Profile,
     fixed: Mapping[Value, NdSbp] | None = None,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = BACKSTOP_TIME_S,
+    node_limit: int | None = None,
+    time_limit: float | None = None,
 ) -> list[Plan]:
     """The plans of one rule for the whole graph that can be made: all-broadcast (when
     nothing is fixed), and data parallel over all mesh axes and over each one alone."""
@@ -711,8 +714,8 @@ def data_parallel_plan(
     fixed: Mapping[Value, NdSbp] | None = None,
     axes: tuple[int, ...] | None = None,
     *,
-    node_limit: int = NODE_LIMIT,
-    time_limit: float = BACKSTOP_TIME_S,
+    node_limit: int | None = None,
+    time_limit: float | None = None,
 ) -> Plan:
     """Every graph input split on its batch axis (0) over the mesh ``axes`` (default: all
     devices), every constant whole on every device, each node's strategy the best under
