@@ -344,6 +344,8 @@ def simplify_fanouts(cg: CostGraph) -> CostGraph:
 # The largest table (entries) one elimination step may build; past it ``eliminate_all`` gives
 # up and the integer program solves the graph instead.
 MAX_ELIMINATION_TABLE = 1 << 22
+# And the argmin tables kept for recovering the choices, all together (int16 entries).
+MAX_ELIMINATION_KEPT = 1 << 25
 
 
 @dataclass
@@ -399,8 +401,9 @@ def eliminate_all(
     repeatedly take the vertex whose elimination builds the smallest table (ties: the
     lowest id), add up the tables that hold it, and keep the minimum over its choices for
     each choice of the rest, remembering the argmin. Deterministic: no solver, no limits
-    that depend on time. None when some step would exceed ``limit`` entries; else each
-    vertex's choice and the largest table built."""
+    that depend on time. None when some step would exceed ``limit`` entries (or all the
+    argmin tables ``MAX_ELIMINATION_KEPT``); else each vertex's choice and the largest table
+    built."""
     sizes = {v: len(unary[v]) for v in vertices}
     size_list = [len(u) for u in unary]
     factors: dict[int, _Factor] = {}
@@ -428,6 +431,7 @@ def eliminate_all(
     scores = {v: score(v) for v in vertices}
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []
     largest = 0
+    kept = 0
     left = set(vertices)
     while left:
         v = min(left, key=lambda u: (scores[u], u))
@@ -441,7 +445,10 @@ def eliminate_all(
         total = np.broadcast_to(total, [sizes[w] for w in scope])
         ax = scope.index(v)
         rest = scope[:ax] + scope[ax + 1 :]
-        steps.append((v, rest, np.argmin(total, axis=ax)))
+        kept += scores[v] // sizes[v]
+        if kept > MAX_ELIMINATION_KEPT:
+            return None
+        steps.append((v, rest, np.argmin(total, axis=ax).astype(np.int16)))
         new = _Factor(rest, total.min(axis=ax))
         for k in list(holding[v]):
             for w in factors[k].scope:
