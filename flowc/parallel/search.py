@@ -662,7 +662,9 @@ def search(
 
     def uniform() -> list[list[int]]:
         out = []
-        for plan in uniform_plans(graph, mesh, profile, fixed, node_limit, time_limit):
+        # The baselines get the usual node limit, whatever this search was given: they are
+        # what an unproven plan is measured against.
+        for plan in uniform_plans(graph, mesh, profile, fixed, time_limit=time_limit):
             choice = problem.choice_of(plan)
             if choice is not None:
                 out.append(choice)
