@@ -153,8 +153,7 @@ def test_the_printout_says_when_a_plan_is_unproven_or_not_reproducible(
     assert "proven optimal" in text and "NOT PROVEN" not in text
     assert proven.proven_optimal and proven.gap == 0.0 and proven.reproducible
 
-    monkeypatch.setattr(search_mod, "NODE_LIMIT", 0)
-    unproven = parallelize(g, ParallelOptions(MESH, "auto"))
+    unproven = parallelize(g, ParallelOptions(MESH, "auto", node_limit=0))
     assert not unproven.proven_optimal and 0 < unproven.gap < float("inf")
     text = printed(unproven, g)
     line = next(x for x in text.splitlines() if "NOT PROVEN OPTIMAL" in x)
@@ -162,7 +161,6 @@ def test_the_printout_says_when_a_plan_is_unproven_or_not_reproducible(
     assert "NOT REPRODUCIBLE" not in text
 
     # A wall-clock stop (here: no time at all) makes the plan depend on the machine.
-    monkeypatch.setattr(search_mod, "NODE_LIMIT", 2000)
     monkeypatch.setattr(search_mod, "BACKSTOP_TIME_S", 0.0)
     timed = parallelize(g, ParallelOptions(MESH, "auto"))
     assert not timed.reproducible

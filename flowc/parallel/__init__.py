@@ -70,6 +70,9 @@ class ParallelOptions:
     sbp: dict[str, NdSbp] = field(default_factory=dict)  # value name -> fixed layout
     mem_limit: int | None = None  # per-device bytes: parameters + arena
     profile: Path | None = None
+    # Branch-and-bound nodes the search may use (None: search.NODE_LIMIT); a work limit, so
+    # any value keeps the plan reproducible.
+    node_limit: int | None = None
 
 
 @dataclass
@@ -168,8 +171,15 @@ def make_plan(
             )
         return broadcast_plan(graph, opts.mesh)
     if method == "data":
-        return data_parallel_plan(graph, opts.mesh, profile, fixed)
-    return search(graph, opts.mesh, profile, fixed=fixed, param_limit=param_limit)
+        return data_parallel_plan(graph, opts.mesh, profile, fixed, node_limit=opts.node_limit)
+    return search(
+        graph,
+        opts.mesh,
+        profile,
+        fixed=fixed,
+        param_limit=param_limit,
+        node_limit=opts.node_limit,
+    )
 
 
 def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> Parallelized:
