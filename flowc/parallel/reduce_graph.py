@@ -229,16 +229,6 @@ class Pruned:
     def expand(self, choice: Sequence[int]) -> list[int]:
         return [int(self.keep[v][c]) for v, c in enumerate(choice)]
 
-    def restrict(self, choice: Sequence[int]) -> list[int] | None:
-        """The pruned graph's indices of a full choice, None where one was pruned away."""
-        out = []
-        for v, c in enumerate(choice):
-            hit = np.flatnonzero(self.keep[v] == c)
-            if not len(hit):
-                return None
-            out.append(int(hit[0]))
-        return out
-
 
 def _dominated(features: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Which rows are dominated: some other row is <= in every feature, has the same keys,
