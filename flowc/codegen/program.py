@@ -75,14 +75,28 @@ class WeightsLayout:
     device_bytes: int  # stored bytes plus space for fills
     data: bytes
     crc: int
-    layout_id: int  # names, types and offsets: a file for this layout fits any build of it
+    # Names, types and offsets (and for one rank of a mesh: the rank, the mesh and the shard
+    # layouts): a file for this layout fits any build of it, and no other rank's.
+    layout_id: int
 
 
 def layout_weights(
-    graph: Graph, data_of: Callable[[Value], np.ndarray] | None = None
+    graph: Graph,
+    data_of: Callable[[Value], np.ndarray] | None = None,
+    *,
+    physical: Physical | None = None,
+    coords: tuple[int, ...] | None = None,
 ) -> WeightsLayout:
     """Stored constants first (256-aligned), then room for splats, which stay fills.
-    ``data_of`` gives a constant's bytes when they are not its own (one rank's shards)."""
+    ``data_of`` gives a constant's bytes when they are not its own. With ``physical`` and
+    ``coords``, the layout is rank ``coords``'s of that multi-rank program: its shards are the
+    data (unless ``data_of`` says otherwise), and the rank, the mesh and each constant's shard
+    layout enter the layout id, so that a rank refuses another rank's file."""
+    if physical is not None and coords is not None and data_of is None:
+
+        def data_of(v: Value) -> np.ndarray:
+            return physical.constant_for(v, coords)
+
     offsets: dict[Value, int] = {}
     chunks: list[bytes] = []
     pos = 0
@@ -107,6 +121,19 @@ def layout_weights(
         for c in graph.constants
         if c.const is not None and not is_splat(c.const)
     )
+    if physical is not None and coords is not None:
+        from flowc.parallel.layout import rank_of
+
+        mesh = physical.mesh
+        shards = ";".join(
+            f"{c.name}:{physical.shards[c][1]}:{list(physical.shards[c][0].shape)}"
+            for c in graph.constants
+            if c in physical.shards
+        )
+        desc += (
+            f"|rank {rank_of(mesh, coords)} {list(coords)} of mesh "
+            f"{'x'.join(map(str, mesh.shape))}|{shards}"
+        )
     layout_id = zlib.crc32(desc.encode()) | (stored << 32)
     return WeightsLayout(
         offsets, stored, pos, data, zlib.crc32(data), layout_id & 0xFFFFFFFFFFFFFFFF
@@ -316,8 +343,7 @@ def generate(
         from flowc.parallel.layout import all_coords
 
         all_weights = [
-            layout_weights(graph, lambda v, c=c: physical.constant_for(v, c))  # type: ignore[misc]
-            for c in all_coords(physical.mesh)
+            layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
         ]
     weights = all_weights[0]
     prog = Program(graph, plan, weights, prefix)
@@ -387,6 +413,8 @@ def generate(
         "arena_bytes": plan.arena_bytes,
         "weight_bytes": weights.stored_bytes,
         "weight_layout": weights.layout_id,
+        # Multi-rank: every rank's id (rank order); model.cu picks its own by its world rank.
+        "weight_layouts": [w.layout_id for w in all_weights],
         "device_weight_bytes": weights.device_bytes,
         "max_rank": max_rank,
         "inputs": [_tensor_info(v, v.name) for v in graph.inputs],

@@ -19,6 +19,16 @@
 // e.g. "all-reduce axis=0 bytes=32768 dtype=1"; collectives are all-reduce, all-gather,
 // reduce-scatter and all-to-all (the names of flowc's boxing steps). Calls rejected for bad
 // arguments are not logged.
+//
+// Deadline: with FLOWC_TIMEOUT_S=SECONDS (a positive number) in the environment, a rank that
+// waits longer than that for the others at one collective ends the job instead of hanging (a
+// peer stopped, deadlocked or gone). Every rank counts the collectives it enters (its step,
+// from 1) and publishes the count in an MPI window before each one, with a heartbeat while it
+// waits; the rank that runs out of time reads them all, names the rank that lags ("rank 1 has
+// not reached step 3 (all-reduce axis=0) after 5.0 s; aborting"), aborts NCCL and calls
+// MPI_Abort. On the host the collectives are then nonblocking MPI calls polled with MPI_Test;
+// on the GPU, wait_event() polls the end of a run with cudaEventQuery under the same deadline.
+// Without the variable every call is the blocking one, as fast as before.
 #pragma once
 
 #if !defined(FLOWC_MULTI_RANK)
@@ -34,7 +44,10 @@
 #endif
 #include <mpi.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -44,6 +57,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flowc/device.h"
@@ -77,6 +91,13 @@ struct World {
   ncclComm_t nccl = nullptr;
   ncclComm_t axis_nccl[kMaxMeshDims] = {};
 #endif
+  // The deadline (FLOWC_TIMEOUT_S; 0: none) and what the ranks publish for it: a window of
+  // two int64 per rank, {the step it entered, a heartbeat that moves while it waits}.
+  double timeout_s = 0;
+  MPI_Win watch = MPI_WIN_NULL;
+  int64_t step = 0;  // collectives this rank has entered
+  int64_t beat = 0;
+  std::string step_what;  // the latest step, as messages name it: "all-reduce axis=0"
   World() { std::fill(axis_mpi, axis_mpi + kMaxMeshDims, MPI_COMM_NULL); }
   int group_size(int axis) const { return mesh.shape[axis]; }
   int group_rank(int axis) const { return coords[axis]; }
@@ -334,6 +355,193 @@ inline ncclDataType_t nccl_type(int dtype) {
 }
 #endif
 
+// -- the deadline (FLOWC_TIMEOUT_S) ----------------------------------------------------------
+
+// FLOWC_TIMEOUT_S in seconds; 0 when it is unset or empty.
+inline Status timeout_from_env(double* out) {
+  *out = 0;
+  const char* text = std::getenv("FLOWC_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return Status::Ok();
+  char* end = nullptr;
+  const double t = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(t) || t <= 0 || t > 1e9) {
+    return InvalidArgument(std::string("FLOWC_TIMEOUT_S=") + text +
+                           ": expected a positive number of seconds, such as 30 or 2.5");
+  }
+  *out = t;
+  return Status::Ok();
+}
+
+// A rank's slots: 0 holds its state, 2s-1 while it is in step s and 2s once step s is done (0:
+// none yet); 1 holds its heartbeat. Only this rank writes them, atomically, so readers see
+// whole values. Failures are ignored: the slots only serve to explain a timeout.
+inline void put_slot(World& w, int slot, int64_t value) {
+  int64_t old = 0;
+  MPI_Fetch_and_op(&value, &old, MPI_INT64_T, w.rank, slot, MPI_REPLACE, w.watch);
+  MPI_Win_flush(w.rank, w.watch);
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Enters the next step (a collective, or the all-succeeded check when axis < 0).
+inline void enter(World& w, const char* what, int axis) {
+  if (w.timeout_s <= 0) return;
+  ++w.step;
+  w.step_what = axis >= 0 ? std::string(what) + " axis=" + std::to_string(axis) : std::string(what);
+  put_slot(w, 0, 2 * w.step - 1);
+}
+
+inline void leave(World& w) {
+  if (w.timeout_s > 0) put_slot(w, 0, 2 * w.step);
+}
+
+inline void heartbeat(World& w) { put_slot(w, 1, ++w.beat); }
+
+// Rank r's two slots, or false when they do not arrive within `patience` seconds (the target
+// may have to take part in the transfer, and a stopped process takes part in nothing).
+inline bool read_slots(World& w, int r, int64_t got[2], double patience) {
+  int64_t unused[2] = {0, 0};
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Rget_accumulate(unused, 2, MPI_INT64_T, got, 2, MPI_INT64_T, r, 0, 2, MPI_INT64_T, MPI_NO_OP,
+                          w.watch, &req) != MPI_SUCCESS) {
+    return false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    if (seconds_since(t0) > patience) return false;  // the request is left behind: the job ends
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+inline bool same_group(const World& w, int r, int axis) {
+  if (axis < 0) return true;  // a step over all ranks
+  int rest = r, stride = w.size;
+  for (int a = 0; a < w.mesh.ndim; ++a) {
+    stride /= w.mesh.shape[a];
+    const int c = rest / stride;
+    rest %= stride;
+    if (a != axis && c != w.coords[a]) return false;
+  }
+  return true;
+}
+
+// Ends the job: this rank has waited `waited` seconds at its step. The message names the rank
+// that holds it up, from what the ranks published: one that has not reached the step, one that
+// does not answer, or one that is in the step but has stopped moving.
+[[noreturn]] inline void timed_out(World& w, int axis, double waited) {
+  const int n = w.size;
+  std::vector<int64_t> state(static_cast<size_t>(n)), beat(static_cast<size_t>(n));
+  std::vector<char> answered(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    int64_t got[2] = {2 * w.step - 1, w.beat};
+    answered[r] = r == w.rank || read_slots(w, r, got, 0.5);
+    state[r] = got[0];
+    beat[r] = got[1];
+  }
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f s", waited);
+  const std::string step = "step " + std::to_string(w.step) + " (" + w.step_what + ")";
+  std::string why;
+  // Members of this step's group first: they are the ranks this one waits for.
+  for (int pass = 0; pass < 2 && why.empty(); ++pass) {
+    int lag = -1;
+    for (int r = 0; r < n; ++r) {
+      if (r == w.rank || same_group(w, r, axis) != (pass == 0)) continue;
+      if (!answered[r]) {
+        why =
+            "rank " + std::to_string(r) + " does not answer (stopped or gone) at " + step + " after " + secs;
+        break;
+      }
+      if (state[r] < 2 * w.step - 1 && (lag < 0 || state[r] < state[lag])) lag = r;
+    }
+    if (why.empty() && lag >= 0)
+      why = "rank " + std::to_string(lag) + " has not reached " + step + " after " + secs;
+  }
+  if (why.empty()) {
+    // Every rank got here. One that waits beats every few milliseconds; one that does not is
+    // stopped inside the step.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    for (int r = 0; r < n && why.empty(); ++r) {
+      int64_t again[2] = {0, 0};
+      if (r == w.rank || state[r] != 2 * w.step - 1 || !same_group(w, r, axis)) continue;
+      if (!read_slots(w, r, again, 0.5) || again[1] == beat[r]) {
+        why = "rank " + std::to_string(r) + " stopped inside " + step + " and has not finished it after " +
+              secs;
+      }
+    }
+  }
+  if (why.empty()) why = step + " did not finish after " + secs;
+  std::fprintf(stderr, "error: %s; aborting (FLOWC_TIMEOUT_S=%g, seen by rank %d)\n", why.c_str(),
+               w.timeout_s, w.rank);
+  std::fflush(stderr);
+#if !defined(FLOWC_HOST)
+  // Kernels waiting for a peer would never end; aborting the communicators frees the device.
+  for (int a = 0; a < w.mesh.ndim; ++a) {
+    if (w.axis_nccl[a]) ncclCommAbort(w.axis_nccl[a]);
+    w.axis_nccl[a] = nullptr;
+  }
+  if (w.nccl) ncclCommAbort(w.nccl);
+  w.nccl = nullptr;
+#endif
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+// Waits for a nonblocking MPI call of the current step, beating, until the deadline.
+inline int wait_request(World& w, int axis, MPI_Request* req) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto next_beat = t0;
+  for (long spin = 0;; ++spin) {
+    int done = 0;
+    const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    const auto now = clock::now();
+    if (now >= next_beat) {
+      heartbeat(w);
+      next_beat = now + std::chrono::milliseconds(10);
+    }
+    const double waited = std::chrono::duration<double>(now - t0).count();
+    if (waited > w.timeout_s) timed_out(w, axis, waited);
+    // Ranks may share cores (the host target oversubscribes): give the others the CPU.
+    if (spin < 1000) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+// One step over MPI: `call(nullptr)` makes the blocking call, `call(&request)` the nonblocking
+// one, which runs under the deadline when there is one. Returns an MPI error code.
+template <typename Call>
+inline int mpi_step(World& w, const char* what, int axis, Call&& call) {
+  if (w.timeout_s <= 0) return call(nullptr);
+  enter(w, what, axis);
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = call(&req);
+  if (rc == MPI_SUCCESS) rc = wait_request(w, axis, &req);
+  leave(w);
+  return rc;
+}
+
+// Publishing slots: collective over all ranks, only when there is a deadline.
+inline Status open_watch(World* w) {
+  const char* what = "flowc::comm::init";
+  int64_t* base = nullptr;
+  FLOWC_COMM_MPI(what, MPI_Win_allocate(static_cast<MPI_Aint>(2 * sizeof(int64_t)), sizeof(int64_t),
+                                        MPI_INFO_NULL, w->mpi, &base, &w->watch));
+  base[0] = base[1] = 0;
+  FLOWC_COMM_MPI(what, MPI_Win_set_errhandler(w->watch, MPI_ERRORS_RETURN));
+  FLOWC_COMM_MPI(what, MPI_Win_lock_all(0, w->watch));
+  return Status::Ok();
+}
+
 inline void free_world(World* w) {
 #if !defined(FLOWC_HOST)
   for (int a = 0; a < w->mesh.ndim; ++a) {
@@ -341,6 +549,10 @@ inline void free_world(World* w) {
   }
   if (w->nccl) ncclCommDestroy(w->nccl);
 #endif
+  if (w->watch != MPI_WIN_NULL) {
+    MPI_Win_unlock_all(w->watch);
+    MPI_Win_free(&w->watch);
+  }
   for (int a = 0; a < w->mesh.ndim; ++a) {
     if (w->axis_mpi[a] != MPI_COMM_NULL) MPI_Comm_free(&w->axis_mpi[a]);
   }
@@ -353,6 +565,9 @@ inline Status connect(World* w) {
   const char* what = "flowc::comm::init";
   FLOWC_COMM_MPI(what, MPI_Comm_dup(MPI_COMM_WORLD, &w->mpi));
   FLOWC_COMM_MPI(what, MPI_Comm_set_errhandler(w->mpi, MPI_ERRORS_RETURN));
+  if (w->timeout_s > 0) {
+    if (Status st = open_watch(w); !st.ok()) return st;
+  }
   int stride = w->size;
   int rest = w->rank;
   int strides[kMaxMeshDims];
@@ -434,6 +649,8 @@ inline Status init(const int* mesh_shape, int ndim, World** out) {
       return Status::Ok();
     }
   }
+  double timeout_s = 0;
+  if (Status st = detail::timeout_from_env(&timeout_s); !st.ok()) return st;
   int size = 0, rank = 0;
   FLOWC_COMM_MPI(what, MPI_Comm_size(MPI_COMM_WORLD, &size));
   FLOWC_COMM_MPI(what, MPI_Comm_rank(MPI_COMM_WORLD, &rank));
@@ -447,6 +664,7 @@ inline Status init(const int* mesh_shape, int ndim, World** out) {
   w->mesh = mesh;
   w->rank = rank;
   w->size = size;
+  w->timeout_s = timeout_s;
   if (Status st = detail::connect(w); !st.ok()) {
     detail::free_world(w);
     return st;
@@ -460,7 +678,15 @@ inline Status init(const int* mesh_shape, int ndim, World** out) {
 // program, after the device work has finished (every rank calls it).
 inline void finalize() {
   detail::State& s = detail::state();
-  for (World* w : s.worlds) detail::free_world(w);
+  for (World* w : s.worlds) {
+    // Freeing the window and MPI_Finalize wait for every rank without a deadline: meet first
+    // under it, so a rank that stopped before the end does not hang the others here.
+    if (w->timeout_s > 0) {
+      detail::mpi_step(*w, "the end of the program", -1,
+                       [&](MPI_Request* r) { return MPI_Ibarrier(w->mpi, r); });
+    }
+    detail::free_world(w);
+  }
   s.worlds.clear();
   if (s.log) std::fclose(s.log);
   s.log = nullptr;
@@ -480,6 +706,52 @@ inline void finalize() {
   MPI_Finalized(&finalized);
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::exit(exit_code);
+}
+
+// True when every rank of the job passes ok = true: an all-reduce of the flag over the ranks of
+// the first mesh joined, under the deadline. Call it before writing results, so that a job in
+// which any rank failed writes none (a rank that fails before it ends the job with abort_all(),
+// and the others never get past it). Without a mesh joined it returns ok.
+inline bool all_succeeded(bool ok) {
+  detail::State& s = detail::state();
+  if (s.worlds.empty()) return ok;
+  World& w = *s.worlds.front();
+  int mine = ok ? 1 : 0, all = 0;
+  const int rc = detail::mpi_step(w, "the check that every rank succeeded", -1, [&](MPI_Request* r) {
+    return r ? MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_MIN, w.mpi, r)
+             : MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, w.mpi);
+  });
+  if (rc != MPI_SUCCESS) {
+    std::fprintf(stderr, "error: %s\n", detail::mpi_error("all_succeeded", "MPI_Allreduce", rc).c_str());
+    return false;
+  }
+  return all == 1;
+}
+
+// Waits for `event` (the end of a run): cudaEventSynchronize, or with FLOWC_TIMEOUT_S a poll
+// of cudaEventQuery under the deadline, which ends the job naming the rank that holds up the
+// collectives the device is waiting on.
+inline Status wait_event(World& w, cudaEvent_t event) {
+  if (w.timeout_s <= 0) {
+    const cudaError_t e = cudaEventSynchronize(event);
+    if (e != cudaSuccess)
+      return LibraryError(std::string("cudaEventSynchronize failed: ") + cudaGetErrorString(e));
+    return Status::Ok();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady)
+      return LibraryError(std::string("cudaEventQuery failed: ") + cudaGetErrorString(e));
+    detail::heartbeat(w);
+    const double waited = detail::seconds_since(t0);
+    if (waited > w.timeout_s) {
+      if (w.step == 0) w.step_what = "the device work";
+      detail::timed_out(w, -1, waited);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 // recv = the element-wise sum of every group member's send (count elements each).
@@ -502,16 +774,25 @@ inline Status all_reduce(World& w, int mesh_axis, const void* send, void* recv, 
         MPI_Comm comm = w.axis_mpi[mesh_axis];
         if (dtype == 10 || dtype == 16) {
           std::vector<float> wide = detail::widen(send, count, dtype);
-          FLOWC_COMM_MPI(what, MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
+          FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                           return r ? MPI_Iallreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm,
+                                                     r)
+                                    : MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm);
+                         }));
           detail::narrow(wide.data(), count, dtype, recv);
           return Status::Ok();
         }
         const void* src = send == recv ? MPI_IN_PLACE : send;
-        FLOWC_COMM_MPI(what, MPI_Allreduce(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+        const MPI_Datatype t = detail::mpi_type(dtype);
+        FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                         return r ? MPI_Iallreduce(src, recv, n, t, MPI_SUM, comm, r)
+                                  : MPI_Allreduce(src, recv, n, t, MPI_SUM, comm);
+                       }));
         return Status::Ok();
       },
       stream, what);
 #else
+  detail::enter(w, what, mesh_axis);  // on the GPU a step is reached when it is queued
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm,
                   ncclAllReduce(send, recv, count, detail::nccl_type(dtype), ncclSum, comm, stream));
@@ -540,16 +821,19 @@ inline Status all_gather(World& w, int mesh_axis, const void* send, void* recv, 
       [=, &w]() -> Status {
         const int n = static_cast<int>(send_count);
         const MPI_Datatype t = detail::mpi_type(dtype);
-        if (in_place) {
-          FLOWC_COMM_MPI(
-              what, MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, n, t, w.axis_mpi[mesh_axis]));
-        } else {
-          FLOWC_COMM_MPI(what, MPI_Allgather(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
-        }
+        MPI_Comm comm = w.axis_mpi[mesh_axis];
+        const void* src = in_place ? MPI_IN_PLACE : send;
+        const int send_n = in_place ? 0 : n;
+        const MPI_Datatype send_t = in_place ? MPI_DATATYPE_NULL : t;
+        FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                         return r ? MPI_Iallgather(src, send_n, send_t, recv, n, t, comm, r)
+                                  : MPI_Allgather(src, send_n, send_t, recv, n, t, comm);
+                       }));
         return Status::Ok();
       },
       stream, what);
 #else
+  detail::enter(w, what, mesh_axis);
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm, ncclAllGather(send, recv, send_count, detail::nccl_type(dtype), comm, stream));
 #endif
@@ -579,8 +863,12 @@ inline Status reduce_scatter(World& w, int mesh_axis, const void* send, void* re
         MPI_Comm comm = w.axis_mpi[mesh_axis];
         if (dtype == 10 || dtype == 16) {
           std::vector<float> wide = detail::widen(send, recv_count * p, dtype);
-          FLOWC_COMM_MPI(what,
-                         MPI_Reduce_scatter_block(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, MPI_SUM, comm));
+          FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                           return r ? MPI_Ireduce_scatter_block(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT,
+                                                                MPI_SUM, comm, r)
+                                    : MPI_Reduce_scatter_block(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT,
+                                                               MPI_SUM, comm);
+                         }));
           detail::narrow(wide.data(), recv_count, dtype, recv);  // MPI leaves the result at the start
           return Status::Ok();
         }
@@ -588,11 +876,16 @@ inline Status reduce_scatter(World& w, int mesh_axis, const void* send, void* re
         std::vector<char> copy;
         if (in_place) copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + bytes * p);
         const void* src = in_place ? copy.data() : send;
-        FLOWC_COMM_MPI(what, MPI_Reduce_scatter_block(src, recv, n, detail::mpi_type(dtype), MPI_SUM, comm));
+        const MPI_Datatype t = detail::mpi_type(dtype);
+        FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                         return r ? MPI_Ireduce_scatter_block(src, recv, n, t, MPI_SUM, comm, r)
+                                  : MPI_Reduce_scatter_block(src, recv, n, t, MPI_SUM, comm);
+                       }));
         return Status::Ok();
       },
       stream, what);
 #else
+  detail::enter(w, what, mesh_axis);
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   FLOWC_COMM_NCCL(what, comm,
                   ncclReduceScatter(send, recv, recv_count, detail::nccl_type(dtype), ncclSum, comm, stream));
@@ -618,12 +911,17 @@ inline Status all_to_all(World& w, int mesh_axis, const void* send, void* recv, 
       [=, &w]() -> Status {
         const int n = static_cast<int>(count_per_peer);
         const MPI_Datatype t = detail::mpi_type(dtype);
-        FLOWC_COMM_MPI(what, MPI_Alltoall(send, n, t, recv, n, t, w.axis_mpi[mesh_axis]));
+        MPI_Comm comm = w.axis_mpi[mesh_axis];
+        FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                         return r ? MPI_Ialltoall(send, n, t, recv, n, t, comm, r)
+                                  : MPI_Alltoall(send, n, t, recv, n, t, comm);
+                       }));
         return Status::Ok();
       },
       stream, what);
 #else
   // Grouped point-to-point calls: the all-to-all every NCCL release has.
+  detail::enter(w, what, mesh_axis);
   ncclComm_t comm = w.axis_nccl[mesh_axis];
   const ncclDataType_t t = detail::nccl_type(dtype);
   const size_t chunk = count_per_peer * eb;

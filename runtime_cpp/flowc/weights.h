@@ -5,14 +5,16 @@
 //   bytes  8..15  uint64 version (1)
 //   bytes 16..23  uint64 data_bytes
 //   bytes 24..31  uint64 CRC-32 (zlib) of the data bytes, zero-extended
-//   bytes 32..39  uint64 layout id: a hash of the tensors' names, types and offsets
+//   bytes 32..39  uint64 layout id: a hash of the tensors' names, types and offsets, and in a
+//                 multi-rank program of the rank, the mesh and every tensor's shard layout
 //   bytes 40..63  reserved, zero
 //   bytes 64..    the data bytes
 //
 // A generated program knows its layout id and how many bytes of weights it expects; load()
 // refuses a file of another layout or size (another model), or whose data does not hash to
 // the value its header records (corruption). Any values in the right layout are accepted: one
-// build runs with any weights file written for it.
+// build runs with any weights file written for it. Each rank of a multi-rank program has its
+// own id, so one rank's file given to another is refused too (load_rank says whose it is).
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -75,10 +78,10 @@ inline std::string hex(uint64_t v) {
   return buf;
 }
 
-}  // namespace detail
-
-inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
-                   std::vector<unsigned char>* out) {
+// `other_layout` explains a file whose layout is not the expected one, or returns "".
+inline Status load_checked(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
+                           const std::function<std::string(uint64_t)>& other_layout,
+                           std::vector<unsigned char>* out) {
   const std::string name = "weights file " + path;
   io::File file(path, "rb");
   if (file.f == nullptr) return InvalidArgument(name + ": cannot open: " + std::strerror(errno));
@@ -111,6 +114,10 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
                            (file_data < data_bytes ? "truncated" : "longer than its header says") +
                            ": its header records " + std::to_string(data_bytes) +
                            " bytes of data, the file holds " + std::to_string(file_data));
+  if (layout != expected_layout && other_layout) {
+    const std::string why = other_layout(layout);
+    if (!why.empty()) return InvalidArgument(name + " " + why);
+  }
   if (layout != expected_layout)
     return InvalidArgument(name + " has layout " + detail::hex(layout) + "; this program expects " +
                            detail::hex(expected_layout) +
@@ -140,6 +147,32 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
                            detail::hex(stored_hash) + ", the data hashes to " + detail::hex(h) + ")");
   *out = std::move(data);
   return Status::Ok();
+}
+
+}  // namespace detail
+
+inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
+                   std::vector<unsigned char>* out) {
+  return detail::load_checked(path, expected_bytes, expected_layout, nullptr, out);
+}
+
+// One rank's file of a multi-rank program: layouts[r] is rank r's id (ranks of them), `mesh` the
+// mesh as text ("2x2"). A file written for another rank is refused with the rank it is for.
+inline Status load_rank(const std::string& path, uint64_t expected_bytes, const uint64_t* layouts, int ranks,
+                        int rank, const std::string& mesh, std::vector<unsigned char>* out) {
+  if (rank < 0 || rank >= ranks)
+    return InvalidArgument("weights: rank " + std::to_string(rank) + " is not a rank of mesh " + mesh);
+  const auto other_rank = [&](uint64_t layout) -> std::string {
+    for (int r = 0; r < ranks; ++r) {
+      if (layouts[r] == layout) {
+        return "is for rank " + std::to_string(r) + " of mesh " + mesh + ", and this is rank " +
+               std::to_string(rank) + ": give each rank the file flowc wrote for it (weights.rank" +
+               std::to_string(rank) + ".bin)";
+      }
+    }
+    return "";
+  };
+  return detail::load_checked(path, expected_bytes, layouts[rank], other_rank, out);
 }
 
 inline Status save(const std::string& path, const void* data, uint64_t bytes, uint64_t layout = 0) {
