@@ -166,6 +166,13 @@ def test_a_failed_output_leaves_no_files(project: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in old.iterdir()) == ["notes.txt", "outputs.json"]
     assert (old / "outputs.json").read_text() == "{}"
 
+    # A name taken by a folder is refused before anything is written.
+    (old / "Y_a.npy").mkdir()
+    r = _driver(project, old)
+    assert r.returncode == 2 and "Y_a.npy is in the way" in r.stderr, r.stderr
+    assert sorted(p.name for p in old.iterdir()) == ["Y_a.npy", "notes.txt", "outputs.json"]
+    (old / "Y_a.npy").rmdir()
+
     # Without the limit the outputs join what is there, and the map is the new one.
     r = _driver(project, old)
     assert r.returncode == 0, r.stderr
