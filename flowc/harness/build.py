@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +43,53 @@ def _cmd(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
 
 
-def build_dir(out: Path, target: str) -> Path:
-    return out / f"build-{target}"
+SANITIZERS = {"address": "asan", "undefined": "ubsan"}
+
+
+def parse_sanitize(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The sanitizers named by ``value`` ("address", "undefined", "address,undefined" or a
+    sequence of those), in a canonical order; () for none."""
+    if not value:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [s.strip() for s in items]
+    unknown = [s for s in names if s not in SANITIZERS]
+    if unknown:
+        raise InputError(
+            f"--sanitize {','.join(names)}: unknown sanitizer {unknown[0]!r}",
+            hint="use address, undefined, or address,undefined",
+        )
+    return tuple(s for s in SANITIZERS if s in names)
+
+
+def build_dir(out: Path, target: str, sanitize: str | Sequence[str] | None = None) -> Path:
+    """Where OUT is built for ``target``: a sanitized build has its own directory
+    (build-host-asan, build-host-ubsan, build-host-asan-ubsan), so it never mixes with the
+    normal one."""
+    tags = [SANITIZERS[s] for s in parse_sanitize(sanitize)]
+    return out / "-".join([f"build-{target}", *tags])
+
+
+# Sanitizer settings for running a sanitized build: every report ends the run with a failure
+# and leaks are reported. Whatever the user's own ASAN_OPTIONS/UBSAN_OPTIONS say comes after
+# these, and the sanitizers read options left to right, so the user's win.
+_SANITIZER_OPTIONS = {
+    "address": (
+        "ASAN_OPTIONS",
+        "halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1:abort_on_error=0",
+    ),
+    "undefined": ("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1"),
+}
+
+
+def sanitizer_env(sanitize: str | Sequence[str] | None, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the options a run of a build sanitized with ``sanitize`` needs."""
+    result = dict(env)
+    for s in parse_sanitize(sanitize):
+        var, ours = _SANITIZER_OPTIONS[s]
+        user = env.get(var, "")
+        result[var] = f"{ours}:{user}" if user else ours
+    return result
 
 
 def build(
@@ -53,15 +98,24 @@ def build(
     progress: Callable[[str], None] | None = None,
     jobs: int = 2,
     quick: bool = False,
+    sanitize: str | Sequence[str] | None = None,
 ) -> Path:
     """Configure and build OUT for ``target``; returns the build directory. ``quick`` builds
     host code with -O1 instead of the Release flags (about a third less compile time), for
-    programs that are run once to check their results (the conformance runner)."""
+    programs that are run once to check their results (the conformance runner). ``sanitize``
+    ("address", "undefined" or both, comma-separated) builds the host program with those
+    sanitizers, at -O1, into its own directory (see build_dir)."""
     if not (out / "CMakeLists.txt").is_file():
         raise InputError(f"{out}: no CMakeLists.txt here; create the project with `flowc compile`")
     if target not in ("host", "cuda"):
         raise InputError(f"--target {target}: expected host or cuda")
-    bdir = build_dir(out, target)
+    sanitizers = parse_sanitize(sanitize)
+    if sanitizers and target != "host":
+        raise InputError(
+            f"--sanitize {','.join(sanitizers)} works on the host target only, not {target}",
+            hint=f"build with --target host --sanitize {','.join(sanitizers)}",
+        )
+    bdir = build_dir(out, target, sanitizers)
     args = [
         "cmake",
         "-S",
@@ -74,6 +128,8 @@ def build(
             if quick
             else ["-DCMAKE_BUILD_TYPE=Release"]
         ),
+        # Always given, so reconfiguring an existing directory cannot keep a stale value.
+        f"-DFLOWC_SANITIZE={','.join(sanitizers)}",
     ]
     if target == "cuda":
         tk = find_cuda()
@@ -98,7 +154,7 @@ def build(
     log = []
     for what, cmd in steps:
         if progress:
-            progress(f"{what} ({target})")
+            progress(f"{what} ({'-'.join([target, *sanitizers])})")
         t0 = time.perf_counter()
         r = _cmd(cmd)
         log.append(r.stdout + r.stderr)
@@ -178,10 +234,11 @@ def run(
     weights: Path | None = None,
     env: Mapping[str, str] | None = None,
     bench: int = 0,
+    sanitize: str | Sequence[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], str]:
     """Run the built driver on ``feeds``; returns the outputs by name and the driver's stdout."""
     info = project_info(out)
-    exe = build_dir(out, target) / "model_main"
+    exe = build_dir(out, target, sanitize) / "model_main"
     if not exe.is_file():
         raise InputError(
             f"{out}: not built for {target}; run `flowc build {out} --target {target}`"
@@ -221,7 +278,7 @@ def run(
             prefix + args,
             capture_output=True,
             text=True,
-            env={**os.environ, **launch_env, **(env or {})},
+            env=sanitizer_env(sanitize, {**os.environ, **launch_env, **(env or {})}),
         )
         if r.returncode != 0:
             raise FlowcError(

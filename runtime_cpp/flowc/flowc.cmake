@@ -1,8 +1,28 @@
+# FLOWC_SANITIZE: sanitizers for the host build, "address", "undefined" or
+# "address,undefined" (empty: none). flowc builds such a program in its own build directory
+# (build-host-asan, ...), so sanitized and plain objects never mix.
+set(FLOWC_SANITIZE "" CACHE STRING "host build only: address, undefined or address,undefined")
+
 # flowc_target(TARGET BUILD): compile TARGET's .cu sources for BUILD (cuda or host) and link
 # what flowc's runtime needs. Every difference between the two builds lives here and in the
 # runtime headers; generated CMakeLists only call this.
 function(flowc_target target build)
   get_target_property(sources ${target} SOURCES)
+  if(NOT FLOWC_SANITIZE STREQUAL "")
+    if(NOT build STREQUAL "host")
+      message(FATAL_ERROR "FLOWC_SANITIZE is for the host build only (FLOWC_TARGET=host)")
+    endif()
+    if(NOT FLOWC_SANITIZE MATCHES "^(address|undefined)(,(address|undefined))?$")
+      message(FATAL_ERROR "FLOWC_SANITIZE must be address, undefined or address,undefined, "
+                          "not '${FLOWC_SANITIZE}'")
+    endif()
+    # Reports are fatal (a test sees a failed run, not a line in a log). -O1 after the build
+    # type's flags (the last -O wins): what ASan recommends, and quick to compile; frame
+    # pointers give ASan's fast unwinder whole stacks.
+    target_compile_options(${target} PRIVATE -fsanitize=${FLOWC_SANITIZE} -fno-sanitize-recover=all
+                                             -fno-omit-frame-pointer -O1 -g1)
+    target_link_options(${target} PUBLIC -fsanitize=${FLOWC_SANITIZE})
+  endif()
   if(build STREQUAL "host")
     # g++ reads .cu as a linker script unless told the language.
     set_source_files_properties(${sources} PROPERTIES LANGUAGE CXX)

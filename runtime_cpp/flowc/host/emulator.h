@@ -38,6 +38,23 @@
 
 #include "flowc/host/cuda_types.h"
 
+// AddressSanitizer keeps one stack (and one fake stack, for use-after-return) per OS thread;
+// a fiber switch it is not told about leaves it unwinding, unpoisoning and describing
+// addresses against the wrong stack. FLOWC_SIM_ASAN: built with -fsanitize=address.
+#if defined(__SANITIZE_ADDRESS__)
+#define FLOWC_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FLOWC_SIM_ASAN 1
+#endif
+#endif
+#ifndef FLOWC_SIM_ASAN
+#define FLOWC_SIM_ASAN 0
+#endif
+#if FLOWC_SIM_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace flowc {
 namespace sim {
 
@@ -59,7 +76,10 @@ struct Policy {
   uint64_t seed = 0;
   bool stats = false;
   bool force_fibers = false;
-  size_t stack_bytes = 64 * 1024;
+  size_t stack_bytes = kMinStackKb * 1024;
+  // ASan's redzones make frames several times larger: 64 KiB fibers overflow in ordinary
+  // kernels, so sanitized builds get (at least) 256 KiB.
+  static constexpr long kMinStackKb = FLOWC_SIM_ASAN ? 256 : 64;
 };
 
 inline Policy read_policy() {
@@ -87,6 +107,7 @@ inline Policy read_policy() {
   if (const char* sb = std::getenv("FLOWC_SIM_STACK_KB")) {
     long kb = std::strtol(sb, nullptr, 10);
     if (kb < 64) fatal(std::string("FLOWC_SIM_STACK_KB=") + sb + ": fiber stacks need at least 64 KiB");
+    kb = std::max(kb, Policy::kMinStackKb);
     p.stack_bytes = static_cast<size_t>(kb) * 1024;
   }
   return p;
@@ -192,7 +213,31 @@ struct Stack {
   void* base = nullptr;  // lowest mapped address (guard page)
   size_t bytes = 0;
   void* top() const { return static_cast<char*>(base) + bytes; }
+  // The usable part, above the guard page.
+  const void* bottom() const { return static_cast<char*>(base) + static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+  size_t usable() const { return bytes - static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 };
+
+// Tells ASan about a switch to the stack [bottom, bottom + size). `fake_save` receives the
+// fake stack of the context being left, to hand back to asan_finish_switch when it resumes;
+// null means the context never resumes (its fake stack is freed). Nothing without ASan.
+inline void asan_start_switch(void** fake_save, const void* bottom, size_t size) {
+#if FLOWC_SIM_ASAN
+  __sanitizer_start_switch_fiber(fake_save, bottom, size);
+#else
+  (void)fake_save, (void)bottom, (void)size;
+#endif
+}
+
+// First thing after a switch lands: `fake` is what asan_start_switch saved when this context
+// left (null on a fiber's first entry); `*bottom_old`/`*size_old` get the stack switched from.
+inline void asan_finish_switch(void* fake, const void** bottom_old, size_t* size_old) {
+#if FLOWC_SIM_ASAN
+  __sanitizer_finish_switch_fiber(fake, bottom_old, size_old);
+#else
+  (void)fake, (void)bottom_old, (void)size_old;
+#endif
+}
 
 // Stacks are reused across blocks and launches; each OS thread keeps its own.
 struct StackPool {
@@ -221,6 +266,9 @@ enum class FiberState { kReady, kBlockBarrier, kWarpBarrier, kDone };
 
 struct Fiber {
   bctx::fcontext_t ctx = nullptr;
+  const void* stack_bottom = nullptr;  // the usable stack, for ASan
+  size_t stack_size = 0;
+  void* asan_fake = nullptr;  // the fiber's ASan fake stack while it is suspended
   ThreadCtx tctx;
   FiberState state = FiberState::kReady;
   unsigned wait_gen = 0;
@@ -239,6 +287,10 @@ struct Block {
   std::vector<Warp> warps;
   std::vector<unsigned> order;
   bctx::fcontext_t sched = nullptr;
+  // The scheduler's (OS thread's) stack and saved fake stack, for ASan (see asan_start_switch).
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+  void* sched_asan_fake = nullptr;
   Fiber* cur = nullptr;
   unsigned live = 0;
   unsigned barrier_arrived = 0;
@@ -267,7 +319,10 @@ inline void release_warp_if_complete(Block* b, Warp& w, unsigned expected) {
 
 // Back to the block's scheduler; returns when this fiber is resumed.
 inline void yield_to_scheduler(Block* b) {
+  Fiber* f = b->cur;
+  asan_start_switch(&f->asan_fake, b->sched_bottom, b->sched_size);
   bctx::transfer_t t = bctx::jump_fcontext(b->sched, nullptr);
+  asan_finish_switch(f->asan_fake, nullptr, nullptr);
   b->sched = t.fctx;
   tl_cur = &b->cur->tctx;
 }
@@ -388,6 +443,7 @@ inline uint3 unflatten(unsigned i, dim3 d) { return uint3{i % d.x, (i / d.x) % d
 
 inline void fiber_entry(bctx::transfer_t t) {
   Block* b = static_cast<Block*>(t.data);
+  asan_finish_switch(nullptr, &b->sched_bottom, &b->sched_size);
   b->sched = t.fctx;
   tl_cur = &b->cur->tctx;
   b->invoke(b->args);
@@ -398,6 +454,7 @@ inline void fiber_entry(bctx::transfer_t t) {
   release_block_barrier_if_complete(b);
   for (auto& w : b->warps)
     release_warp_if_complete(b, w, static_cast<unsigned>(__builtin_popcount(w.live_mask)));
+  asan_start_switch(nullptr, b->sched_bottom, b->sched_size);  // this fiber is over
   bctx::jump_fcontext(b->sched, nullptr);
   fatal("internal error: a finished fiber was resumed");
 }
@@ -436,7 +493,9 @@ inline bool run_block_fibers(const Launch& L, unsigned block) {
     f.tctx = make_ctx(L, block, t);
     f.tctx.block = &b;
     Stack& s = tl_stacks.get(t);
-    f.ctx = bctx::make_fcontext(s.top(), s.bytes - static_cast<size_t>(sysconf(_SC_PAGESIZE)), fiber_entry);
+    f.stack_bottom = s.bottom();
+    f.stack_size = s.usable();
+    f.ctx = bctx::make_fcontext(s.top(), f.stack_size, fiber_entry);
   }
   b.live = n;
   ThreadCtx* saved = tl_cur;
@@ -455,7 +514,9 @@ inline bool run_block_fibers(const Launch& L, unsigned block) {
       f.state = FiberState::kReady;
       b.cur = &f;
       tl_cur = &f.tctx;
+      asan_start_switch(&b.sched_asan_fake, f.stack_bottom, f.stack_size);
       bctx::transfer_t t = bctx::jump_fcontext(f.ctx, &b);
+      asan_finish_switch(b.sched_asan_fake, nullptr, nullptr);
       f.ctx = t.fctx;
       progressed = true;
     }
