@@ -169,7 +169,30 @@ def build(
 
 
 def project_info(out: Path) -> dict[str, object]:
-    info: dict[str, object] = json.loads((out / "flowc_model.json").read_text())
+    """The project's flowc_model.json; a clear error for a folder that is no flowc project."""
+    path = out / "flowc_model.json"
+    if not out.is_dir():
+        raise InputError(
+            f"{out}: no such project folder", hint="create one with `flowc compile MODEL -o DIR`"
+        )
+    if not path.is_file():
+        raise InputError(
+            f"{out}: not a flowc project (no flowc_model.json)",
+            hint="create one with `flowc compile MODEL -o DIR`",
+        )
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(
+            f"{path}: unreadable ({e})", hint="recreate the project with `flowc compile`"
+        ) from None
+    if not isinstance(info, dict) or not all(
+        isinstance(info.get(k), list) for k in ("inputs", "outputs")
+    ):
+        raise InputError(
+            f"{path}: not a flowc project description (no inputs/outputs lists)",
+            hint="recreate the project with `flowc compile`",
+        )
     return info
 
 
