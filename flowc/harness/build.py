@@ -123,9 +123,12 @@ def build(
         "-B",
         str(bdir),
         f"-DFLOWC_TARGET={target}",
+        # A configuration of its own: an empty CMAKE_BUILD_TYPE would become Release in the
+        # generated CMakeLists.txt, whose -O3 then follows (and beats) an -O1 in CXX_FLAGS.
+        # nvcc's builds stay Release (quick only concerns host code).
         *(
-            ["-DCMAKE_BUILD_TYPE=", "-DCMAKE_CXX_FLAGS=-O1"]
-            if quick
+            ["-DCMAKE_BUILD_TYPE=Quick", "-DCMAKE_CXX_FLAGS_QUICK=-O1"]
+            if quick and target == "host"
             else ["-DCMAKE_BUILD_TYPE=Release"]
         ),
         # Always given, so reconfiguring an existing directory cannot keep a stale value.
