@@ -78,7 +78,12 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
 
 # Pass-manager switches shared by every command that loads a model; set through click
 # callbacks so each command's signature stays about its own options.
-_pass_switches: dict[str, Any] = {"dump_after": (), "times": False, "weights": None}
+_pass_switches: dict[str, Any] = {
+    "dump_after": (),
+    "times": False,
+    "weights": None,
+    "search_nodes": None,
+}
 
 
 def _remember(key: str) -> Callable[[click.Context, click.Parameter, Any], None]:
@@ -138,6 +143,16 @@ def parse_bytes(text: str, what: str) -> int:
 
 
 def parallel_options(fn: F) -> F:
+    fn = click.option(
+        "--search-nodes",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
+        expose_value=False,
+        callback=_remember("search_nodes"),
+        help="Branch-and-bound nodes the placement search may use (a work limit: the same "
+        "plan on any machine; default 2000).",
+    )(fn)
     fn = click.option(
         "--cost-profile",
         type=click.Path(dir_okay=False, path_type=Path),
@@ -201,6 +216,8 @@ def parallel_settings(
             given.append("--parallel")
         if cost_profile is not None:
             given.append("--cost-profile")
+        if _pass_switches["search_nodes"] is not None:
+            given.append("--search-nodes")
         if given:
             raise InputError(
                 f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --mesh",
@@ -222,7 +239,9 @@ def parallel_settings(
         # `none` keeps every value whole: the program's placements do not apply.
         fixed = {**placed, **fixed}
     limit = parse_bytes(mem_limit, "--mem-limit") if mem_limit is not None else None
-    return ParallelOptions(m, parallel, fixed, limit, cost_profile)
+    return ParallelOptions(
+        m, parallel, fixed, limit, cost_profile, node_limit=_pass_switches["search_nodes"]
+    )
 
 
 def load_parallel(
@@ -437,9 +456,12 @@ def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
 
 
 def _read_npy(path: str, name: str) -> np.ndarray:
+    from flowc.frontend.files import check_regular_file
+
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise InputError(f"--input {name}: {p}: no such file")
+    check_regular_file(p, f"--input {name}:", InputError)  # not a FIFO or /dev/zero
     try:
         a = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
@@ -624,14 +646,18 @@ def _progress(msg: str) -> None:
     err.print(f"[dim]flowc:[/] {escape(msg)}")
 
 
-def choose_target(target: str | None, purpose: str) -> str:
+def choose_target(target: str | None, purpose: str, sanitize: bool = False) -> str:
     """``target`` as given, or the default for ``purpose`` (``build``: cuda where nvcc is
-    found; ``run``: cuda only where a GPU is present); says which it chose either way."""
+    found; ``run``: cuda only where a GPU is present; a sanitized build is a host build);
+    says which it chose either way."""
     from flowc.toolchain import default_target
 
     if target is not None:
         _progress(f"target {target}")
         return target
+    if sanitize:
+        _progress("target host (sanitizers build for the host)")
+        return "host"
     chosen, why = default_target(purpose)
     _progress(f"target {chosen} ({why}; --target to choose)")
     return chosen
@@ -822,7 +848,7 @@ def build_cmd(project: Path, target: str | None, sanitize: str | None) -> None:
     from flowc.harness.build import build
 
     # Sanitizers exist on the host build only: asking for them picks it.
-    target = "host" if sanitize and target is None else choose_target(target, "build")
+    target = choose_target(target, "build", sanitize=bool(sanitize))
     bdir = build(project, target, progress=_progress, sanitize=sanitize)
     out.print(f"built {escape(str(bdir))}/model_main")
 
@@ -868,7 +894,11 @@ def run_cmd(
 
     output = check_output_path(output)
     info = project_info(project)
-    target = "host" if sanitize and target is None else choose_target(target, "run")
+    if weights is not None and not weights.is_file():
+        # Not only missing: a FIFO or a device would hang the driver or never end.
+        what = "no such file" if not weights.exists() else "not a regular file"
+        raise InputError(f"--weights {weights}: {what}", hint="give a weights file flowc wrote")
+    target = choose_target(target, "run", sanitize=bool(sanitize))
     if target == "cuda":
         require_gpu(f"flowc run {project}")
     specs = info["inputs"]

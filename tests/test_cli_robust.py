@@ -204,3 +204,11 @@ def test_commands_print_the_target_they_chose(bf16_project: Path, tmp_path: Path
     r = flowc("build", str(bf16_project), "--target", "host")
     assert r.returncode == 0, r.stderr
     assert "target host" in r.stderr
+
+
+def test_search_nodes_is_a_work_limit_the_printout_reports() -> None:
+    model = str(SHARED_MODELS / "gpt2_tiny.onnx")
+    r = flowc("inspect", model, "--mesh", "2x2", "--search-nodes", "0")
+    assert r.returncode == 0, r.stderr
+    assert "NOT PROVEN OPTIMAL" in r.stdout and "node limit 0 reached" in r.stdout
+    assert_clean_error(flowc("inspect", model, "--search-nodes", "5"), "--search-nodes need")
