@@ -43,8 +43,22 @@ def check_feeds(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
+# The most bytes --random-inputs makes, all inputs together: a model whose inputs are larger
+# needs its inputs given as files (or smaller --shape/--dim values).
+MAX_RANDOM_INPUT_BYTES = 4 << 30
+
+
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs: floats ~ N(0, 1); integers in [0, 8), small enough to index any table."""
+    total = sum(v.type.nbytes for v in graph.inputs)
+    if total > MAX_RANDOM_INPUT_BYTES:
+        big = max(graph.inputs, key=lambda v: v.type.nbytes)
+        raise InputError(
+            f"random inputs would take {_human(total)}; the largest, input {big.name!r} "
+            f"({big.type}), takes {_human(big.type.nbytes)}, more than the "
+            f"{_human(MAX_RANDOM_INPUT_BYTES)} flowc generates",
+            hint="give smaller --shape/--dim values, or pass the inputs as --input NAME=PATH.npy",
+        )
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
@@ -57,6 +71,17 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
             a = rng.integers(0, 8, size=t.shape).astype(t.dtype.np)
         feeds[v.name] = a
     return feeds
+
+
+def _human(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    x = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        x /= 1024
+        if x < 1024 or unit == "PiB":
+            break
+    return f"{x:.2f} {unit}"
 
 
 def evaluate(

@@ -28,6 +28,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from flowc.errors import FlowcError
+from flowc.frontend.files import check_regular_file
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value, make_splat
@@ -146,6 +147,10 @@ def parse_tree(src: Source) -> Tree:
         ) from None
 
 
+# normal(...) and uniform(...) parameters are generated in float64 at compile time: past this
+# many elements (1 GiB of float64) the program must load them from a file instead.
+MAX_RANDOM_PARAM_ELEMENTS = 1 << 27
+
 # -- weights files ---------------------------------------------------------------------------
 
 
@@ -167,9 +172,10 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
         is_file = path.is_file()
     except OSError as e:  # a name too long for the file system, ...
         raise FlowcError(f"weights file {path} cannot be read: {e.strerror or e}") from None
-    if not is_file:
+    if not is_file and (path.is_dir() or not path.exists()):
         what = "is a directory" if path.is_dir() else "does not exist"
         raise FlowcError(f"weights file {path} {what}")
+    check_regular_file(path, "weights file", FlowcError)  # a FIFO, a device, ...
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
@@ -569,6 +575,14 @@ class _Reader:
             # Seeded by the parameter's name: the same program gives the same weights.
             # (surrogatepass: a quoted name may hold a lone surrogate, "\ud800".)
             rng = np.random.default_rng(zlib.crc32(name.encode("utf-8", "surrogatepass")))
+            if ttype.numel > MAX_RANDOM_PARAM_ELEMENTS:
+                # random values are made in memory (in float64), unlike a fill's one element
+                raise self.fail(
+                    t,
+                    f"{fn}(...) would make {ttype.numel} random values for {name!r} ({ttype}), "
+                    f"more than the {MAX_RANDOM_PARAM_ELEMENTS} flowc generates",
+                    hint="load such a parameter from a weights file, or use fill(...)",
+                )
             try:
                 if fn == "normal":
                     data = rng.normal(float(args[0]), float(args[1]), ttype.shape)
@@ -981,6 +995,8 @@ def load_program(
     path: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None
 ) -> Graph:
     p = Path(path)
+    if p.exists():  # a missing file keeps its own message below
+        check_regular_file(p, "program", FlowcError)
     try:
         # utf-8-sig: an editor's byte order mark is not the program's first character
         text = p.read_text(encoding="utf-8-sig")

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
 
 from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError, UnsupportedOpError
+from flowc.frontend.files import check_regular_file
 from flowc.frontend.onnx_control import CONTROL_OPS, convert_control
 from flowc.frontend.onnx_functions import (
     ONNX_DOMAINS,
@@ -30,6 +30,7 @@ from flowc.frontend.onnx_functions import (
     function_body,
     has_function,
 )
+from flowc.frontend.onnx_validate import element_type, sparse_array, tensor_array, validate_model
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value
@@ -110,6 +111,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise ModelLoadError(f"{p}: no such file", hint="check the path to the model")
     if p.is_dir():
         raise ModelLoadError(f"{p}: is a directory, expected an .onnx file")
+    check_regular_file(p, "model")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except (DecodeError, ValueError, OSError, RuntimeError) as e:
@@ -130,10 +132,17 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
             f"{p}: cannot read external weights: {e}",
             hint="external data files must sit beside the model, as the model names them",
         ) from None
+    validate_model(model)
     if model.functions:
         from onnx import inliner
 
-        model = inliner.inline_local_functions(model)
+        try:
+            model = inliner.inline_local_functions(model)
+        except (RuntimeError, onnx.checker.ValidationError) as e:
+            # validate_model checked the bodies; this is what onnx's inliner alone objects to
+            raise ModelLoadError(
+                f"{p}: the model's local functions cannot be inlined: {e}"
+            ) from None
     return model
 
 
@@ -192,10 +201,7 @@ def _input_dtype(vi: onnx.ValueInfoProto) -> DType:
         raise ModelLoadError(
             f"input {vi.name!r} is not a tensor (sequences and maps are not supported)"
         )
-    try:
-        return DType.from_onnx(vi.type.tensor_type.elem_type)
-    except ValueError as e:
-        raise ModelLoadError(f"input {vi.name!r}: {e}") from None
+    return element_type(vi.type.tensor_type.elem_type, f"input {vi.name!r}")
 
 
 def _bind_symbols(inputs: Sequence[onnx.ValueInfoProto], opts: ImportOptions) -> dict[str, int]:
@@ -296,7 +302,7 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     if t == A.STRING:
         return a.s.decode("utf-8", errors="replace")
     if t == A.TENSOR:
-        return numpy_helper.to_array(a.t)
+        return tensor_array(a.t, f"attribute {a.name!r}")
     if t == A.FLOATS:
         return tuple(_f32(x) for x in a.floats)
     if t == A.INTS:
@@ -304,20 +310,8 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     if t == A.STRINGS:
         return tuple(x.decode("utf-8", errors="replace") for x in a.strings)
     if t == A.SPARSE_TENSOR:
-        return _sparse_to_dense(a.sparse_tensor)
+        return sparse_array(a.sparse_tensor, f"attribute {a.name!r}")
     raise ShapeError(f"attribute {a.name!r} of type {A.AttributeType.Name(t)} is not supported")
-
-
-def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
-    """Sparse tensors: indices are flat positions (1-D) or one coordinate row per value (2-D)."""
-    values = numpy_helper.to_array(sp.values)
-    full = np.zeros(tuple(sp.dims), dtype=values.dtype)
-    idx = numpy_helper.to_array(sp.indices)
-    if idx.ndim == 1:
-        full.reshape(-1)[idx] = values
-    else:
-        full[tuple(idx.T)] = values
-    return full
 
 
 def _topo_order(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
@@ -348,6 +342,7 @@ def import_model(
     model: onnx.ModelProto, opts: ImportOptions | None = None, name: str = ""
 ) -> Graph:
     opts = opts or ImportOptions()
+    validate_model(model)
     opset = _opset_of(model)
     _check_supported(model, opset)
     og = model.graph
@@ -387,13 +382,11 @@ def import_model(
     for vi in real_inputs:
         env[vi.name] = graph.add_input(vi.name, input_types[vi.name])
     for t in og.initializer:
-        try:
-            arr = numpy_helper.to_array(t)
-        except (ValueError, TypeError, OSError) as e:
-            raise ModelLoadError(f"initializer {t.name!r} cannot be read: {e}") from None
-        env[t.name] = builder.constant(t.name, arr)
+        env[t.name] = builder.constant(t.name, tensor_array(t, f"initializer {t.name!r}"))
     for sp in og.sparse_initializer:
-        env[sp.values.name] = builder.constant(sp.values.name, _sparse_to_dense(sp))
+        env[sp.values.name] = builder.constant(
+            sp.values.name, sparse_array(sp, f"sparse initializer {sp.values.name!r}")
+        )
 
     domains = {canonical_domain(o.domain): int(o.version) for o in model.opset_import}
     domains[""] = opset
@@ -414,9 +407,11 @@ def import_model(
         if v.name != vo.name:
             v = _name_output(graph, builder, v, vo.name)
         tt = vo.type.tensor_type
-        if tt.elem_type and DType.from_onnx(tt.elem_type) != v.type.dtype:
+        declared = element_type(tt.elem_type, f"output {vo.name!r}") if tt.elem_type else None
+        if declared is not None and declared != v.type.dtype:
             raise ShapeError(
-                f"output {vo.name!r}: the model declares {DType.from_onnx(tt.elem_type)} but the graph computes {v.type.dtype}"
+                f"output {vo.name!r}: the model declares {declared} but the graph computes "
+                f"{v.type.dtype}"
             )
         graph.outputs.append(v)
     graph.remove_unused()

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from flowc.errors import ShapeError
+from flowc.frontend.onnx_validate import sparse_array, tensor_array
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.graph import Value
 
@@ -93,7 +93,10 @@ class _Ctx:
                 )
             scope[vi.name] = v
         for t in body.initializer:
-            scope[t.name] = self.b.constant(t.name, numpy_helper.to_array(t))
+            scope[t.name] = self.b.constant(t.name, tensor_array(t, f"initializer {t.name!r}"))
+        for sp in body.sparse_initializer:
+            name = sp.values.name
+            scope[name] = self.b.constant(name, sparse_array(sp, f"sparse initializer {name!r}"))
         for n in self.order(body.node, set(scope)):
             self.convert(self.b, n, self.domains, scope)
         outs = []
@@ -160,6 +163,11 @@ def _if(ctx: _Ctx, inputs: list[Value | None], env: dict[str, Value]) -> list[Va
     else_outs = ctx.run_body(else_g, env, [])
     if cond.type.numel != 1:
         raise ctx.fail(f"the condition must hold one value, got shape {list(cond.type.shape)}")
+    if len(then_outs) != len(else_outs):
+        raise ctx.fail(
+            f"its then_branch gives {len(then_outs)} output(s) but its else_branch "
+            f"{len(else_outs)}; both must give the node's outputs"
+        )
     flag = ctx.emit("Reshape", [cond, ctx.const("scalar", np.zeros(0, np.int64))])
     outs = []
     for k, (t, e) in enumerate(zip(then_outs, else_outs, strict=True)):

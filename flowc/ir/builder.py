@@ -41,6 +41,22 @@ def fold_inputs(opdef: OpDef, inputs: list[Value | None]) -> list[np.ndarray | N
 FOLD_GROWTH_FREE_BYTES = 64 * 1024
 
 
+# The most bytes one folded node may produce. Folding evaluates the node with NumPy, which
+# materializes every output in full (even one that would then compact back to a splat): past
+# this size the node stays in the graph and computes its result at run time, so a program
+# whose constants are fills of many gigabytes compiles without the compiler allocating them.
+MAX_FOLD_BYTES = 64 << 20
+
+# The most elements any value may have: beyond any device's memory, yet small enough that
+# element counts, byte sizes and offsets stay exact in an int64 (and in NumPy's intp).
+MAX_ELEMENTS = 1 << 48
+
+
+def small_enough_to_fold(types: Sequence[TensorType]) -> bool:
+    """Whether evaluating a node with these output types at compile time is affordable."""
+    return sum(t.nbytes for t in types) <= MAX_FOLD_BYTES
+
+
 def held_bytes(a: np.ndarray) -> int:
     """Bytes an array really holds: one element for a splat."""
     return a.itemsize if is_splat(a) else a.nbytes
@@ -139,8 +155,15 @@ class GraphBuilder:
         if not olo <= n_out <= ohi:
             raise ShapeError(f"{where}: has {olo}..{ohi} outputs, got {n_out}")
         types = self.infer(op, ins, frozen, n_out, name)
+        for k, t in enumerate(types):
+            if t.numel > MAX_ELEMENTS or any(d > MAX_ELEMENTS for d in t.shape):
+                raise ShapeError(
+                    f"{where}: output {k} would have shape {list(t.shape)} ({t.numel} elements), "
+                    f"more than flowc supports ({MAX_ELEMENTS})",
+                    hint="check the shapes and the shape inputs the model gives this node",
+                )
         names = output_names or [f"{name or op}:{i}" for i in range(len(types))]
-        if self.fold:
+        if self.fold and small_enough_to_fold(types):
             arrays = fold_inputs(opdef, ins)
             if arrays is not None:
                 try:

@@ -501,6 +501,8 @@ def _split_sizes(
 
 def _split_infer(ctx: InferCtx) -> list[TensorType]:
     x = ctx.type(0)
+    if x.rank == 0:
+        raise ctx.fail("cannot split a scalar: the input needs an axis")
     axis = ctx.axis(ctx.attr("axis"), x.rank)
     split = _const_ints(ctx, 1, "split") if ctx.has(1) else None
     sizes = _split_sizes(

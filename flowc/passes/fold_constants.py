@@ -6,7 +6,7 @@ any other way (the DSL, rewrites by later passes), through the same builder code
 
 from __future__ import annotations
 
-from flowc.ir.builder import evaluate_node, fold_inputs, worth_folding
+from flowc.ir.builder import evaluate_node, fold_inputs, small_enough_to_fold, worth_folding
 from flowc.ir.graph import Graph, compact_constant
 from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
@@ -18,7 +18,7 @@ def fold_constants(graph: Graph) -> Graph:
     for node in graph.nodes:
         opdef = get_op(node.op)
         arrays = fold_inputs(opdef, node.inputs)
-        if arrays is None:
+        if arrays is None or not small_enough_to_fold([o.type for o in node.outputs]):
             kept.append(node)
             continue
         where = f"{node.op} node {node.name!r}"
