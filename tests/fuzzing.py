@@ -988,11 +988,14 @@ def run_cases(
     jobs: int = 2,
     timeout: float = CASE_TIMEOUT,
     deadline: float | None = None,
+    warm: bool = True,
 ) -> Iterator[Result]:
     """Run each case in a forked child (at most ``jobs`` at once); yields results as they
-    finish. ``deadline`` (a time.monotonic() value) stops starting new cases."""
+    finish. ``deadline`` (a time.monotonic() value) stops starting new cases; ``warm``
+    first runs one case here, so the children inherit a warmed-up process."""
     it = iter(cases)
-    warm_up()
+    if warm:
+        warm_up()
     # Children inherit the parent's objects copy-on-write; a collection in a child would touch
     # (and so copy) every page of them. Frozen objects are never scanned.
     gc.collect()

@@ -194,7 +194,15 @@ def _loop(ctx: _Ctx, inputs: list[Value | None], env: dict[str, Value]) -> list[
             "input 0 (the trip count) must be known at compile time: flowc unrolls loops",
             hint="give the trip count as a constant (or fix the input shapes it derives from)",
         )
-    count = int(np.asarray(trip.const).reshape(-1)[0]) if trip is not None else None
+    count = None
+    if trip is not None:
+        a = np.asarray(trip.const)
+        if a.size != 1 or a.dtype.kind not in "iu":
+            raise ctx.fail(
+                f"input 0 (the trip count) must be one integer, got {a.dtype} of shape "
+                f"{list(a.shape)}"
+            )
+        count = int(a.reshape(-1)[0])
     going = True if cond is None else _scalar_bool(ctx, cond, "the initial condition")
     if going is None:
         raise ctx.fail("input 1 (the condition) must be known at compile time: flowc unrolls loops")

@@ -408,6 +408,8 @@ def _concat_infer(ctx: InferCtx) -> list[TensorType]:
     if "axis" not in ctx.attrs:
         raise ctx.fail("the 'axis' attribute is required")
     first = ctx.type(0)
+    if first.rank == 0:
+        raise ctx.fail("cannot concatenate scalars: the inputs need an axis")
     axis = ctx.axis(ctx.attr("axis"), first.rank)
     total = 0
     for i in range(ctx.num_inputs):
