@@ -227,6 +227,12 @@ def _schema(op: str, domain: str, versions: Mapping[str, int]) -> Any:
     try:
         return onnx.defs.get_schema(op, versions.get(key, 9), key)
     except onnx.defs.SchemaError:
+        pass
+    # An op newer than the model's opset, which flowc still imports when it knows the op:
+    # its attributes are checked against the op's newest schema.
+    try:
+        return onnx.defs.get_schema(op, onnx.defs.onnx_opset_version(), key)
+    except onnx.defs.SchemaError:
         return None
 
 
