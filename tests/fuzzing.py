@@ -25,6 +25,7 @@ import os
 import random
 import resource
 import select
+import shutil
 import signal
 import struct
 import sys
@@ -963,6 +964,7 @@ def _child(gen: str, seed: int, workdir: Path, wfd: int) -> None:
         path = d / f"model{case.suffix}"
         path.write_bytes(case.data)
         outcome, message = check_file(path, case.shapes)
+        shutil.rmtree(d, ignore_errors=True)  # thousands of cases must not fill the disk
     except MemoryError:
         outcome, message = "memory", "MemoryError"
     except BaseException:
