@@ -203,14 +203,29 @@ struct f8e8m0 {
 
 // A 2- or 4-bit integer in one byte: the low bits hold the two's complement value and the high
 // bits are zero, as ml_dtypes stores it. From a wider integer: the low bits (ONNX's rule for
-// integer narrowing); from a float: truncated first.
+// integer narrowing); from a float: truncated, and 0 when that is outside the type's range
+// (NaN and infinities too), as ONNX's test data (and ml_dtypes 0.7) have it.
 template <int Bits, bool Signed>
 struct NarrowInt {
+  static constexpr int64_t kMin = Signed ? -(int64_t{1} << (Bits - 1)) : 0;
+  static constexpr int64_t kMax = Signed ? (int64_t{1} << (Bits - 1)) - 1 : (int64_t{1} << Bits) - 1;
   uint8_t bits;
   NarrowInt() = default;
   template <class U>
   __host__ __device__ NarrowInt(const U& x)  // NOLINT: implicit, as for the built-in types
-      : bits(static_cast<uint8_t>(static_cast<uint64_t>(narrow::to_int64(x)) & ((1u << Bits) - 1))) {}
+      : bits(low_bits(x)) {}
+  template <class U>
+  __host__ __device__ static uint8_t low_bits(const U& x) {
+    int64_t v = 0;
+    if constexpr (std::is_integral_v<U>) {
+      v = static_cast<int64_t>(x);
+    } else {
+      const double d = narrow::to_double(x);
+      if (!(d > static_cast<double>(kMin) - 1.0 && d < static_cast<double>(kMax) + 1.0)) return 0;
+      v = static_cast<int64_t>(d);  // truncates toward zero
+    }
+    return static_cast<uint8_t>(static_cast<uint64_t>(v) & ((1u << Bits) - 1));
+  }
   __host__ __device__ operator int32_t() const {
     const int32_t v = bits;
     return Signed && (v & (1 << (Bits - 1))) ? v - (1 << Bits) : v;
