@@ -53,7 +53,13 @@ def make_op_model(
     model.ir_version = 8 if opset < 21 else 10
     inferred = onnx.shape_inference.infer_shapes(model)
     del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
+    for o in inferred.graph.output:
+        # Bad attributes can make ONNX's inference declare negative dims or a string type;
+        # the import would refuse the declaration before the op's own check could speak.
+        t = o.type.tensor_type
+        dims = [d.dim_value for d in t.shape.dim if d.HasField("dim_value")]
+        ok = t.elem_type not in (0, onnx.TensorProto.STRING) and all(d >= 0 for d in dims)
+        model.graph.output.append(o if ok else helper.make_empty_tensor_value_info(o.name))
     return model, feeds
 
 

@@ -170,7 +170,7 @@ def test_flops() -> None:
 @pytest.mark.parametrize(
     ("op", "attrs", "outputs", "message"),
     [
-        ("MaxPool", {}, 1, "kernel_shape attribute is required"),
+        ("MaxPool", {}, 1, "required attribute 'kernel_shape' is not set"),
         ("MaxPool", {"kernel_shape": [12, 2]}, 1, "more than the padded input"),
         (
             "MaxPool",

@@ -328,7 +328,7 @@ def test_maxunpool_errors() -> None:
         ([x, i, np.array([1, 1, 3, 4], np.int64)], attrs, "must have rank 4 and hold"),
         ([x, i[..., :1]], attrs, "I must be int64 of X's shape"),
         ([x, i.astype(np.int32)], attrs, "I must be int64"),
-        ([x, i], {}, "kernel_shape attribute is required"),
+        ([x, i], {}, "required attribute 'kernel_shape' is not set"),
         ([x, i], {"kernel_shape": [2]}, "must have 2 positive entries"),
     ]:
         model, _ = make_op_model("MaxUnpool", inputs, a, opset=11, const_inputs=(2,))

@@ -153,7 +153,7 @@ def test_errors() -> None:
     with pytest.raises(ShapeError, match="belongs to optimized tensor 0"):
         import_model(make_model([Node("Momentum", ins, MOMENTUM, 2)])[0])
     ins = [*scalars(0.1, 0), rand(4), rand(4), rand(4)]
-    with pytest.raises(ShapeError, match="attribute alpha is required"):
+    with pytest.raises(ShapeError, match="required attribute 'alpha' is not set"):
         import_model(
             make_model(
                 [

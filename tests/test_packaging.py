@@ -32,7 +32,7 @@ def test_wheel_carries_the_data_dirs_and_finds_them(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-        assert "flowc = flowc.cli:main" in z.read(entry_points).decode()
+        assert "flowc = flowc.entry:main" in z.read(entry_points).decode()
         site = tmp_path / "site"
         z.extractall(site)
     for f in (

@@ -41,10 +41,12 @@ def fold_inputs(opdef: OpDef, inputs: list[Value | None]) -> list[np.ndarray | N
 FOLD_GROWTH_FREE_BYTES = 64 * 1024
 
 
-# The most bytes one folded node may produce. Folding evaluates the node with NumPy, which
-# materializes every output in full (even one that would then compact back to a splat): past
-# this size the node stays in the graph and computes its result at run time, so a program
-# whose constants are fills of many gigabytes compiles without the compiler allocating them.
+# The most bytes one folded node may produce beyond the bytes its inputs already hold.
+# Folding evaluates the node with NumPy, which materializes every output in full (even one
+# that would then compact back to a splat): a result past this size, and more than twice
+# the bytes its inputs really hold, stays a run-time op, so a program whose constants are
+# fills of many gigabytes compiles without the compiler allocating them, while a big stored
+# weight is still transposed or reshaped at compile time (its bytes are there already).
 MAX_FOLD_BYTES = 64 << 20
 
 # The most elements any value may have: beyond any device's memory, yet small enough that
@@ -52,9 +54,25 @@ MAX_FOLD_BYTES = 64 << 20
 MAX_ELEMENTS = 1 << 48
 
 
-def small_enough_to_fold(types: Sequence[TensorType]) -> bool:
-    """Whether evaluating a node with these output types at compile time is affordable."""
-    return sum(t.nbytes for t in types) <= MAX_FOLD_BYTES
+# Ops whose references turn splat inputs into a zero-stride splat result without
+# materializing it (flowc/ops/shape.py: _move, ConstantOfShape), besides views.
+SPLAT_PRESERVING_OPS = frozenset({"ConstantOfShape", "Expand", "Transpose", "Tile"})
+
+
+def small_enough_to_fold(
+    types: Sequence[TensorType], inputs: Sequence[np.ndarray | None] = (), opdef: Any = None
+) -> bool:
+    """Whether evaluating a node with these output types (and these known inputs) at
+    compile time is affordable; see MAX_FOLD_BYTES."""
+    known = [a for a in inputs if a is not None]
+    if (
+        opdef is not None
+        and (opdef.view or opdef.name in SPLAT_PRESERVING_OPS)
+        and all(is_splat(a) or a.size <= 16 for a in known)
+    ):
+        return True  # the result is a splat: nothing is materialized
+    held = sum(held_bytes(a) for a in known)
+    return sum(t.nbytes for t in types) <= max(MAX_FOLD_BYTES, 2 * held)
 
 
 def held_bytes(a: np.ndarray) -> int:
@@ -163,15 +181,14 @@ class GraphBuilder:
                     hint="check the shapes and the shape inputs the model gives this node",
                 )
         names = output_names or [f"{name or op}:{i}" for i in range(len(types))]
-        if self.fold and small_enough_to_fold(types):
-            arrays = fold_inputs(opdef, ins)
-            if arrays is not None:
-                try:
-                    outs = evaluate_node(opdef, arrays, frozen, types, where)
-                except InputError as e:
-                    # Constants are the model's own data: a failure here is the model's fault.
-                    raise ShapeError(f"constant folding failed: {e.message}") from None
-                if worth_folding(arrays, outs):
-                    return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
+        arrays = fold_inputs(opdef, ins) if self.fold else None
+        if arrays is not None and small_enough_to_fold(types, arrays, opdef):
+            try:
+                outs = evaluate_node(opdef, arrays, frozen, types, where)
+            except InputError as e:
+                # Constants are the model's own data: a failure here is the model's fault.
+                raise ShapeError(f"constant folding failed: {e.message}") from None
+            if worth_folding(arrays, outs):
+                return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
         return node.outputs

@@ -18,7 +18,9 @@ def fold_constants(graph: Graph) -> Graph:
     for node in graph.nodes:
         opdef = get_op(node.op)
         arrays = fold_inputs(opdef, node.inputs)
-        if arrays is None or not small_enough_to_fold([o.type for o in node.outputs]):
+        if arrays is None or not small_enough_to_fold(
+            [o.type for o in node.outputs], arrays, opdef
+        ):
             kept.append(node)
             continue
         where = f"{node.op} node {node.name!r}"
