@@ -155,7 +155,9 @@ def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
 def test_missing_dynamic_dim_names_input_and_symbol() -> None:
     r = flowc("inspect", str(SHARED_MODELS / "bert_tiny.onnx"))
     assert_clean_error(
-        r, "input 'input_ids' has a dynamic dimension 0 ('batch') with no value", "--dim batch=<size>"
+        r,
+        "input 'input_ids' has a dynamic dimension 0 ('batch') with no value",
+        "--dim batch=<size>",
     )
 
 
