@@ -19,25 +19,13 @@ from pathlib import Path
 
 import fuzzing
 import pytest
-
-from flowc import cli
+from conftest import run_cli
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 CASES = json.loads((CORPUS / "cases.json").read_text())
 
 # Cases in the CI run: 10-20 ms each on two cores (the DSL share is in test_dsl_fuzz.py).
 N_ONNX = 1000
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        cli.main(args)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    else:
-        code = 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import run_cli
 from onnx import TensorProto, helper
 
-from flowc import cli
 from flowc.errors import FlowcError, InputError, ModelLoadError, ShapeError
 from flowc.frontend.onnx import import_model
 from flowc.interpreter import MAX_RANDOM_INPUT_BYTES, random_inputs
@@ -51,17 +51,6 @@ def no_hang() -> Iterator[None]:
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    try:
-        cli.main(args)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    else:
-        code = 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 @pytest.mark.parametrize("suffix", [".onnx", ".flow"])
