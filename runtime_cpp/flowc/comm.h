@@ -942,6 +942,212 @@ inline Status all_to_all(World& w, int mesh_axis, const void* send, void* recv, 
   return Status::Ok();
 }
 
+// -- point-to-point transfers (pipeline stages) ---------------------------------------------
+//
+// send/recv move `count` elements of ONNX type `dtype` between this rank and `peer`, a rank of
+// MPI_COMM_WORLD (the mesh's row-major numbering; a pipeline stage s of k ranks holds ranks
+// [s*k, (s+1)*k)). They are ordered on `stream` like the collectives: NCCL enqueues them; the
+// host build runs the MPI calls as a host function when the stream reaches them. Transfers
+// between two ranks are matched in the order they are issued, so both sides must issue the
+// same sequence. A lone send or recv waits for its peer, so a ring of lone sends would
+// deadlock (on NCCL as on MPI): exchange() issues several at once, as one NCCL group
+// (ncclGroupStart/End) or as nonblocking MPI calls waited on together, and is the form to use
+// when a rank both sends and receives, or a stage boundary carries several values.
+// Logged as "send peer=<rank> bytes=<bytes> dtype=<type>" / "recv ..." (one line per transfer,
+// an exchange's in its order), under the FLOWC_TIMEOUT_S deadline like a collective.
+
+struct Transfer {
+  enum Kind { kSend, kRecv };
+  Kind kind = kSend;
+  int peer = 0;            // world rank
+  void* buffer = nullptr;  // read by a send, written by a recv
+  size_t count = 0;        // elements
+  int dtype = 1;           // ONNX element type
+};
+
+namespace detail {
+
+inline void log_transfer(const World& w, const Transfer& t, size_t bytes) {
+  // The same file as the collectives' lines (log_call opens it the same way); a transfer's
+  // line names the peer instead of an axis.
+  State& s = state();
+  if (!s.log_opened) {
+    s.log_opened = true;
+    if (const char* prefix = std::getenv("FLOWC_COMM_LOG"); prefix && *prefix) {
+      const std::string path = std::string(prefix) + ".rank" + std::to_string(w.rank);
+      s.log = std::fopen(path.c_str(), "a");
+      if (s.log == nullptr)
+        std::fprintf(stderr, "flowc: cannot open the communication log %s\n", path.c_str());
+    }
+  }
+  if (s.log == nullptr) return;
+  std::fprintf(s.log, "%s peer=%d bytes=%zu dtype=%d\n", t.kind == Transfer::kSend ? "send" : "recv", t.peer,
+               bytes, t.dtype);
+  std::fflush(s.log);
+}
+
+inline Status check_transfers(const World& w, const char* what, const Transfer* ts, int n) {
+  if (n < 0 || (n > 0 && ts == nullptr)) return InvalidArgument(std::string(what) + ": no transfers given");
+  for (int i = 0; i < n; ++i) {
+    const Transfer& t = ts[i];
+    const std::string which = std::string(what) + ": transfer " + std::to_string(i) + " (" +
+                              (t.kind == Transfer::kSend ? "send to" : "recv from") + " rank " +
+                              std::to_string(t.peer) + ")";
+    if (t.kind != Transfer::kSend && t.kind != Transfer::kRecv)
+      return InvalidArgument(which + ": unknown kind");
+    if (t.peer < 0 || t.peer >= w.size) {
+      return InvalidArgument(which + ": the peer is not a rank of the " + std::to_string(w.size) +
+                             "-rank job");
+    }
+    if (element_bytes(t.dtype) == 0) {
+      return InvalidArgument(which + ": ONNX element type " + std::to_string(t.dtype) +
+                             " is not one of f32, f16, bf16, f64, i64, i32, i8, u8, bool");
+    }
+    if (t.count > 0 && t.buffer == nullptr) return InvalidArgument(which + ": the buffer is null");
+#if defined(FLOWC_HOST)
+    if (t.count > static_cast<size_t>(INT_MAX)) {
+      return NotSupported(which + ": " + std::to_string(t.count) +
+                          " elements are more than MPI's int counts reach");
+    }
+#endif
+  }
+  // A received buffer is written while the others are read or written: it must overlap none.
+  for (int i = 0; i < n; ++i) {
+    if (ts[i].kind != Transfer::kRecv) continue;
+    const size_t bi = ts[i].count * element_bytes(ts[i].dtype);
+    for (int j = 0; j < n; ++j) {
+      const size_t bj = ts[j].count * element_bytes(ts[j].dtype);
+      if (j != i && bi > 0 && bj > 0 && !disjoint(ts[i].buffer, bi, ts[j].buffer, bj)) {
+        return InvalidArgument(std::string(what) + ": the buffer of transfer " + std::to_string(i) +
+                               " (a recv) overlaps the buffer of transfer " + std::to_string(j));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Waits for every request of the current step, beating, until the deadline (see wait_request).
+inline int wait_requests(World& w, std::vector<MPI_Request>& reqs) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto next_beat = t0;
+  for (long spin = 0;; ++spin) {
+    int done = 0;
+    const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS || done) return rc;
+    const auto now = clock::now();
+    if (now >= next_beat) {
+      heartbeat(w);
+      next_beat = now + std::chrono::milliseconds(10);
+    }
+    const double waited = std::chrono::duration<double>(now - t0).count();
+    if (waited > w.timeout_s) timed_out(w, -1, waited);
+    if (spin < 1000) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+inline std::string transfers_text(const Transfer* ts, int n) {
+  if (n == 1) {
+    return std::string(ts[0].kind == Transfer::kSend ? "send to rank " : "recv from rank ") +
+           std::to_string(ts[0].peer);
+  }
+  int sends = 0;
+  for (int i = 0; i < n; ++i) sends += ts[i].kind == Transfer::kSend;
+  return "exchange (" + std::to_string(sends) + " sends, " + std::to_string(n - sends) + " receives)";
+}
+
+}  // namespace detail
+
+// Issues the `n` transfers of `ts` together (see above); they are all done when the stream
+// passes this point. Empty transfers (count 0) are checked and logged but move nothing.
+inline Status exchange(World& w, const Transfer* ts, int n, cudaStream_t stream) {
+  const char* what = "exchange";
+  if (Status st = detail::check_transfers(w, what, ts, n); !st.ok()) return st;
+  std::vector<Transfer> live;
+  for (int i = 0; i < n; ++i) {
+    const size_t bytes = ts[i].count * detail::element_bytes(ts[i].dtype);
+    detail::log_transfer(w, ts[i], bytes);
+    if (bytes > 0) live.push_back(ts[i]);
+  }
+  if (live.empty()) return Status::Ok();
+  const std::string step = detail::transfers_text(live.data(), static_cast<int>(live.size()));
+#if defined(FLOWC_HOST)
+  return detail::host_enqueue(
+      [live, step, what, &w]() -> Status {
+        // Receives first, so a peer's send always finds its match posted.
+        std::vector<MPI_Request> reqs(live.size(), MPI_REQUEST_NULL);
+        const bool watched = w.timeout_s > 0;
+        if (watched) detail::enter(w, step.c_str(), -1);
+        int k = 0;
+        for (int pass = 0; pass < 2; ++pass) {
+          for (const Transfer& t : live) {
+            if ((t.kind == Transfer::kRecv) != (pass == 0)) continue;
+            const int n_elems = static_cast<int>(t.count);
+            const MPI_Datatype type = detail::mpi_type(t.dtype);
+            const int rc = t.kind == Transfer::kRecv
+                               ? MPI_Irecv(t.buffer, n_elems, type, t.peer, 0, w.mpi, &reqs[k])
+                               : MPI_Isend(t.buffer, n_elems, type, t.peer, 0, w.mpi, &reqs[k]);
+            if (rc != MPI_SUCCESS) {
+              return LibraryError(
+                  detail::mpi_error(what, t.kind == Transfer::kRecv ? "MPI_Irecv" : "MPI_Isend", rc));
+            }
+            ++k;
+          }
+        }
+        const int rc = watched ? detail::wait_requests(w, reqs)
+                               : MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+        if (watched) detail::leave(w);
+        if (rc != MPI_SUCCESS) return LibraryError(detail::mpi_error(what, "MPI_Waitall", rc));
+        return Status::Ok();
+      },
+      stream, what);
+#else
+  detail::enter(w, step.c_str(), -1);  // on the GPU a step is reached when it is queued
+  ncclComm_t comm = w.nccl;
+  FLOWC_COMM_NCCL(what, comm, ncclGroupStart());
+  for (const Transfer& t : live) {
+    const ncclDataType_t type = detail::nccl_type(t.dtype);
+    const ncclResult_t r = t.kind == Transfer::kSend
+                               ? ncclSend(t.buffer, t.count, type, t.peer, comm, stream)
+                               : ncclRecv(t.buffer, t.count, type, t.peer, comm, stream);
+    if (r != ncclSuccess) {
+      ncclGroupEnd();
+      return LibraryError(
+          detail::nccl_error(what, t.kind == Transfer::kSend ? "ncclSend" : "ncclRecv", r, comm));
+    }
+  }
+  FLOWC_COMM_NCCL(what, comm, ncclGroupEnd());
+  return Status::Ok();
+#endif
+}
+
+// Sends `count` elements of `send` to world rank `peer` (see exchange() for a rank that also
+// receives).
+inline Status send(World& w, int peer, const void* buffer, size_t count, int dtype, cudaStream_t stream) {
+  Transfer t;
+  t.kind = Transfer::kSend;
+  t.peer = peer;
+  t.buffer = const_cast<void*>(buffer);  // only read
+  t.count = count;
+  t.dtype = dtype;
+  return exchange(w, &t, 1, stream);
+}
+
+// Receives `count` elements from world rank `peer` into `buffer`.
+inline Status recv(World& w, int peer, void* buffer, size_t count, int dtype, cudaStream_t stream) {
+  Transfer t;
+  t.kind = Transfer::kRecv;
+  t.peer = peer;
+  t.buffer = buffer;
+  t.count = count;
+  t.dtype = dtype;
+  return exchange(w, &t, 1, stream);
+}
+
 }  // namespace comm
 }  // namespace flowc
 
