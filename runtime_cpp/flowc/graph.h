@@ -9,6 +9,8 @@
 //   // (other compute streams fork from it and join back into it by events). Its pointers are
 //   // baked into the graph, so it must read and write the same buffers every run: the
 //   // caller's inputs are copied into staging buffers before, outputs copied out after.
+//   // Copies to or from host memory inside the work should use pinned (cudaMallocHost)
+//   // memory: CUDA stages pageable copies at issue time rather than in the graph.
 //   int work_status = 0;
 //   flowc::Status st = m->graph.run(stream, [&](cudaStream_t s) { return run_schedule(m, s); },
 //                                   &work_status);

@@ -4,6 +4,7 @@
 //        graphs missing-edge     one replay of a graph whose capture misses an edge, one of
 //                                the same graph with the edge: "WRONG|CORRECT missing_edge" etc.
 //        graphs runner N         N runs through one GraphRunner (for the launch counters)
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +36,27 @@ static __global__ void fill(int* x, int v, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] = v;
 }
+
+// Page-locked host memory: what a captured copy to or from the host should use (CUDA copies
+// pageable memory through a staging buffer at issue time, not as part of a graph).
+template <class T>
+struct Pinned {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Pinned(size_t count, T v = T()) : n(count) {
+    FLOWC_CHECK(cudaMallocHost(&p, n * sizeof(T)));
+    std::fill(p, p + n, v);
+  }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  T* data() const { return p; }
+  T* begin() const { return p; }
+  T* end() const { return p + n; }
+  size_t size() const { return n; }
+  T& operator[](size_t i) const { return p[i]; }
+  bool operator==(const Pinned& o) const { return n == o.n && std::equal(p, p + n, o.p); }
+};
 
 static int failures = 0;
 static void expect(bool ok, const std::string& what) {
@@ -85,14 +107,14 @@ static Buffers make_buffers() {
   return B;
 }
 
-static bool matches(const std::vector<int>& in, const std::vector<int>& out) {
+static bool matches(const Pinned<int>& in, const Pinned<int>& out) {
   for (int i = 0; i < kN; ++i) {
     if (out[i] != (in[i] + 1) + 3 * (in[i] * 2)) return false;
   }
   return true;
 }
 
-static void set_input(std::vector<int>& in, int round) {
+static void set_input(Pinned<int>& in, int round) {
   for (int i = 0; i < kN; ++i) in[i] = (i * 7 + round * 13) % 101 - 50;
 }
 
@@ -107,7 +129,7 @@ static int missing_edge() {
   cudaEvent_t fork, join;
   FLOWC_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   FLOWC_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  std::vector<int> host(kN);
+  Pinned<int> host(kN);
   for (int with_edge = 0; with_edge < 2; ++with_edge) {
     FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     FLOWC_CHECK(cudaMemsetAsync(a, 0, kN * sizeof(int), s));
@@ -139,7 +161,7 @@ static int runner_runs(int runs) {
   Buffers B = make_buffers();
   cudaStream_t caller;
   FLOWC_CHECK(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking));
-  std::vector<int> in(kN), out(kN);
+  Pinned<int> in(kN), out(kN);
   flowc::GraphRunner runner;
   for (int r = 0; r < runs; ++r) {
     set_input(in, r);
@@ -183,7 +205,7 @@ int main(int argc, char** argv) {
   Buffers B = make_buffers();
   cudaStream_t s;
   FLOWC_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::vector<int> in(kN), direct(kN), replay(kN);
+  Pinned<int> in(kN), direct(kN), replay(kN);
 
   // Capture once, replay with new inputs (the copy node reads the same host buffer each time).
   FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -213,7 +235,7 @@ int main(int argc, char** argv) {
 
   // cudaGraphExecUpdate: same topology, other pointers (updates); a different topology (fails).
   {
-    std::vector<int> other(kN, 0);
+    Pinned<int> other(kN, 0);
     FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     fork_join(B, s, in.data(), other.data());
     cudaGraph_t g2;
@@ -240,8 +262,8 @@ int main(int argc, char** argv) {
   // A library call (flowc::gemm) is captured like a kernel: C = A B replays with new A.
   {
     constexpr int m = 3, n = 4, k = 5;
-    std::vector<float> a(m * k), b(k * n), c(m * n, -1.0f);
-    for (int i = 0; i < k * n; ++i) b[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+    Pinned<float> a(m * k), b(k * n), c(m * n, -1.0f);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
     float *da, *db, *dc;
     FLOWC_CHECK(cudaMalloc(&da, a.size() * sizeof(float)));
     FLOWC_CHECK(cudaMalloc(&db, b.size() * sizeof(float)));
@@ -260,7 +282,7 @@ int main(int argc, char** argv) {
     FLOWC_CHECK(cudaGraphInstantiate(&x, g, 0));
     bool right = true;
     for (int r = 0; r < 2; ++r) {
-      for (int i = 0; i < m * k; ++i) a[i] = static_cast<float>((i + r) % 5) - 2.0f;
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>((static_cast<int>(i) + r) % 5) - 2.0f;
       FLOWC_CHECK(cudaGraphLaunch(x, s));
       FLOWC_CHECK(cudaStreamSynchronize(s));
       for (int i = 0; i < m; ++i) {
