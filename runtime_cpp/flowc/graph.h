@@ -10,7 +10,8 @@
 //   // baked into the graph, so it must read and write the same buffers every run: the
 //   // caller's inputs are copied into staging buffers before, outputs copied out after.
 //   // Copies to or from host memory inside the work should use pinned (cudaMallocHost)
-//   // memory: CUDA stages pageable copies at issue time rather than in the graph.
+//   // memory: only those are stream-ordered asynchronous copies in CUDA, which is what a
+//   // graph's copy node replays.
 //   int work_status = 0;
 //   flowc::Status st = m->graph.run(stream, [&](cudaStream_t s) { return run_schedule(m, s); },
 //                                   &work_status);

@@ -37,8 +37,8 @@ static __global__ void fill(int* x, int v, int n) {
   if (i < n) x[i] = v;
 }
 
-// Page-locked host memory: what a captured copy to or from the host should use (CUDA copies
-// pageable memory through a staging buffer at issue time, not as part of a graph).
+// Page-locked host memory: what a captured copy to or from the host should use (only copies
+// of pinned memory are stream-ordered asynchronous copies in CUDA).
 template <class T>
 struct Pinned {
   T* p = nullptr;
