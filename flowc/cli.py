@@ -142,6 +142,17 @@ def parse_bytes(text: str, what: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+def schedule_options(fn: F) -> F:
+    return click.option(
+        "--streams",
+        type=click.IntRange(min=1, max=32),
+        default=None,
+        metavar="N",
+        help="Compute streams per device for independent branches (default: as many as the "
+        "schedule's simulation finds worth their events, at most 4).",
+    )(fn)
+
+
 def parallel_options(fn: F) -> F:
     fn = click.option(
         "--search-nodes",
@@ -245,27 +256,39 @@ def parallel_settings(
 
 
 def load_parallel(
-    model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any
+    model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any, times: Any = None
 ) -> tuple[Any, Any]:
     """The logical graph and its parallelized form (plan, rank graph, cost, memory)."""
     from flowc.parallel import parallelize
     from flowc.passes.split_projections import split_projections
 
-    graph = split_projections(load(model, shapes, dims))
+    graph = split_projections(load(model, shapes, dims, times=times))
     graph.verify()
     _progress(
         f"placing {len(graph.nodes)} nodes on mesh {'x'.join(map(str, popts.mesh.shape))} "
         f"({popts.method})"
     )
     t0 = time.perf_counter()
-    result = parallelize(graph, popts)
+    result = (
+        parallelize(graph, popts)
+        if times is None
+        else times.run("parallel placement", lambda: parallelize(graph, popts))
+    )
     _progress(f"plan ready in {time.perf_counter() - t0:.2f} s")
     return graph, result
 
 
 def load(
-    model: Path, shapes: Sequence[str], dims: Sequence[str], *, for_compile: bool = False
+    model: Path,
+    shapes: Sequence[str],
+    dims: Sequence[str],
+    *,
+    for_compile: bool = False,
+    times: Any = None,
 ) -> Any:
+    """Import and run the passes. With ``times`` (a StageTimes), the import and each pass
+    are added to it for the caller to print with the later stages; otherwise
+    --print-pass-times prints them here."""
     from flowc.frontend import ImportOptions, load_graph
     from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
 
@@ -282,7 +305,10 @@ def load(
     graph = pm.run(graph)
     for name, text in pm.dumps:
         sys.stderr.write(f"# IR after {name}\n{text}")
-    if _pass_switches["times"]:
+    if times is not None:
+        times.stages.append(("import", import_seconds))
+        times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
+    elif _pass_switches["times"]:
         err.print(f"pass times: import {import_seconds * 1e3:.1f} ms", markup=False)
         for name, seconds in pm.timings:
             err.print(f"  {name}: {seconds * 1e3:.1f} ms", markup=False)
@@ -394,9 +420,9 @@ def inspect(
     )
     console.print(f"estimated FLOPs: {human_flops(sum(flops_by_op.values()))} per run")
     if memory:
-        from flowc.passes.memory_plan import plan_memory
+        from flowc.compiler import plan_schedule, schedule_graph
 
-        plan = plan_memory(graph)
+        plan = plan_schedule(schedule_graph(graph))
         console.print(
             f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
             f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
@@ -700,6 +726,7 @@ def require_gpu(what: str) -> None:
     is_flag=True,
     help="Write into a non-empty OUT/ that is no flowc project (still deletes nothing).",
 )
+@schedule_options
 @parallel_options
 def compile_cmd(
     model: Path,
@@ -715,6 +742,7 @@ def compile_cmd(
     sbps: tuple[str, ...],
     mem_limit: str | None,
     cost_profile: Path | None,
+    streams: int | None,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
@@ -736,7 +764,17 @@ def compile_cmd(
     check_project_dir(project, force)
     popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     target = choose_target(target, "build")
-    compile_model(model, shapes, dims, project, popts, prefix=prefix, arch=arch[3:], force=force)
+    compile_model(
+        model,
+        shapes,
+        dims,
+        project,
+        popts,
+        prefix=prefix,
+        arch=arch[3:],
+        force=force,
+        streams=streams,
+    )
     shown = shlex.quote(str(project))
     out.print(
         f"wrote {shown}/; build it with: flowc build {shown} --target {target}",
@@ -753,30 +791,48 @@ def compile_model(
     prefix: str | None = None,
     arch: str = "90",
     force: bool = False,
+    streams: int | None = None,
 ) -> None:
-    """Load, (parallelize,) and write OUT/: what compile and verify share."""
-    from flowc.codegen import compile_graph
+    """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
+    verify share. --print-pass-times prints every stage's time at the end."""
     from flowc.codegen.cpp import c_ident
+    from flowc.compiler import StageTimes, compile_graph
 
+    times = StageTimes()
     if popts is None:
-        graph = load(model, shapes, dims, for_compile=True)
+        graph = load(model, shapes, dims, for_compile=True, times=times)
         _progress(f"generating {project}/")
-        compile_graph(graph, project, prefix=prefix, source=model.name, arch=arch, force=force)
-        return
-    logical, result = load_parallel(model, shapes, dims, popts)
-    _progress(
-        f"generating {project}/ for {popts.mesh.size} ranks "
-        f"({result.memory.total} bytes per device)"
-    )
-    compile_graph(
-        result.physical.graph,
-        project,
-        prefix=prefix or c_ident(logical.name),
-        source=model.name,
-        arch=arch,
-        physical=result.physical,
-        force=force,
-    )
+        compile_graph(
+            graph,
+            project,
+            prefix=prefix,
+            source=model.name,
+            arch=arch,
+            force=force,
+            streams=streams,
+            times=times,
+        )
+    else:
+        logical, result = load_parallel(model, shapes, dims, popts, times=times)
+        _progress(
+            f"generating {project}/ for {popts.mesh.size} ranks "
+            f"({result.memory.total} bytes per device)"
+        )
+        compile_graph(
+            result.physical.graph,
+            project,
+            prefix=prefix or c_ident(logical.name),
+            source=model.name,
+            arch=arch,
+            physical=result.physical,
+            force=force,
+            streams=streams,
+            times=times,
+        )
+    if _pass_switches["times"]:
+        err.print("stage times:", markup=False)
+        for line in times.lines():
+            err.print(line, markup=False)
 
 
 @cli.command(name="convert")
@@ -872,8 +928,8 @@ def build_cmd(project: Path, target: str | None, sanitize: str | None) -> None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="OUT.npz, keyed by output name.",
+    default=None,
+    help="OUT.npz, keyed by output name (optional with --bench).",
 )
 @click.option(
     "--sanitize",
@@ -881,18 +937,38 @@ def build_cmd(project: Path, target: str | None, sanitize: str | None) -> None:
     metavar="address,undefined",
     help="Run the build made by `flowc build --sanitize` with the same value (host only).",
 )
+@click.option(
+    "--bench",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Also time the model: N runs queued back to back (throughput), N one at a time "
+    "(latency median and p90), after a few warm-up runs.",
+)
 def run_cmd(
     project: Path,
     inputs: tuple[str, ...],
     weights: Path | None,
     target: str | None,
-    output: Path,
+    output: Path | None,
     sanitize: str | None,
+    bench: int | None,
 ) -> None:
-    """Run a built project on .npy inputs; write its outputs to OUT.npz."""
-    from flowc.harness.build import project_info, run
+    """Run a built project on .npy inputs; write its outputs to OUT.npz and, with --bench N,
+    print its latency and throughput."""
+    from flowc.harness.build import bench_figures, project_info, run
 
-    output = check_output_path(output)
+    if bench is not None and not 1 <= bench <= 1_000_000:
+        raise InputError(
+            f"--bench {bench}: expected a number of runs from 1 to 1000000",
+            hint="for example --bench 100",
+        )
+    if output is None and bench is None:
+        raise InputError(
+            "flowc run needs -o OUT.npz for the outputs (or --bench N to time the model)"
+        )
+    if output is not None:
+        output = check_output_path(output)
     info = project_info(project)
     if weights is not None and not weights.is_file():
         # Not only missing: a FIFO or a device would hang the driver or never end.
@@ -905,9 +981,24 @@ def run_cmd(
     assert isinstance(specs, list)
     feeds = read_inputs(inputs, [str(spec["name"]) for spec in specs])
     feeds = {k: as_declared_type(k, a, specs) for k, a in feeds.items()}
-    results, _ = run(project, feeds, target=target, weights=weights, sanitize=sanitize)
-    write_npz_atomic(output, results)
-    out.print(f"wrote {escape(str(output))}")
+    results, stdout = run(
+        project, feeds, target=target, weights=weights, sanitize=sanitize, bench=bench or 0
+    )
+    if output is not None:
+        write_npz_atomic(output, results)
+        out.print(f"wrote {escape(str(output))}")
+    if bench is not None:
+        f = bench_figures(stdout)
+        lat = f["latency_ms"]
+        ranks = f"{f['ranks']} rank" + ("s" if f["ranks"] != 1 else "")
+        out.print(
+            f"latency: median {lat['median']:.3f} ms, p90 {lat['p90']:.3f} ms, "
+            f"min {lat['min']:.3f} ms ({f['runs']} runs, each synchronized)"
+        )
+        out.print(
+            f"throughput: {f['throughput_runs_per_s']:.1f} runs/s ({f['runs']} runs queued "
+            f"back to back; {f['warmup']} warm-up runs first; {f['target']}, {ranks})"
+        )
 
 
 @cli.command()
@@ -937,6 +1028,7 @@ def run_cmd(
     default=None,
     help="Keep the project here (default: a temporary directory).",
 )
+@schedule_options
 @parallel_options
 def verify(
     model: Path,
@@ -952,6 +1044,7 @@ def verify(
     sbps: tuple[str, ...],
     mem_limit: str | None,
     cost_profile: Path | None,
+    streams: int | None,
 ) -> None:
     """Compile MODEL, build, run, and compare every output with onnxruntime (the NumPy
     reference for a .flow program)."""
@@ -982,7 +1075,7 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:
         project = out_dir or Path(tmp) / "out"
         _progress(f"compiling {model.name}")
-        compile_model(model, shapes, dims, project, popts)
+        compile_model(model, shapes, dims, project, popts, streams=streams)
         build(project, target, progress=_progress)
         _progress("running")
         got, _ = run(project, feeds, target=target)

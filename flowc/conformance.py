@@ -565,7 +565,7 @@ def _merge(cases: Sequence[_HostCase]) -> Any:
 def _host_group(workdir: str, group: list[_HostCase], build_jobs: int) -> dict[str, Result]:
     """Compile, build and run a group; splits it when any of that fails for the group as a
     whole, so a failure is charged to one case."""
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.frontend.onnx import ImportOptions, import_model
     from flowc.harness.build import build, run
     from flowc.passes.manager import COMPILE_PIPELINE, PassManager
@@ -625,12 +625,12 @@ def _host_prepare(root: Path, info: CaseInfo) -> tuple[Result | None, Any]:
     from flowc.passes.manager import COMPILE_PIPELINE
 
     try:
-        from flowc.codegen.program import generate
+        from flowc.compiler import generate_program
 
         model, inputs, outputs = load_case(root, info)
         p = prepare(info, model, inputs, outputs, COMPILE_PIPELINE)
         # Code generation on its own (cheap): a case it rejects never joins a build.
-        generate(p.graph, prefix="conformance")
+        generate_program(p.graph, prefix="conformance")
         return None, p
     except CaseFailure as e:
         return Result(info.name, info.op, e.status, _short(e.message)), None
@@ -682,7 +682,7 @@ def cuda_build(root: Path, infos: Sequence[CaseInfo], out: Path, jobs: int = 2) 
     """Compile and link (not run) one CUDA program holding the compiled graphs of ``infos``:
     the check that every kernel flowc generates for them builds with nvcc. Raises on any
     case that does not compile for the host, and on a failed build."""
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.harness.build import build
     from flowc.passes.manager import COMPILE_PIPELINE
 

@@ -909,7 +909,7 @@ def make_case(gen: str, seed: int) -> Case:
 def check_file(path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str]:
     """(outcome, message) of one model file: imported, compiled, code generated and given
     random inputs, or a FlowcError of exit code 2, or else an internal error."""
-    from flowc.codegen.program import generate
+    from flowc.compiler import generate_program
     from flowc.errors import FlowcError
     from flowc.frontend import ImportOptions, load_graph
     from flowc.interpreter import MAX_RANDOM_INPUT_BYTES, random_inputs
@@ -925,7 +925,7 @@ def check_file(path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str
             if total > MAX_RANDOM_INPUT_BYTES or total <= 16 << 20:
                 random_inputs(g)
             g = PassManager(COMPILE_PIPELINE).run(g)
-            generate(g)
+            generate_program(g)
     except FlowcError as e:
         if e.exit_code != 2:
             return "internal", f"{type(e).__name__} (exit {e.exit_code}): {e}"

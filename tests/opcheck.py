@@ -184,7 +184,7 @@ def check_compiled(
     each output with onnxruntime; returns the generated model.cu."""
     from pathlib import Path
 
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.harness.build import build, run
 
     tols = {

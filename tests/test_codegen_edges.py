@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from opcheck import Case, check_compiled
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.errors import InputError
 from flowc.frontend.onnx import import_model
 from flowc.harness.build import build, build_dir, run

@@ -20,9 +20,9 @@ from test_models import (
     _with_random_weights,
 )
 
-from flowc.codegen import compile_graph
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import write_weights
+from flowc.compiler import compile_graph
 from flowc.frontend.onnx import ImportOptions, import_model, import_onnx
 from flowc.harness.build import build, run
 from flowc.harness.compare import max_rel_error

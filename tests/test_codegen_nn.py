@@ -9,8 +9,8 @@ import pytest
 from onnx import helper
 from opcheck import Case, check_compiled
 
-from flowc.codegen import compile_graph
 from flowc.codegen.cpp import CodegenError
+from flowc.compiler import compile_graph
 from flowc.frontend.onnx import import_model
 
 RNG = np.random.default_rng(11)

@@ -15,9 +15,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from flowc.codegen import compile_graph
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import write_weights
+from flowc.compiler import compile_graph
 from flowc.errors import FlowcError
 from flowc.frontend.onnx import import_model
 from flowc.harness.build import build, build_dir, run

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from opcheck import Case, check_compiled
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.errors import FlowcError
 from flowc.harness.build import build, run
 from flowc.harness.compare import compare

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.frontend.onnx import import_model
 from flowc.harness.build import build, build_dir, run
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.frontend.dsl import parse_program
 from flowc.harness.build import build, run
 from flowc.interpreter import evaluate

@@ -13,8 +13,8 @@ from test_models import LIGHT_DIR, LIGHT_MODELS
 
 from flowc.frontend.onnx import ImportOptions, import_onnx
 from flowc.ir import DType, Graph, TensorType
-from flowc.passes.memory_check import PlanError, check_memory_plan
-from flowc.passes.memory_plan import ALIGN, plan_memory
+from flowc.memory.check import PlanError, check_memory_plan
+from flowc.memory.plan import ALIGN, plan_memory
 
 MODELS = [
     SHARED_MODELS / f"{n}.onnx"

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 from opcheck import run_onnxruntime
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.frontend.onnx import import_model
 from flowc.harness.build import build, run
 from flowc.ir.dtype import DType

@@ -186,7 +186,7 @@ def test_deform_conv_compiled_1d_3d(tmp_path) -> None:  # type: ignore[no-untype
     against the 2-D embedding and the scalar loop), both nodes in one host build."""
     from onnx import helper
 
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.harness.build import build, run
     from flowc.harness.compare import compare
     from flowc.interpreter import evaluate

@@ -526,7 +526,7 @@ def test_tree_ensemble_errors(change: dict[str, Any], message: str) -> None:
 
 
 def test_ml_ops_compiled(tmp_path: Path) -> None:
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.harness.build import build as build_project
     from flowc.harness.build import run
     from flowc.passes.manager import COMPILE_PIPELINE, PassManager

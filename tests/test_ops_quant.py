@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from opcheck import Case, check_compiled, check_op, make_op_model, run_onnxruntime
 
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.errors import FlowcError
 from flowc.frontend.onnx import import_model
 from flowc.harness.build import build, run

@@ -183,7 +183,7 @@ def test_other_domains_stay_unsupported() -> None:
 
 
 def test_training_ops_compiled(tmp_path: Path) -> None:
-    from flowc.codegen import compile_graph
+    from flowc.compiler import compile_graph
     from flowc.harness.build import build, run
     from flowc.passes.manager import COMPILE_PIPELINE, PassManager
 

@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
-from flowc.codegen import compile_graph
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import weights_file_name
+from flowc.compiler import compile_graph, schedule_graph
 from flowc.harness.build import build, run
 from flowc.ir.types import Mesh
 from flowc.ops.comm import COLLECTIVES
 from flowc.parallel import Parallelized, ParallelOptions, parallelize
 from flowc.parallel.layout import all_coords, local_type, rank_of
-from flowc.passes.stream_schedule import stream_schedule
 from flowc.toolchain import find_cuda
 
 COLLECTIVE_NAMES = {
@@ -40,7 +39,8 @@ pytestmark = pytest.mark.skipif(
 
 def planned_log(result: Parallelized) -> list[str]:
     """The log lines every rank must write: the collectives in the program's order."""
-    steps, _ = stream_schedule(result.physical.graph)
+    sched = schedule_graph(result.physical.graph)
+    steps = [sched.actors.actors[a].node for a in sched.issue]
     lines = []
     for node in steps:
         if node.op in COLLECTIVES:

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
-from flowc.codegen import compile_graph
 from flowc.codegen.program import layout_weights
+from flowc.compiler import compile_graph
 from flowc.harness.build import build, launcher, run
 from flowc.ir.types import Mesh
 from flowc.parallel import ParallelOptions, parallelize

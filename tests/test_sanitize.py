@@ -25,7 +25,7 @@ from conftest import REPO, SHARED_MODELS
 from test_models import _shared_io
 
 from flowc.cli import main as cli_main
-from flowc.codegen import compile_graph
+from flowc.compiler import compile_graph
 from flowc.errors import InputError
 from flowc.frontend.onnx import ImportOptions, import_onnx
 from flowc.harness.build import build, build_dir, parse_sanitize, sanitizer_env

@@ -34,10 +34,10 @@ from flowc.codegen.cpp import (
 )
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
-from flowc.ops.registry import get_op
-from flowc.passes.memory_plan import ALIGN, MemoryPlan, is_view, plan_memory
-from flowc.passes.stream_schedule import stream_schedule
+from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
+from flowc.ops.registry import get_op, is_view
 from flowc.resources import templates_dir
+from flowc.schedule.program import Schedule, StreamOp
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -143,8 +143,16 @@ def layout_weights(
 class Program:
     """What emit hooks write into; see the module docstring."""
 
-    def __init__(self, graph: Graph, plan: MemoryPlan, weights: WeightsLayout, prefix: str) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        schedule: Schedule,
+        plan: MemoryPlan,
+        weights: WeightsLayout,
+        prefix: str,
+    ) -> None:
         self.graph = graph
+        self.schedule = schedule
         self.plan = plan
         self.weights = weights
         self.prefix = prefix
@@ -157,14 +165,34 @@ class Program:
         for k, v in enumerate(graph.outputs):
             self._outputs.setdefault(v, k)
         self._view_base: dict[Value, Value] = {}
-        for node in plan.steps:
+        for node in graph.nodes:
             if is_view(graph, node) and node.inputs and node.inputs[0] is not None:
                 self._view_base[node.outputs[0]] = node.inputs[0]
         self.node: Node | None = None
-        # Multi-rank programs: collectives run on a communication stream; each one records an
-        # event that the compute stream waits on before the first reader of its result.
-        self.num_events = 1  # event 0: "the compute stream got here", reused by each collective
-        self.pending: dict[Value, int] = {}  # comm result -> its event, until waited on
+        self.current_stream = 0
+        # The emitted program's stream operations, for the memory checker.
+        self.ops: list[StreamOp] = []
+        self.blas_streams: set[int] = set()
+        self.conv_streams: set[int] = set()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    @property
+    def stream(self) -> str:
+        """The C++ expression of the stream the current node runs on."""
+        return f"streams[{self.current_stream}]"
+
+    @property
+    def blas(self) -> str:
+        """The current stream's cuBLAS handle (each stream has its own, and its workspace)."""
+        self.blas_streams.add(self.current_stream)
+        return f"m->blas[{self.current_stream}]"
+
+    @property
+    def conv(self) -> str:
+        """The current stream's cuDNN handle (and workspace)."""
+        self.conv_streams.add(self.current_stream)
+        return f"m->conv[{self.current_stream}]"
 
     # -- pointers --------------------------------------------------------------------------
 
@@ -195,27 +223,6 @@ class Program:
         while v in self._view_base:
             v = self._view_base[v]
         return v
-
-    def collective(self, node: Node, call: str) -> None:
-        """Run ``call`` (returning flowc::Status) on the communication stream, after the
-        compute stream's work so far; readers of the result wait for its event."""
-        k = self.num_events
-        self.num_events += 1
-        self.stmt("cudaEventRecord(events[0], stream);")
-        self.stmt("cudaStreamWaitEvent(comm_stream, events[0], 0);")
-        self.call(call, f"{node.op} {node.name}")
-        self.stmt(f"cudaEventRecord(events[{k}], comm_stream);")
-        for o in node.outputs:
-            self.pending[o] = k
-
-    def wait_for(self, values: list[Value | None]) -> None:
-        """Make the compute stream wait for the collectives that produced ``values``."""
-        for v in values:
-            if v is None:
-                continue
-            k = self.pending.pop(self.root(v), None)
-            if k is not None:
-                self.stmt(f"cudaStreamWaitEvent(stream, events[{k}], 0);")
 
     def _raw(self, v: Value) -> str:
         if v in self._view_base and v not in self.plan.value_buffer and v not in self._outputs:
@@ -252,7 +259,7 @@ class Program:
             return
         grid = min((total + block - 1) // block, MAX_GRID)
         self.statements.append(
-            f"FLOWC_LAUNCH({kernel}, dim3({grid}), dim3({block}), {shared}, stream, {', '.join(args)});"
+            f"FLOWC_LAUNCH({kernel}, dim3({grid}), dim3({block}), {shared}, {self.stream}, {', '.join(args)});"
         )
 
     def launch_blocks(
@@ -262,7 +269,7 @@ class Program:
         if blocks <= 0:
             return
         self.statements.append(
-            f"FLOWC_LAUNCH({kernel}, dim3({blocks}), dim3({block}), {shared}, stream, {', '.join(args)});"
+            f"FLOWC_LAUNCH({kernel}, dim3({blocks}), dim3({block}), {shared}, {self.stream}, {', '.join(args)});"
         )
 
     def call(self, expr: str, what: str) -> None:
@@ -276,7 +283,7 @@ class Program:
 
     def copy(self, dst: Value, src: Value) -> None:
         self.stmt(
-            f"cudaMemcpyAsync({self._raw(dst)}, {self._raw(src)}, {dst.type.nbytes}, cudaMemcpyDeviceToDevice, stream);"
+            f"cudaMemcpyAsync({self._raw(dst)}, {self._raw(src)}, {dst.type.nbytes}, cudaMemcpyDeviceToDevice, {self.stream});"
         )
 
     def fail(self, message: str) -> CodegenError:
@@ -320,13 +327,17 @@ def _tensor_info(v: Value, name: str) -> dict[str, Any]:
 
 def generate(
     graph: Graph,
+    schedule: Schedule,
+    plan: MemoryPlan,
     prefix: str | None = None,
     source: str = "",
     arch: str = "90",
     poison: bool = False,
     physical: Physical | None = None,
-) -> tuple[dict[str, str], list[WeightsLayout]]:
-    """The project's text files (name -> content) and the weights (one per rank). With
+) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
+    """The project's text files (name -> content), the weights (one per rank) and the
+    emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
+    ``plan`` (both computed before: code generation only writes them down). With
     ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
     if prefix is not None and not is_c_ident(prefix):
         raise CodegenError(
@@ -335,8 +346,6 @@ def generate(
         )
     prefix = (prefix or c_ident(graph.name)) + "_"
     mesh = physical.mesh if physical is not None else None
-    steps, joins = stream_schedule(graph) if mesh is not None else (None, None)
-    plan = plan_memory(graph, steps, joins)
     if physical is None:
         all_weights = [layout_weights(graph)]
     else:
@@ -346,36 +355,62 @@ def generate(
             layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
         ]
     weights = all_weights[0]
-    prog = Program(graph, plan, weights, prefix)
+    prog = Program(graph, schedule, plan, weights, prefix)
     unsupported: dict[str, list[str]] = {}
-    dies_at: dict[int, list[int]] = {}
-    for b in plan.buffers:
-        dies_at.setdefault(b.end, []).append(b.id)
+    ns = schedule.num_streams
+    fork = len(schedule.events)
+    num_events = fork + (ns if ns > 1 else 0)  # the actors' events, then fork and joins
+
+    def wait(stream: int, event: int) -> None:
+        call = f"cudaStreamWaitEvent(streams[{stream}], events[{event}], 0);"
+        # Debug builds: FLOWC_DROP_EVENT=k leaves event k's wait out (the mutation tests).
+        prog.stmt(f"if (keep_event({event})) {call}" if poison else call)
+        prog.ops.append(StreamOp("wait", stream, event=event))
+
+    def record(stream: int, event: int) -> None:
+        prog.stmt(f"cudaEventRecord(events[{event}], streams[{stream}]);")
+        prog.ops.append(StreamOp("record", stream, event=event))
+
+    first_write, death = _poison_points(plan) if poison else ({}, {})
     if poison and plan.arena_bytes:
-        # Debug builds: every arena byte starts as NaN (0xff..), and a buffer is poisoned again
-        # once its last reader ran, so a value read from a wrong offset shows up as NaN.
-        prog.stmt(f"cudaMemsetAsync(arena, 0xff, {plan.arena_bytes}, stream);")
-    for t, node in enumerate(plan.steps):
-        if poison:
-            for bid in dies_at.get(t - 1, []):
-                b = plan.buffers[bid]
-                prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, stream);")
+        # Debug builds: every arena byte starts as NaN (0xff..); a buffer is poisoned again
+        # right before its first write and once its last access ran, so a read from a wrong
+        # offset, or one no event orders, shows up as NaN.
+        prog.stmt(f"cudaMemsetAsync(arena, 0xff, {plan.arena_bytes}, streams[0]);")
+    if ns > 1:
+        # Every stream starts after what the caller queued before run() (the inputs).
+        record(0, fork)
+        for st in range(1, ns):
+            wait(st, fork)
+    ag = schedule.actors
+    for t, a in enumerate(schedule.issue):
+        actor = ag.actors[a]
+        node = actor.node
+        prog.current_stream = st = schedule.stream_of[a]
+        for e in schedule.waits.get(a, []):
+            wait(st, e.id)
+        for b in first_write.get(t, []):
+            prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, {prog.stream});")
+        prog.stmt(f"trace_begin(m, {a}, {prog.stream});")
         opdef = get_op(node.op)
-        if is_view(graph, node):
-            continue
-        prog.wait_for(node.inputs)
         if opdef.view:
             # A view whose result is a graph output: copy the bytes.
             src = node.inputs[0]
             assert src is not None
             prog.copy(node.outputs[0], src)
-            continue
-        if opdef.emit is None:
+        elif opdef.emit is None:
             unsupported.setdefault(node.op, []).append(node.name)
-            continue
-        prog.node = node
-        opdef.emit(prog, node)
-    prog.node = None
+        else:
+            prog.node = node
+            opdef.emit(prog, node)
+            prog.node = None
+        prog.ops.append(StreamOp("run", st, node))
+        prog.stmt(f"trace_end(m, {a}, {prog.stream});")
+        for b in death.get(t, []):
+            prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, {prog.stream});")
+        for e in schedule.records.get(a, []):
+            record(st, e.id)
+    prog.current_stream = 0
     if unsupported:
         lines = [
             f"  {op}: {len(names)} node(s), first: {names[0]!r}"
@@ -386,17 +421,20 @@ def generate(
             + "\n".join(lines),
             hint="flowc eval runs these models with the NumPy reference",
         )
-    prog.wait_for(list(prog.pending))
+    for st in range(1, ns):
+        # Joined back into the caller's stream: the run ends when all of them have.
+        record(st, fork + st)
+        wait(0, fork + st)
     first_index: dict[Value, int] = {}
     for k, o in enumerate(graph.outputs):
         if o in first_index:
             prog.stmt(
                 f"cudaMemcpyAsync(outputs[{k}], outputs[{first_index[o]}], {o.type.nbytes}, "
-                "cudaMemcpyDeviceToDevice, stream);"
+                "cudaMemcpyDeviceToDevice, streams[0]);"
             )
         elif o.producer is None:  # an input or a constant is itself an output
             prog.stmt(
-                f"cudaMemcpyAsync(outputs[{k}], {prog._raw(o)}, {o.type.nbytes}, cudaMemcpyDeviceToDevice, stream);"
+                f"cudaMemcpyAsync(outputs[{k}], {prog._raw(o)}, {o.type.nbytes}, cudaMemcpyDeviceToDevice, streams[0]);"
             )
         first_index.setdefault(o, k)
     fills = _fill_statements(prog)
@@ -421,7 +459,13 @@ def generate(
         "outputs": [_tensor_info(v, v.name) for v in graph.outputs],
         "mesh": list(mesh.shape) if mesh is not None else [],
         "mesh_size": mesh.size if mesh is not None else 1,
-        "num_events": prog.num_events,
+        "num_events": num_events,
+        "num_streams": ns,
+        "blas_streams": sorted(prog.blas_streams),
+        "conv_streams": sorted(prog.conv_streams),
+        "event_mask": poison and num_events > 0,
+        "actor_names": [c_string(a.name) for a in ag.actors],
+        "actor_streams": [schedule.stream_of[a.id] for a in ag.actors],
         # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
         "dtype_names": sorted((d.onnx, d.short) for d in DType),
     }
@@ -453,4 +497,33 @@ def generate(
         )
         + "\n",
     }
-    return files, all_weights
+    ranks = mesh.size if mesh is not None else 1
+    files["schedule.json"] = (
+        json.dumps(
+            {"version": 1, "ranks": [schedule.to_json(rank=r) for r in range(ranks)]},
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    return files, all_weights, prog.ops
+
+
+def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int, list[Buffer]]]:
+    """Where a debug build poisons each buffer: before the step of its first write, and
+    after the access every other one happens before (when one exists: with accesses on
+    several streams that no event joins, there is none)."""
+    order = plan.order
+    at = {(order.stream[t], order.pos[t]): t for t in range(len(order.steps))}
+    first: dict[int, list[Buffer]] = {}
+    death: dict[int, list[Buffer]] = {}
+    for b in plan.buffers:
+        first.setdefault(b.writer, []).append(b)
+        for s, p in enumerate(b.last):
+            if p == 0:
+                continue
+            t = at[(s, p)]
+            if all(last <= order.clock[t][k] for k, last in enumerate(b.last)):
+                death.setdefault(t, []).append(b)
+                break
+    return first, death

@@ -94,10 +94,10 @@ def _emit_collective(prog: Program, node: Node) -> None:
         "ReduceScatter": ("reduce_scatter", y.type.numel),
         "AllToAll": ("all_to_all", x.type.numel // group_size(attrs)),
     }[node.op]
-    prog.collective(
-        node,
+    prog.call(
         f"flowc::comm::{fn[0]}(*m->world, {int(attrs['mesh_axis'])}, {prog.cptr_void(x)}, "
-        f"{prog.ptr_void(y)}, {c_int(fn[1], 'size_t')}, {x.type.dtype.onnx}, comm_stream)",
+        f"{prog.ptr_void(y)}, {c_int(fn[1], 'size_t')}, {x.type.dtype.onnx}, {prog.stream})",
+        f"{node.op} {node.name}",
     )
 
 
@@ -181,7 +181,7 @@ def _emit_shard_zero(prog: Program, node: Node) -> None:
     coord = prog.mesh_coord(int(node.attrs["mesh_axis"]))
     prog.stmt(
         f"if ({coord} == 0) cudaMemcpyAsync({prog.ptr_void(y)}, {prog.cptr_void(x)}, {n}, "
-        f"cudaMemcpyDeviceToDevice, stream); else cudaMemsetAsync({prog.ptr_void(y)}, 0, {n}, stream);"
+        f"cudaMemcpyDeviceToDevice, {prog.stream}); else cudaMemsetAsync({prog.ptr_void(y)}, 0, {n}, {prog.stream});"
     )
 
 

@@ -335,8 +335,8 @@ def _conv_emit(prog: Program, node: Node) -> None:
         }
         sets = " ".join(f"d.{k} = {v};" for k, v in fields.items())
         prog.call(
-            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::conv2d_forward(m->conv, d, "
-            f"{prog.cptr(x)}, {prog.cptr(w)}, {prog.ptr(y)}, stream); }}()",
+            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::conv2d_forward({prog.conv}, d, "
+            f"{prog.cptr(x)}, {prog.cptr(w)}, {prog.ptr(y)}, {prog.stream}); }}()",
             f"Conv {node.name}",
         )
         if b is not None:

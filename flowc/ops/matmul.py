@@ -157,7 +157,7 @@ def _gemm_call(
         lines.append(f"    d.beta = {c_float(beta)};")
     a, b, c = ptrs
     if not outer:
-        lines.append(f"    return flowc::gemm(m->blas, d, {a}, {b}, {c}, stream);")
+        lines.append(f"    return flowc::gemm({prog.blas}, d, {a}, {b}, {c}, {prog.stream});")
     else:
         lines += [
             f"    const float* pa = {a};",
@@ -165,7 +165,7 @@ def _gemm_call(
             f"    float* pc = {c};",
             f"    for (int64_t o = 0; o < {math.prod(ax.size for ax in outer)}; ++o) {{",
             *_offsets_loop(outer, "      "),
-            "      const flowc::Status s = flowc::gemm(m->blas, d, pa + oa, pb + ob, pc + oc, stream);",
+            f"      const flowc::Status s = flowc::gemm({prog.blas}, d, pa + oa, pb + ob, pc + oc, {prog.stream});",
             "      if (!s.ok()) return s;",
             "    }",
             "    return flowc::Status::Ok();",
@@ -225,7 +225,7 @@ def _direct(
 
 
 def _zero(prog: Program, out: Value) -> None:
-    prog.stmt(f"cudaMemsetAsync({prog.ptr(out)}, 0, {out.type.nbytes}, stream);")
+    prog.stmt(f"cudaMemsetAsync({prog.ptr(out)}, 0, {out.type.nbytes}, {prog.stream});")
 
 
 def _matmul_emit(prog: Program, node: Node) -> None:

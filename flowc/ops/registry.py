@@ -22,7 +22,7 @@ import numpy as np
 
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs, Node
+from flowc.ir.graph import Attrs, Graph, Node
 from flowc.ir.types import Sbp, TensorType
 
 if TYPE_CHECKING:
@@ -348,3 +348,9 @@ def numel(shape: Sequence[int]) -> int:
 
 def ints(a: np.ndarray | Sequence[int]) -> list[int]:
     return [int(x) for x in np.asarray(a).reshape(-1)]
+
+
+def is_view(graph: Graph, node: Node) -> bool:
+    """A view node that stays an alias of its input's bytes (it runs no code): a view whose
+    result is a graph output must be copied into the caller's buffer instead."""
+    return get_op(node.op).view and node.outputs[0] not in set(graph.outputs)

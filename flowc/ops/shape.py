@@ -143,7 +143,7 @@ def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, bo
         # One run of memory: the copy engine does it.
         prog.stmt(
             f"cudaMemcpyAsync({_offset(prog.ptr(dst), dst_at)}, {_offset(prog.cptr(src), src_at)}, "
-            f"{total * dst.type.dtype.itemsize}, cudaMemcpyDeviceToDevice, stream);"
+            f"{total * dst.type.dtype.itemsize}, cudaMemcpyDeviceToDevice, {prog.stream});"
         )
         return
     sizes = [size for size, _, _ in dims]

@@ -139,19 +139,19 @@ def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
     return out
 
 
-def measure(physical: Physical) -> Memory:
+def measure(physical: Physical, profile: Profile | None = None) -> Memory:
     """Per-device bytes of the program as compiled: weights (incl. fills) and the arena
-    under the stream schedule (boxing buffers are arena values). Fuses ``physical.graph``
+    under the rank's schedule (boxing buffers are arena values). Fuses ``physical.graph``
     in place, as compilation would."""
+    # The memory limit is a fact about the compiled program, so the search asks the later
+    # stages for it (imported here, not at the top: they come after placement).
     from flowc.codegen.program import layout_weights
+    from flowc.compiler import arena_bytes
     from flowc.passes.fuse_elementwise import fuse_elementwise
-    from flowc.passes.memory_plan import plan_memory
-    from flowc.passes.stream_schedule import stream_schedule
 
     g = fuse_elementwise(physical.graph)
     physical.graph = g
-    steps, joins = stream_schedule(g)
-    return Memory(layout_weights(g).device_bytes, plan_memory(g, steps, joins).arena_bytes)
+    return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile))
 
 
 def make_plan(
@@ -204,7 +204,7 @@ def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> P
                 hint="raise the limit or use a larger mesh",
             ) from None
         physical = lower(graph, plan, profile)
-        memory = measure(physical)
+        memory = measure(physical, profile)
         last = memory
         cost = evaluate_plan(graph, plan, profile)
         if opts.mem_limit is None or memory.total <= opts.mem_limit:

@@ -38,6 +38,8 @@ DEFAULT_PROFILE = PROFILE_DIR / "h200-nvlink.toml"
 
 # Ops whose FLOPs run on the matrix units (the profile's [matmul] rates).
 MATMUL_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+# flowc.ops.comm.COLLECTIVES, spelled out (that module imports code generation).
+COLLECTIVE_OPS = frozenset({"AllReduce", "AllGather", "ReduceScatter", "AllToAll"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,12 @@ class Profile:
     launch_overhead: float  # seconds per kernel
     link: Link  # collectives along any mesh axis without an override
     mesh_axis: Mapping[int, Link] = field(default_factory=dict, hash=False)
+    # The device as the schedule's simulator shares it between concurrent kernels: its
+    # streaming multiprocessors, the 256-thread blocks one SM holds at once, and what one
+    # cross-stream event (record + wait) costs.
+    sms: int = 132
+    blocks_per_sm: int = 8
+    event_overhead: float = 2e-6
 
     def flop_rate(self, dtype: str, matmul: bool) -> float:
         table = self.matmul if matmul else self.compute
@@ -123,7 +131,17 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
                 hint=hint,
             )
         axes[int(k)] = link(t, f"mesh_axis.{k}")
+    device = data.get("device", {})
+    if not isinstance(device, dict):
+        raise InputError(f"cost profile {path}: [device] must be a table", hint=hint)
+    extra: dict[str, Any] = {}
+    for key in ("sms", "blocks_per_sm"):
+        if key in device:
+            extra[key] = int(number(device, key, "device"))
+    if "event_overhead" in device:
+        extra["event_overhead"] = number(device, "event_overhead", "device")
     return Profile(
+        **extra,
         name=str(data.get("name", path.stem)),
         compute=compute,
         matmul=matmul,
@@ -199,6 +217,50 @@ def node_time(node: Node, strategy: Strategy, mesh: Mesh, profile: Profile) -> f
     dtype = next((t.dtype for t in ins if t is not None), outs[0].dtype)
     rate = profile.flop_rate(dtype.short, node.op in MATMUL_OPS)
     return max(flops / rate, nbytes / profile.memory_bandwidth) + profile.launch_overhead
+
+
+def kernel_time(node: Node, profile: Profile) -> float:
+    """Seconds one device spends on ``node`` of a rank's graph, alone on the device (types
+    are local already; a view is free)."""
+    opdef = get_op(node.op)
+    if opdef.view:
+        return 0.0
+    if node.op in COLLECTIVE_OPS:
+        return collective_time(node, profile)
+    ins = [v.type if v is not None else None for v in node.inputs]
+    outs = [o.type for o in node.outputs]
+    flops = opdef.count_flops(node) if opdef.flops is not None else 0
+    nbytes = sum(t.nbytes for t in ins if t is not None) + sum(t.nbytes for t in outs)
+    dtype = next((t.dtype for t in ins if t is not None), outs[0].dtype if outs else None)
+    rate = profile.flop_rate(dtype.short if dtype is not None else "default", node.op in MATMUL_OPS)
+    return max(flops / rate, nbytes / profile.memory_bandwidth) + profile.launch_overhead
+
+
+def collective_time(node: Node, profile: Profile) -> float:
+    """Alpha-beta time of a collective node of a rank's graph: ring algorithms send
+    (p-1)/p of the buffer per rank, twice for an all-reduce."""
+    x = node.inputs[0]
+    mesh = node.attrs.get("mesh") or (1,)
+    axis = int(node.attrs.get("mesh_axis", 0))
+    p = int(mesh[axis]) if 0 <= axis < len(mesh) else 1
+    nbytes = max(x.type.nbytes if x is not None else 0, node.outputs[0].type.nbytes)
+    share = (p - 1) / p if p > 1 else 0.0
+    sent = nbytes * share * (2 if node.op == "AllReduce" else 1)
+    link = profile.axis_link(axis)
+    return link.alpha + sent / link.bandwidth
+
+
+def device_share(node: Node, profile: Profile) -> float:
+    """The fraction of the device ``node``'s kernel can occupy alone: its blocks (one per 256
+    elements of its largest output, the grid-stride launch flowc emits) against what the
+    SMs hold at once. Concurrent kernels whose shares sum past 1 slow each other down."""
+    if node.op in COLLECTIVE_OPS:
+        return 0.1  # NCCL uses a few SMs' worth of channels
+    numel = max((o.type.numel for o in node.outputs), default=0)
+    if node.op in MATMUL_OPS:
+        numel = max(numel, 1) * 4  # library kernels tile the output and split K
+    blocks = max(1, -(-numel // 256))
+    return min(1.0, blocks / (profile.sms * profile.blocks_per_sm))
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Static memory planning (plan.py) and its independent checker (check.py)."""
