@@ -271,3 +271,43 @@ def test_gpt2_small_partition_is_balanced(tmp_path: Path) -> None:
         assert p.ratio <= 1.05, p.summary()
         # Between blocks the residual stream alone crosses: [1, 128, 768] f32 each.
         assert all(cut for cut in p.boundaries)
+
+
+STAGED = """graph mlp(x: f32[8, 64]) -> (y: f32[8, 10]) {
+    param w1: f32[64, 256] = normal(0.0, 0.125)
+    param w2: f32[256, 10] = normal(0.0, 0.0625)
+    stage {a} {
+        h = relu(x @ w1)
+    }
+    stage {b} {
+        y = softmax(h @ w2, axis=-1)
+    }
+    return y
+}
+"""
+
+
+def staged(tmp_path: Path, a: int, b: int) -> Graph:
+    path = tmp_path / f"staged_{a}_{b}.flow"
+    path.write_text(STAGED.replace("{a}", str(a)).replace("{b}", str(b)))
+    return load_graph(path)
+
+
+def test_dsl_stage_blocks_give_the_partition(tmp_path: Path) -> None:
+    g = staged(tmp_path, 0, 1)
+    p = partition(g, 2, PROFILE, node_stages=True)
+    assert p.manual
+    assert [n.stage for n in g.nodes] == p.node_stage
+    # Stage 0 ends with relu, whose output h is all that crosses (x and the weights do not).
+    assert [b.value for b in p.boundaries[0]] == [g.nodes[p.starts[1] - 1].outputs[0].name]
+    assert p.boundaries[0][0].nbytes == 8 * 256 * 4
+    with pytest.raises(InputError, match="numbered 0, 1, but the pipeline has 3 stages"):
+        partition(g, 3, PROFILE, node_stages=True)
+    with pytest.raises(InputError, match="cannot be combined"):
+        partition(g, 2, PROFILE, node_stages=True, boundaries=["x"])
+    with pytest.raises(InputError, match="stage blocks out of order"):
+        partition(staged(tmp_path, 1, 0), 2, PROFILE, node_stages=True)
+    with pytest.raises(InputError, match="numbered 0, 2"):
+        partition(staged(tmp_path, 0, 2), 2, PROFILE, node_stages=True)
+    with pytest.raises(InputError, match="no stage blocks"):
+        partition(skip_graph(), 2, PROFILE, node_stages=True)

@@ -20,7 +20,8 @@ programming over the cut positions (exact for this model; O(P N^2) with N nodes,
   them on, an upper bound), to its last reader in the stage, or to the stage's end when a
   later stage reads it (it is sent) or it is a graph output made here.
 
-Manual partitions name the last value of each stage but the last (``--stage-boundary``).
+Manual partitions name the last value of each stage but the last (``--stage-boundary``), or
+come from the nodes' stage tags (the DSL's ``stage N { }`` blocks).
 """
 
 from __future__ import annotations
@@ -295,10 +296,13 @@ def partition(
     mem_limit: int | None = None,
     boundaries: Sequence[str] | None = None,
     node_time_fn: Callable[[Node], float] | None = None,
+    node_stages: bool = False,
 ) -> Partition:
     """Cuts ``graph`` into ``stages`` stages: the given ``boundaries`` (value names, one per
-    cut: a stage ends after the node making its value), or else the partition minimizing the
-    slowest stage under ``mem_limit`` bytes per device (see the module docstring)."""
+    cut: a stage ends after the node making its value), or with ``node_stages`` the nodes'
+    own stage tags (the DSL's ``stage N { }`` blocks, see node_stage_starts), or else the
+    partition minimizing the slowest stage under ``mem_limit`` bytes per device (see the
+    module docstring). A manual partition over the memory limit is refused."""
     n = len(graph.nodes)
     if stages < 1:
         raise InputError(f"a pipeline needs at least 1 stage, got {stages}")
@@ -311,8 +315,16 @@ def partition(
     if mem_limit is not None and mem_limit <= 0:
         raise InputError(f"the memory limit per device must be positive, got {mem_limit}")
     costs = StageCosts(graph, profile or load_profile(), node_time_fn)
+    manual = boundaries is not None or node_stages
     if boundaries is not None:
+        if node_stages:
+            raise InputError(
+                "--stage-boundary cannot be combined with the program's stage blocks",
+                hint="leave out one of the two",
+            )
         starts = manual_starts(graph, stages, boundaries)
+    elif node_stages:
+        starts = node_stage_starts(graph, stages)
     elif mem_limit is None:
         _, starts = _min_max(costs.cost_row, n, stages)
     else:
@@ -333,7 +345,7 @@ def partition(
                 hint=f"raise --mem-limit to at least {math.ceil(need)} bytes, or use more "
                 "pipeline stages",
             )
-    return _describe(graph, costs, stages, starts, mem_limit, manual=boundaries is not None)
+    return _describe(graph, costs, stages, starts, mem_limit, manual=manual)
 
 
 def parse_stage_boundaries(text: str) -> list[str]:
@@ -345,6 +357,41 @@ def parse_stage_boundaries(text: str) -> list[str]:
             "--stage-boundary h3,h7",
         )
     return names
+
+
+def node_stage_starts(graph: Graph, stages: int) -> list[int]:
+    """Stage starts from the nodes' stage tags (``Node.stage``). A node without a tag (made
+    outside any stage block, or by a pass) joins the stage of the tagged node before it (the
+    first tagged node's stage at the start). The tags must be 0..stages-1, every one used, and
+    never decrease along the graph's order (a stage only reads from earlier ones)."""
+    nodes = graph.nodes
+    tags = [n.stage for n in nodes]
+    first = next((t for t in tags if t is not None), None)
+    if first is None:
+        raise InputError(
+            "the graph has no stage blocks to take the pipeline stages from",
+            hint="wrap the bindings in `stage N { ... }` blocks, or leave the stages to the "
+            "automatic partition",
+        )
+    filled: list[int] = []
+    for t in tags:
+        filled.append(t if t is not None else (filled[-1] if filled else first))
+    for k in range(1, len(nodes)):
+        if filled[k] < filled[k - 1]:
+            raise InputError(
+                f"stage blocks out of order: node {nodes[k].name or nodes[k].op!r} of stage "
+                f"{filled[k]} comes after node {nodes[k - 1].name or nodes[k - 1].op!r} of stage "
+                f"{filled[k - 1]}; a stage may only read values of the stages before it",
+                hint="number the stage blocks in the order the data flows",
+            )
+    used = sorted(set(filled))
+    if used != list(range(stages)):
+        raise InputError(
+            f"the program's stage blocks are numbered {', '.join(map(str, used))}, but the "
+            f"pipeline has {stages} stages: they must be numbered 0 to {stages - 1}, each used",
+            hint=f"give --pipeline {len(used)}" if used == list(range(len(used))) else None,
+        )
+    return [filled.index(s) for s in range(stages)]
 
 
 def manual_starts(graph: Graph, stages: int, boundaries: Sequence[str]) -> list[int]:
