@@ -55,7 +55,12 @@ def test_a_receive_nobody_sends_to_ends_at_the_deadline(host_exe: Path) -> None:
     )
     assert r.returncode != 0
     assert time.monotonic() - t0 < 60
-    assert "aborting (FLOWC_TIMEOUT_S=1" in r.stderr, r.stderr
+    # The message names the transfer and what its peer is doing (rank 1 sleeps, in no step).
+    assert (
+        "error: step 1 (recv from rank 1) did not finish after 1.0 s; rank 1 is in no transfer "
+        "or collective (it has finished 0 steps), so it has not issued the matching transfer "
+        "yet; aborting (FLOWC_TIMEOUT_S=1, seen by rank 0)" in r.stderr
+    ), r.stderr
     assert "FAIL" not in r.stdout
 
 

@@ -1026,8 +1026,37 @@ inline Status check_transfers(const World& w, const char* what, const Transfer* 
   return Status::Ok();
 }
 
+// Ends the job: a transfer of this rank has waited `waited` seconds. Unlike a collective's
+// (timed_out), the ranks waited for are the peers, and their step numbers need not match this
+// rank's (stages do different work): each peer is described by what it published.
+[[noreturn]] inline void transfer_timed_out(World& w, const std::vector<int>& peers, double waited) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f s", waited);
+  std::string why = "step " + std::to_string(w.step) + " (" + w.step_what + ") did not finish after " + secs;
+  std::vector<int> seen;
+  for (int peer : peers) {
+    if (peer == w.rank || std::find(seen.begin(), seen.end(), peer) != seen.end()) continue;
+    seen.push_back(peer);
+    int64_t got[2] = {0, 0};
+    const std::string r = "rank " + std::to_string(peer);
+    if (!read_slots(w, peer, got, 0.5)) {
+      why += "; " + r + " does not answer (stopped or gone)";
+    } else if (got[0] % 2 == 1) {
+      why += "; " + r + " is waiting in its step " + std::to_string((got[0] + 1) / 2);
+    } else {
+      why += "; " + r + " is in no transfer or collective (it has finished " + std::to_string(got[0] / 2) +
+             " steps), so it has not issued the matching transfer yet";
+    }
+  }
+  std::fprintf(stderr, "error: %s; aborting (FLOWC_TIMEOUT_S=%g, seen by rank %d)\n", why.c_str(),
+               w.timeout_s, w.rank);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
 // Waits for every request of the current step, beating, until the deadline (see wait_request).
-inline int wait_requests(World& w, std::vector<MPI_Request>& reqs) {
+inline int wait_requests(World& w, std::vector<MPI_Request>& reqs, const std::vector<int>& peers) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   auto next_beat = t0;
@@ -1041,7 +1070,7 @@ inline int wait_requests(World& w, std::vector<MPI_Request>& reqs) {
       next_beat = now + std::chrono::milliseconds(10);
     }
     const double waited = std::chrono::duration<double>(now - t0).count();
-    if (waited > w.timeout_s) timed_out(w, -1, waited);
+    if (waited > w.timeout_s) transfer_timed_out(w, peers, waited);
     if (spin < 1000) {
       sched_yield();
     } else {
@@ -1098,7 +1127,9 @@ inline Status exchange(World& w, const Transfer* ts, int n, cudaStream_t stream)
             ++k;
           }
         }
-        const int rc = watched ? detail::wait_requests(w, reqs)
+        std::vector<int> peers;
+        for (const Transfer& t : live) peers.push_back(t.peer);
+        const int rc = watched ? detail::wait_requests(w, reqs, peers)
                                : MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
         if (watched) detail::leave(w);
         if (rc != MPI_SUCCESS) return LibraryError(detail::mpi_error(what, "MPI_Waitall", rc));
