@@ -350,6 +350,21 @@ def cli() -> None:
     help="Write the IR (DSL text) to stdout; the summary goes to stderr.",
 )
 @click.option("--memory", is_flag=True, help="Plan memory: arena bytes, lower bound, naive sum.")
+@click.option(
+    "--schedule",
+    "show_schedule",
+    is_flag=True,
+    help="Print the static schedule per rank: streams, firing order, events, modeled "
+    "start/end, makespan and critical path.",
+)
+@click.option(
+    "--gantt",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="OUT.png",
+    help="Draw the modeled schedule as a Gantt chart (PNG); implies --schedule.",
+)
+@schedule_options
 @parallel_options
 def inspect(
     model: Path,
@@ -357,6 +372,9 @@ def inspect(
     dims: tuple[str, ...],
     print_ir: bool,
     memory: bool,
+    show_schedule: bool,
+    gantt: Path | None,
+    streams: int | None,
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
@@ -364,17 +382,32 @@ def inspect(
     cost_profile: Path | None,
 ) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
-    parallel plan beside the data-parallel and all-broadcast ones."""
+    parallel plan beside the data-parallel and all-broadcast ones; with --schedule, the
+    static schedule the compiled program runs."""
     from flowc.ir.graph import is_splat
     from flowc.ops.registry import get_op
 
+    show_schedule = show_schedule or gantt is not None
+    if streams is not None and not show_schedule:
+        raise InputError("--streams needs --schedule", hint="e.g. --schedule --streams 2")
+    if gantt is not None and gantt.suffix.lower() != ".png":
+        raise InputError(f"--gantt {gantt}: a Gantt chart is drawn as PNG", hint="give OUT.png")
     popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
     if popts is not None:
-        _inspect_plan(model, shapes, dims, popts, print_ir)
+        result = _inspect_plan(model, shapes, dims, popts, print_ir)
+        if show_schedule:
+            _inspect_schedule(
+                err if print_ir else out,
+                result.physical.graph,
+                streams,
+                gantt,
+                popts.mesh.shape,
+            )
         return
 
-    # With --memory the plan is the one code generation uses: after fusion.
-    graph = load(model, shapes, dims, for_compile=memory)
+    # With --memory or --schedule the graph is the one code generation uses: after fusion.
+    compiled = memory or show_schedule
+    graph = load(model, shapes, dims, for_compile=compiled)
     console = err if print_ir else out
     if print_ir:
         sys.stdout.write(str(graph))
@@ -397,7 +430,7 @@ def inspect(
     from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE
 
     # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
-    passes = ", ".join(COMPILE_PIPELINE if memory else DEFAULT_PIPELINE)
+    passes = ", ".join(COMPILE_PIPELINE if compiled else DEFAULT_PIPELINE)
     ops = Table(
         title=f"ops ({len(graph.nodes)} nodes after {passes})",
         title_justify="left",
@@ -429,11 +462,97 @@ def inspect(
             f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
             f"{plan.inplace} outputs written in place"
         )
+    if show_schedule:
+        _inspect_schedule(console, graph, streams, gantt, None)
+
+
+def _inspect_schedule(
+    console: Console,
+    graph: Any,
+    streams: int | None,
+    gantt: Path | None,
+    mesh_shape: tuple[int, ...] | None,
+) -> None:
+    """Print the schedule the compiled program runs (one rank's: an SPMD mesh runs the same
+    rank graph, so the same schedule, on every rank) and draw it with --gantt."""
+    from flowc.compiler import schedule_graph
+
+    sched = schedule_graph(graph, streams=streams)
+    ag = sched.actors
+    us = 1e6
+    ranks = 1
+    if mesh_shape is None:
+        console.print("schedule of rank 0 (one device):", markup=False)
+    else:
+        for d in mesh_shape:
+            ranks *= d
+        console.print(
+            f"schedule of rank 0 (all {ranks} ranks of the {'x'.join(map(str, mesh_shape))} "
+            "mesh run the same rank graph, so the same schedule; printed once):",
+            markup=False,
+        )
+
+    def label(a: int) -> str:
+        actor = ag.actors[a]
+        return f"{a} {actor.name!r} ({actor.op}, {sched.stream_name(sched.stream_of[a])})"
+
+    n_compute = sched.num_compute
+    console.print(
+        f"  {len(ag.actors)} actors on {sched.num_streams} stream(s) ({n_compute} compute"
+        + (", 1 communication" if sched.num_streams > n_compute else "")
+        + f"), {len(sched.events)} event(s), modeled makespan {sched.makespan_s * us:.3f} us"
+        + ("" if streams is not None else " (stream count: the simulator's choice)"),
+        markup=False,
+    )
+    for s, order in enumerate(sched.streams):
+        console.print(
+            f"  stream {s} {sched.stream_name(s)}"
+            + (" (the caller's stream)" if s == 0 else "")
+            + f": {len(order)} actor(s) in firing order",
+            markup=False,
+        )
+        console.print(
+            f"    {'#':>4} {'actor':>5}  {'start_us':>10} {'end_us':>10}  name [op]  events",
+            markup=False,
+        )
+        for k, a in enumerate(order):
+            actor = ag.actors[a]
+            marks = [f"wait e{e.id}" for e in sched.waits.get(a, [])]
+            marks += [f"record e{e.id}" for e in sched.records.get(a, [])]
+            console.print(
+                f"    {k + 1:>4} {a:>5}  {sched.start_s[a] * us:>10.3f} {sched.end_s[a] * us:>10.3f}"
+                f"  {actor.name} [{actor.op}]" + (f"  {', '.join(marks)}" if marks else ""),
+                markup=False,
+            )
+    console.print(f"  events ({len(sched.events)}):", markup=False)
+    for e in sched.events:
+        console.print(
+            f"    e{e.id} [{e.kind}]: recorded after {label(e.record_after)}, "
+            f"waited for before {label(e.wait_before)}",
+            markup=False,
+        )
+    path = sched.critical_path
+    console.print(
+        f"  critical path ({len(path)} actors, ending at "
+        f"{(sched.end_s[path[-1]] if path else 0.0) * us:.3f} us):",
+        markup=False,
+    )
+    for a in path:
+        console.print(
+            f"    {label(a)}  {sched.start_s[a] * us:.3f} .. {sched.end_s[a] * us:.3f} us",
+            markup=False,
+        )
+    if gantt is not None:
+        from flowc.schedule.gantt import draw_gantt
+
+        data = {"version": 1, "ranks": [sched.to_json(rank=r) for r in range(ranks)]}
+        draw_gantt(data, gantt, title=graph.name)
+        console.print(f"  wrote {gantt}", markup=False)
 
 
 def _inspect_plan(
     model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any, print_ir: bool
-) -> None:
+) -> Any:
     import dataclasses
 
     from flowc.parallel import parallelize
@@ -465,6 +584,7 @@ def _inspect_plan(
     )
     console.print(f"[bold]{escape(model.name)}[/]  graph {escape(repr(graph.name))}")
     print_plan(console, graph, result, others, popts.mem_limit)
+    return result
 
 
 def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
