@@ -86,6 +86,7 @@ def layout_weights(
     *,
     physical: Physical | None = None,
     coords: tuple[int, ...] | None = None,
+    identity: str = "",
 ) -> WeightsLayout:
     """Stored constants first (256-aligned), then room for splats, which stay fills.
     ``data_of`` gives a constant's bytes when they are not its own. With ``physical`` and
@@ -134,6 +135,8 @@ def layout_weights(
             f"|rank {rank_of(mesh, coords)} {list(coords)} of mesh "
             f"{'x'.join(map(str, mesh.shape))}|{shards}"
         )
+    if identity:
+        desc += f"|{identity}"  # e.g. a pipeline rank's stage, rank and mesh
     layout_id = zlib.crc32(desc.encode()) | (stored << 32)
     return WeightsLayout(
         offsets, stored, pos, data, zlib.crc32(data), layout_id & 0xFFFFFFFFFFFFFFFF
@@ -150,6 +153,7 @@ class Program:
         plan: MemoryPlan,
         weights: WeightsLayout,
         prefix: str,
+        kernels: dict[str, str] | None = None,
     ) -> None:
         self.graph = graph
         self.schedule = schedule
@@ -157,7 +161,8 @@ class Program:
         self.weights = weights
         self.prefix = prefix
         self.env = template_env()
-        self._kernels: dict[str, str] = {}  # source -> name
+        # source -> name; the stages of a pipeline share one table (one model.cu).
+        self._kernels: dict[str, str] = {} if kernels is None else kernels
         self.statements: list[str] = []
         self.fills: list[str] = []
         self._inputs = {v: k for k, v in enumerate(graph.inputs)}
@@ -325,37 +330,11 @@ def _tensor_info(v: Value, name: str) -> dict[str, Any]:
     return {"name": c_string(name), "rank": v.type.rank, "shape": shape, "dtype": v.type.dtype.onnx}
 
 
-def generate(
-    graph: Graph,
-    schedule: Schedule,
-    plan: MemoryPlan,
-    prefix: str | None = None,
-    source: str = "",
-    arch: str = "90",
-    poison: bool = False,
-    physical: Physical | None = None,
-) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
-    """The project's text files (name -> content), the weights (one per rank) and the
-    emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
-    ``plan`` (both computed before: code generation only writes them down). With
-    ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
-    if prefix is not None and not is_c_ident(prefix):
-        raise CodegenError(
-            f"--prefix {prefix!r} is not a C identifier",
-            hint="use letters, digits and underscores, not starting with a digit",
-        )
-    prefix = (prefix or c_ident(graph.name)) + "_"
-    mesh = physical.mesh if physical is not None else None
-    if physical is None:
-        all_weights = [layout_weights(graph)]
-    else:
-        from flowc.parallel.layout import all_coords
-
-        all_weights = [
-            layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
-        ]
-    weights = all_weights[0]
-    prog = Program(graph, schedule, plan, weights, prefix)
+def emit_schedule(prog: Program, poison: bool) -> int:
+    """Write ``prog``'s schedule as run_schedule() statements: per actor in issue order, its
+    event waits, its code on its stream, its event records; then every stream joined into
+    stream 0. Returns the number of events used."""
+    schedule, plan = prog.schedule, prog.plan
     unsupported: dict[str, list[str]] = {}
     ns = schedule.num_streams
     fork = len(schedule.events)
@@ -425,6 +404,12 @@ def generate(
         # Joined back into the caller's stream: the run ends when all of them have.
         record(st, fork + st)
         wait(0, fork + st)
+    return num_events
+
+
+def _output_copies(prog: Program) -> None:
+    """Outputs that repeat an earlier output, or are an input or a constant themselves."""
+    graph = prog.graph
     first_index: dict[Value, int] = {}
     for k, o in enumerate(graph.outputs):
         if o in first_index:
@@ -437,6 +422,43 @@ def generate(
                 f"cudaMemcpyAsync(outputs[{k}], {prog._raw(o)}, {o.type.nbytes}, cudaMemcpyDeviceToDevice, streams[0]);"
             )
         first_index.setdefault(o, k)
+
+
+def generate(
+    graph: Graph,
+    schedule: Schedule,
+    plan: MemoryPlan,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    poison: bool = False,
+    physical: Physical | None = None,
+) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
+    """The project's text files (name -> content), the weights (one per rank) and the
+    emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
+    ``plan`` (both computed before: code generation only writes them down). With
+    ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
+    if prefix is not None and not is_c_ident(prefix):
+        raise CodegenError(
+            f"--prefix {prefix!r} is not a C identifier",
+            hint="use letters, digits and underscores, not starting with a digit",
+        )
+    prefix = (prefix or c_ident(graph.name)) + "_"
+    mesh = physical.mesh if physical is not None else None
+    if physical is None:
+        all_weights = [layout_weights(graph)]
+    else:
+        from flowc.parallel.layout import all_coords
+
+        all_weights = [
+            layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
+        ]
+    weights = all_weights[0]
+    prog = Program(graph, schedule, plan, weights, prefix)
+    num_events = emit_schedule(prog, poison)
+    ns = schedule.num_streams
+    ag = schedule.actors
+    _output_copies(prog)
     fills = _fill_statements(prog)
     max_rank = max([1, *(v.type.rank for v in [*graph.inputs, *graph.outputs])])
     ctx = {

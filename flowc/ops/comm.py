@@ -201,3 +201,72 @@ defop(
     attrs=COMM_ATTRS,
     emit=_emit_shard_zero,
 )
+
+
+# -- point-to-point: pipeline stage boundaries -------------------------------------------------
+#
+# A stage boundary is one Send on the earlier stage's ranks and one Recv on the later one's:
+# every value crossing the cut travels in one exchange (an NCCL group / nonblocking MPI
+# calls), in the cut's order on both sides, so the two ranks always issue matching transfers.
+# ``peer`` is the world-rank offset of the partner (the next stage's rank with the same
+# coordinates in its stage: +k for a send, -k for a recv, k ranks per stage).
+
+
+def _recv_infer(ctx: InferCtx) -> list[TensorType]:
+    from flowc.ir.dtype import DType
+
+    shapes, dtypes = ctx.attr("shapes"), ctx.attr("dtypes")
+    if shapes is None or dtypes is None or len(shapes) != len(dtypes):
+        raise ctx.fail("Recv needs matching 'shapes' and 'dtypes' attributes")
+    by_code = {d.onnx: d for d in DType}
+    return [
+        TensorType(tuple(int(d) for d in s), by_code[int(t)])
+        for s, t in zip(shapes, dtypes, strict=True)
+    ]
+
+
+def _send_infer(ctx: InferCtx) -> list[TensorType]:
+    return []
+
+
+def _p2p_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
+    raise FlowcError(
+        "a pipeline transfer needs the partner stage's data, so one device's reference cannot run it",
+        hint="compare the compiled pipeline with the one-device program (flowc verify --pipeline)",
+    )
+
+
+def _emit_exchange(prog: Program, node: Node) -> None:
+    peer = f"m->world->rank + ({int(node.attrs['peer'])})"
+    if node.op == "Send":
+        parts = [(v, "kSend") for v in node.inputs if v is not None]
+    else:
+        parts = [(v, "kRecv") for v in node.outputs]
+    items = ", ".join(
+        f"{{flowc::comm::Transfer::{kind}, {peer}, {prog.ptr_void(v)}, "
+        f"{c_int(v.type.numel, 'size_t')}, {v.type.dtype.onnx}}}"
+        for v, kind in parts
+    )
+    prog.call(
+        f"[&]() {{ flowc::comm::Transfer ts[] = {{{items}}}; "
+        f"return flowc::comm::exchange(*m->world, ts, {len(parts)}, {prog.stream}); }}()",
+        f"{node.op} {node.name}",
+    )
+
+
+defop(
+    "Recv",
+    FAMILY,
+    infer=_recv_infer,
+    reference=_p2p_ref,
+    attrs={"peer": 0, "shapes": None, "dtypes": None},
+    emit=_emit_exchange,
+)
+defop(
+    "Send",
+    FAMILY,
+    infer=_send_infer,
+    reference=_p2p_ref,
+    attrs={"peer": 0},
+    emit=_emit_exchange,
+)

@@ -62,7 +62,10 @@ class Physical:
 
 
 class _Lowerer:
-    def __init__(self, graph: Graph, plan: Plan, profile: Profile | None) -> None:
+    def __init__(
+        self, graph: Graph, plan: Plan, profile: Profile | None, local_io: bool = False
+    ) -> None:
+        self.local_io = local_io
         self.logical = graph
         self.plan = plan
         self.mesh = plan.mesh
@@ -173,9 +176,13 @@ class _Lowerer:
         mesh = self.mesh
         whole = broadcast(mesh)
         for v in self.logical.inputs:
+            layout = self.plan.value_sbp[v]
+            if self.local_io:
+                # Each rank is handed its own part of the input (a micro-batch).
+                self.held[(v, layout)] = self.g.add_input(v.name, local_type(v.type, layout, mesh))
+                continue
             x = self.g.add_input(v.name, v.type)
             self.held[(v, whole)] = x
-            layout = self.plan.value_sbp[v]
             if layout != whole:
                 # Every rank reads the whole input and keeps its shard: free local slices.
                 self.box(v, layout, None, have=whole)
@@ -199,7 +206,10 @@ class _Lowerer:
             self.held[(c, layout)] = pc
         for node in self.logical.nodes:
             self.lower_node(node)
-        outs = [self.box(o, whole, None) for o in self.logical.outputs]
+        outs = [
+            self.box(o, self.plan.value_sbp[o] if self.local_io else whole, None)
+            for o in self.logical.outputs
+        ]
         for o, x in zip(self.logical.outputs, outs, strict=True):
             self.rename_output(x, o.name)
         self.g.outputs = outs
@@ -261,11 +271,14 @@ class _Lowerer:
             self.held[(o, strategy.output(j))] = pnode.outputs[j]
 
 
-def lower(graph: Graph, plan: Plan, profile: Profile | None = None) -> Physical:
+def lower(
+    graph: Graph, plan: Plan, profile: Profile | None = None, *, local_io: bool = False
+) -> Physical:
     """One rank's graph for ``plan`` (see the module docstring); with ``profile`` the boxing
-    sequences are the ones the cost model priced."""
+    sequences are the ones the cost model priced. With ``local_io`` each rank's inputs and
+    outputs are its own parts in their planned layouts (micro-batches), not whole tensors."""
     plan.check(graph)
-    return _Lowerer(graph, plan, profile).run()
+    return _Lowerer(graph, plan, profile, local_io).run()
 
 
 def lower_boxing(
