@@ -158,6 +158,7 @@ def _emit_shard_slice(prog: Program, node: Node) -> None:
     outer = int(np.prod(x.type.shape[:axis], dtype=np.int64))
     inner = int(np.prod(x.type.shape[axis + 1 :], dtype=np.int64))
     local = y.type.shape[axis]
+    coord = prog.mesh_coord(int(node.attrs["mesh_axis"]))
     k = prog.kernel("comm.cu.j2", "shard_slice", ctype=prog.ctype(x))
     prog.launch(
         k,
@@ -168,7 +169,7 @@ def _emit_shard_slice(prog: Program, node: Node) -> None:
             c_int(outer, "int64_t"),
             c_int(local, "int64_t"),
             c_int(inner, "int64_t"),
-            f"(int64_t){prog.mesh_coord(int(node.attrs['mesh_axis']))} * {c_int(local, 'int64_t')}",
+            f"(int64_t){coord} * {c_int(local, 'int64_t')}",
             c_int(x.type.shape[axis], "int64_t"),
         ],
     )
@@ -190,7 +191,7 @@ defop(
     FAMILY,
     infer=_shard_slice_infer,
     reference=_shard_slice_ref,
-    attrs={**COMM_ATTRS, "axis": 0},
+    attrs={**COMM_ATTRS, "axis": 0, "microbatch": 0},
     emit=_emit_shard_slice,
 )
 defop(

@@ -109,12 +109,35 @@ def _gather_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     rank, q = len(ctx.shape(0)), len(ctx.shape(1))
     axis = ctx.axis(ctx.attr("axis"), rank)
     table = ((d, d if d < axis else d + q - 1) for d in range(rank) if d != axis)
+    local = [
+        # Constant indices whose k-th rows point only into the matching block of the table
+        # (a mask flattened over the batch and gathered back per sample): both split, each
+        # rank's GatherShard finds every index in its own chunk, and no sum is needed.
+        sr.sig(ctx, {0: sr.S(axis), 1: sr.S(k)}, sr.S(axis + k), 1, physical="GatherShard")
+        for k in range(q)
+        if _block_local(ctx.consts[1], k, ctx.shape(0)[axis])
+    ]
     return [
         *sr.splits(ctx, outs, ((k, axis + k) for k in range(q)), data=1),
         *sr.splits(ctx, outs, table),
         sr.partial(ctx, outs),
         sr.sig(ctx, {0: sr.S(axis)}, sr.P, 1, physical="GatherShard"),
+        *local,
     ]
+
+
+def _block_local(ind: np.ndarray | None, k: int, rows: int) -> bool:
+    """Whether index row t (along axis ``k``) only names table rows [t, t+1) * rows/n: then
+    for any split of both into the same number of blocks, block j's indices stay in block j."""
+    if ind is None or ind.ndim == 0 or ind.size == 0:
+        return False
+    n = ind.shape[k]
+    if n < 2 or rows % n:
+        return False
+    i = ind.astype(np.int64)
+    i = np.where(i < 0, i + rows, i)
+    t = np.arange(n).reshape([-1 if d == k else 1 for d in range(ind.ndim)])
+    return bool(np.all((i >= 0) & (i < rows) & (i // (rows // n) == t)))
 
 
 defop(
@@ -189,7 +212,7 @@ defop(
     FAMILY,
     infer=_gather_shard_infer,
     reference=_gather_shard_ref,
-    attrs={"axis": 0, "mesh": None, "shard_axes": None},
+    attrs={"axis": 0, "mesh": None, "shard_axes": None, "microbatch": 0},
     inputs=2,
     emit=_gather_shard_emit,
 )

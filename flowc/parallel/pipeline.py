@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowc.errors import InputError
-from flowc.ir.graph import Graph, Value
+from flowc.ir.graph import Attrs, Graph, Value
 from flowc.ir.types import Mesh, NdSbp, Sbp
+from flowc.parallel.boxing import LOCAL_SLICE
 from flowc.parallel.cost import Profile
 from flowc.parallel.lower import Physical, lower
 
@@ -56,34 +57,55 @@ def microbatch_graph(graph: Graph, microbatches: int, profile: Profile) -> Micro
         return Microbatched(
             graph, [v.type.nbytes for v in graph.inputs], [v.type.nbytes for v in graph.outputs]
         )
-    from flowc.parallel.search import data_parallel_plan
+    import dataclasses
+
+    from flowc.parallel.cost import Link
+    from flowc.parallel.search import search
 
     mesh = Mesh("microbatch", (microbatches,))
     split = NdSbp((Sbp("S", 0),))
-    for v in graph.inputs:
-        if v.type.rank == 0 or v.type.shape[0] % microbatches:
-            size = "a scalar" if v.type.rank == 0 else f"batch {v.type.shape[0]}"
+    whole = NdSbp((Sbp("B"),))
+    # Every micro-batch runs the same code on the same weights: constants whole, outputs
+    # split on the batch; an input may be whole (each micro-batch reads all of it, as a mask
+    # expanded by a cross-sample gather must be). Micro-batches cannot talk to each other:
+    # priced out of reach, a collective in the plan means there is no separable one.
+    fixed: dict[Value, NdSbp] = {c: whole for c in graph.constants}
+    for o in graph.outputs:
+        if o.producer is None:
+            continue
+        if o.type.rank == 0 or o.type.shape[0] % microbatches:
             raise InputError(
-                f"--microbatches {microbatches}: input {v.name!r} ({v.type}, {size}) does not "
-                f"split into {microbatches} equal micro-batches along axis 0",
-                hint="use a micro-batch count that divides the batch (set the batch with --dim "
-                "or --shape)",
+                f"--microbatches {microbatches}: output {o.name!r} ({o.type}) does not split "
+                f"into {microbatches} micro-batches along axis 0",
+                hint="use a micro-batch count that divides the batch (set it with --dim or "
+                "--shape)",
             )
-    fixed = {
-        o: split
-        for o in graph.outputs
-        if o.type.rank and o.type.shape[0] % microbatches == 0 and o.producer is not None
+        fixed[o] = split
+    isolated = dataclasses.replace(profile, link=Link(1e6, 1.0), mesh_axis={})
+    # Inputs split first: for a small model the cost model may prefer recomputing the whole
+    # batch in every micro-batch (launches dominate), which would defeat micro-batching.
+    inputs_split = {
+        v: split for v in graph.inputs if v.type.rank and v.type.shape[0] % microbatches == 0
     }
-    try:
-        plan = data_parallel_plan(graph, mesh, profile, fixed)
-    except InputError as e:
-        raise InputError(
-            f"--microbatches {microbatches}: the graph does not split into micro-batches "
-            f"({e.message})",
-            hint="use --microbatches 1",
-        ) from None
-    phys = lower(graph, plan, profile, local_io=True)
-    for logical, consumer, _step in phys.boxing:
+    phys = None
+    for attempt in (inputs_split, {}):
+        try:
+            plan = search(graph, mesh, isolated, fixed={**fixed, **attempt}, baselines=False)
+        except InputError as e:
+            if attempt:
+                continue
+            raise InputError(
+                f"--microbatches {microbatches}: the graph does not split into micro-batches "
+                f"({e.message})",
+                hint="use --microbatches 1",
+            ) from None
+        phys = lower(graph, plan, profile, local_io=True)
+        if all(step.collective == LOCAL_SLICE for _, _, step in phys.boxing):
+            break
+    assert phys is not None
+    for logical, consumer, step in phys.boxing:
+        if step.collective == LOCAL_SLICE:
+            continue  # a whole-batch value's micro-batch part: a slice at the micro-batch
         who = f"{consumer.op} node {consumer.name!r}" if consumer is not None else "graph output"
         raise InputError(
             f"--microbatches {microbatches}: {who} needs {logical.name!r} across the whole batch "
@@ -91,13 +113,16 @@ def microbatch_graph(graph: Graph, microbatches: int, profile: Profile) -> Micro
             "along the batch",
             hint="use --microbatches 1 (the pipeline still runs, one batch at a time)",
         )
-    bad = [n for n in phys.graph.nodes if n.op in _COMM_OPS]
-    if bad:
-        raise InputError(
-            f"--microbatches {microbatches}: node {bad[0].name!r} ({bad[0].op}) would combine "
-            "micro-batches, so the graph is not separable along the batch",
-            hint="use --microbatches 1",
-        )
+    for node in phys.graph.nodes:
+        if node.op in ("ShardSlice", "GatherShard"):
+            # Split over the micro-batches being run, not over devices.
+            node.attrs = Attrs({**dict(node.attrs.items()), "microbatch": 1})
+        elif node.op in _COMM_OPS:
+            raise InputError(
+                f"--microbatches {microbatches}: node {node.name!r} ({node.op}) would combine "
+                "micro-batches, so the graph is not separable along the batch",
+                hint="use --microbatches 1",
+            )
 
     def stride(v: Value, local: Value) -> int:
         return local.type.nbytes if plan.value_sbp[v] == split else 0
