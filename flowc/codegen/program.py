@@ -356,10 +356,13 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         # right before its first write and once its last access ran, so a read from a wrong
         # offset, or one no event orders, shows up as NaN.
         prog.stmt(f"cudaMemsetAsync(arena, 0xff, {plan.arena_bytes}, streams[0]);")
-    if ns > 1:
-        # Every stream starts after what the caller queued before run() (the inputs).
+    # Every stream starts after what the caller queued before run() (the inputs), and is
+    # joined back into the caller's stream -- each by an event of its own only where the
+    # schedule's events do not order it already (a redundant wait only costs time).
+    forked = [st for st in range(1, ns) if schedule.needs_fork(st)]
+    if forked:
         record(0, fork)
-        for st in range(1, ns):
+        for st in forked:
             wait(st, fork)
     ag = schedule.actors
     for t, a in enumerate(schedule.issue):
@@ -401,9 +404,10 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             hint="flowc eval runs these models with the NumPy reference",
         )
     for st in range(1, ns):
-        # Joined back into the caller's stream: the run ends when all of them have.
-        record(st, fork + st)
-        wait(0, fork + st)
+        if schedule.needs_join(st):
+            # The run ends when all streams have: the caller's stream waits for this one.
+            record(st, fork + st)
+            wait(0, fork + st)
     return num_events
 
 

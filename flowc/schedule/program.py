@@ -58,6 +58,19 @@ class Schedule:
         """Whether actor ``a`` finishes before actor ``b`` starts in every run."""
         return a == b or self.clock[b][self.stream_of[a]] >= self.pos[a]
 
+    def needs_fork(self, s: int) -> bool:
+        """Whether stream ``s`` needs an event of its own to start after the run's start on
+        stream 0: not when its first actor waits, through the schedule's events, for an
+        actor of stream 0 (which stream 0 runs after the start)."""
+        return not self.streams[s] or self.clock[self.streams[s][0]][0] == 0
+
+    def needs_join(self, s: int) -> bool:
+        """Whether stream ``s`` needs an event of its own to join stream 0 at the end: not
+        when its last actor happens before stream 0's last one already."""
+        if not self.streams[s]:
+            return False
+        return not self.streams[0] or not self.hb(self.streams[s][-1], self.streams[0][-1])
+
     def to_json(self, rank: int = 0, stage: int = 0) -> dict[str, Any]:
         ag = self.actors
         us = 1e6
