@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -250,6 +251,24 @@ def _output_files(results_dir: Path, outputs: list[dict[str, object]]) -> list[s
     if sorted(files) != list(range(len(outputs))):
         raise FlowcError(f"{results_dir / 'outputs.json'} does not list every output")
     return [files[k] for k in range(len(outputs))]
+
+
+def bench_figures(stdout: str) -> dict[str, Any]:
+    """The figures of ``model_main --bench N`` from its stdout: the object of its JSON line
+    ``{"bench": {...}}`` (docs/codegen.md, "The driver")."""
+    for line in stdout.splitlines():
+        if line.startswith('{"bench":'):
+            try:
+                figures = json.loads(line)["bench"]
+            except (ValueError, KeyError, TypeError):
+                break
+            if isinstance(figures, dict) and figures.get("version") == 1:
+                return figures
+            break
+    raise FlowcError(
+        "the compiled model printed no benchmark figures flowc can read",
+        hint="a project built by an older flowc prints others; rebuild it with `flowc build`",
+    )
 
 
 def run(
