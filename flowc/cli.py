@@ -83,6 +83,9 @@ _pass_switches: dict[str, Any] = {
     "times": False,
     "weights": None,
     "search_nodes": None,
+    "pipeline": None,
+    "microbatches": 1,
+    "stage_boundary": None,
 }
 
 
@@ -143,6 +146,12 @@ def parse_bytes(text: str, what: str) -> int:
 
 
 def schedule_options(fn: F) -> F:
+    fn = click.option(
+        "--no-cuda-graph",
+        is_flag=True,
+        help="Launch the schedule's kernels directly in every run() instead of replaying one "
+        "CUDA Graph of it (a mesh's programs always launch directly).",
+    )(fn)
     return click.option(
         "--streams",
         type=click.IntRange(min=1, max=32),
@@ -154,6 +163,37 @@ def schedule_options(fn: F) -> F:
 
 
 def parallel_options(fn: F) -> F:
+    fn = click.option(
+        "--stage-boundary",
+        default=None,
+        metavar="VALUE,...",
+        expose_value=False,
+        callback=_remember("stage_boundary"),
+        help="With --pipeline P: the last value of each stage but the last (P-1 names), "
+        "instead of the automatic partition.",
+    )(fn)
+    fn = click.option(
+        "--microbatches",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        metavar="M",
+        expose_value=False,
+        callback=_remember("microbatches"),
+        help="With --pipeline: split the batch (axis 0) into M micro-batches that stream "
+        "through the stages.",
+    )(fn)
+    fn = click.option(
+        "--pipeline",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="P",
+        expose_value=False,
+        callback=_remember("pipeline"),
+        help="Pipeline parallelism: P stages on mesh axis 0 (--mesh P: a device per stage; "
+        "--mesh PxK: K per stage); the cuts come from --stage-boundary, the program's stage "
+        "blocks, or the partition balancing the stages.",
+    )(fn)
     fn = click.option(
         "--search-nodes",
         type=click.IntRange(min=0),
@@ -211,6 +251,18 @@ def parallel_settings(
     --sbp, which wins for the same value); None for a one-device program."""
     from flowc.parallel import ParallelOptions, parse_mesh, parse_sbp
 
+    if _pass_switches["pipeline"] is not None:
+        return pipeline_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
+    alone = [
+        o
+        for o, given in (
+            ("--microbatches", _pass_switches["microbatches"] != 1),
+            ("--stage-boundary", _pass_switches["stage_boundary"] is not None),
+        )
+        if given
+    ]
+    if alone:
+        raise InputError(f"{', '.join(alone)} need{'s' if len(alone) == 1 else ''} --pipeline P")
     m = parse_mesh(mesh) if mesh is not None else None
     program_mesh, placed = None, {}
     if model.suffix.lower() == ".flow":
@@ -253,6 +305,60 @@ def parallel_settings(
     return ParallelOptions(
         m, parallel, fixed, limit, cost_profile, node_limit=_pass_switches["search_nodes"]
     )
+
+
+def pipeline_settings(
+    model: Path,
+    mesh: str | None,
+    parallel: str,
+    sbps: Sequence[str],
+    mem_limit: str | None,
+    cost_profile: Path | None,
+) -> Any:
+    """A PipelineSpec from --pipeline P [--mesh PxK] [--microbatches M] [--stage-boundary]."""
+    import math
+
+    from flowc.compiler import PipelineSpec, check_pipeline_mesh
+    from flowc.ir.types import Mesh
+    from flowc.parallel import ParallelOptions, parse_mesh
+    from flowc.schedule.partition import parse_stage_boundaries
+
+    stages = int(_pass_switches["pipeline"])
+    if sbps:
+        raise InputError(
+            "--sbp is not supported with --pipeline yet",
+            hint="leave the layouts to the search on each stage's devices",
+        )
+    if mesh is not None:
+        m = parse_mesh(mesh)
+    else:
+        program_mesh = None
+        if model.suffix.lower() == ".flow":
+            from flowc.frontend import ImportOptions, load_graph
+
+            program_mesh = load_graph(model, ImportOptions(weights=_pass_switches["weights"])).mesh
+        m = program_mesh or Mesh("gpus", (stages,))
+    text = _pass_switches["stage_boundary"]
+    spec = PipelineSpec(
+        stages,
+        m,
+        microbatches=int(_pass_switches["microbatches"]),
+        boundaries=parse_stage_boundaries(text) if text is not None else None,
+        mem_limit=parse_bytes(mem_limit, "--mem-limit") if mem_limit is not None else None,
+    )
+    check_pipeline_mesh(spec)
+    if math.prod(m.shape[1:]) > 1:
+        spec.stage_options = ParallelOptions(
+            Mesh("stage", m.shape[1:]),
+            parallel,
+            {},
+            None,
+            cost_profile,
+            node_limit=_pass_switches["search_nodes"],
+        )
+    elif cost_profile is not None:
+        spec.stage_options = ParallelOptions(Mesh("stage", (1,)), "none", {}, None, cost_profile)
+    return spec
 
 
 def load_parallel(
@@ -375,6 +481,7 @@ def inspect(
     show_schedule: bool,
     gantt: Path | None,
     streams: int | None,
+    no_cuda_graph: bool,  # the schedule printed is the same either way
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
@@ -863,6 +970,7 @@ def compile_cmd(
     mem_limit: str | None,
     cost_profile: Path | None,
     streams: int | None,
+    no_cuda_graph: bool,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
@@ -894,6 +1002,7 @@ def compile_cmd(
         arch=arch[3:],
         force=force,
         streams=streams,
+        cuda_graph=not no_cuda_graph,
     )
     shown = shlex.quote(str(project))
     out.print(
@@ -912,14 +1021,35 @@ def compile_model(
     arch: str = "90",
     force: bool = False,
     streams: int | None = None,
+    cuda_graph: bool = True,
 ) -> None:
     """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
     verify share. --print-pass-times prints every stage's time at the end."""
     from flowc.codegen.cpp import c_ident
-    from flowc.compiler import StageTimes, compile_graph
+    from flowc.compiler import PipelineSpec, StageTimes, compile_graph, compile_pipeline
 
     times = StageTimes()
-    if popts is None:
+    if isinstance(popts, PipelineSpec):
+        graph = load(model, shapes, dims, for_compile=True, times=times)
+        spec = popts
+        _progress(
+            f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "
+            f"{'x'.join(map(str, spec.mesh.shape))}, {spec.microbatches} micro-batch"
+            + ("es" if spec.microbatches != 1 else "")
+        )
+        compiled = compile_pipeline(
+            graph,
+            project,
+            spec,
+            prefix=prefix,
+            source=model.name,
+            arch=arch,
+            force=force,
+            streams=streams,
+            times=times,
+        )
+        _progress(compiled.partition.summary().splitlines()[0])
+    elif popts is None:
         graph = load(model, shapes, dims, for_compile=True, times=times)
         _progress(f"generating {project}/")
         compile_graph(
@@ -931,6 +1061,7 @@ def compile_model(
             force=force,
             streams=streams,
             times=times,
+            cuda_graph=cuda_graph,
         )
     else:
         logical, result = load_parallel(model, shapes, dims, popts, times=times)
@@ -948,6 +1079,7 @@ def compile_model(
             force=force,
             streams=streams,
             times=times,
+            cuda_graph=cuda_graph,
         )
     if _pass_switches["times"]:
         err.print("stage times:", markup=False)
@@ -1165,6 +1297,7 @@ def verify(
     mem_limit: str | None,
     cost_profile: Path | None,
     streams: int | None,
+    no_cuda_graph: bool,
 ) -> None:
     """Compile MODEL, build, run, and compare every output with onnxruntime (the NumPy
     reference for a .flow program)."""
@@ -1195,7 +1328,15 @@ def verify(
     with tempfile.TemporaryDirectory(prefix="flowc-verify-") as tmp:
         project = out_dir or Path(tmp) / "out"
         _progress(f"compiling {model.name}")
-        compile_model(model, shapes, dims, project, popts, streams=streams)
+        compile_model(
+            model,
+            shapes,
+            dims,
+            project,
+            popts,
+            streams=streams,
+            cuda_graph=not no_cuda_graph,
+        )
         build(project, target, progress=_progress)
         _progress("running")
         got, _ = run(project, feeds, target=target)

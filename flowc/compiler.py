@@ -8,6 +8,7 @@ the (rank) graph. Each stage is timed for ``--print-pass-times``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,12 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from flowc.codegen.program import WeightsLayout, generate
+from flowc.codegen.program import WeightsLayout, generate, generate_pipeline
 from flowc.codegen.project import check_project_dir, write_project
+from flowc.errors import InputError
 from flowc.ir.graph import Graph
+from flowc.ir.types import Mesh
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
+from flowc.parallel import ParallelOptions
 from flowc.parallel.cost import Profile, load_profile
+from flowc.parallel.pipeline import Pipelined, build_stages, microbatch_graph
 from flowc.schedule.actors import build_actor_graph
+from flowc.schedule.partition import Partition, partition
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
 
@@ -95,9 +101,11 @@ def generate_program(
     streams: int | None = None,
     profile: Profile | None = None,
     times: StageTimes | None = None,
+    cuda_graph: bool = True,
 ) -> Compiled:
     """Schedule, plan memory for, and generate the program of ``graph`` (for a multi-rank
-    program, its rank graph with ``physical``)."""
+    program, its rank graph with ``physical``). ``cuda_graph``: run() replays a CUDA Graph
+    of the schedule (False: --no-cuda-graph, direct launches)."""
     times = StageTimes() if times is None else times
     profile = load_profile() if profile is None else profile
     sched = times.run("schedule", lambda: schedule_graph(graph, profile, streams))
@@ -113,6 +121,7 @@ def generate_program(
             arch=arch,
             poison=poison,
             physical=physical,
+            cuda_graph=cuda_graph,
         ),
     )
     return Compiled(graph, physical, sched, memory, files, weights, ops)
@@ -129,6 +138,7 @@ def compile_graph(
     force: bool = False,
     streams: int | None = None,
     times: StageTimes | None = None,
+    cuda_graph: bool = True,
 ) -> Compiled:
     """Write OUT/ for ``graph``. ``poison`` fills dead arena bytes with NaN between uses and
     lets FLOWC_DROP_EVENT drop an event (debugging aids the tests use). OUT/ keeps what
@@ -145,6 +155,118 @@ def compile_graph(
         poison=poison,
         streams=streams,
         times=times,
+        cuda_graph=cuda_graph,
     )
     times.run("write", lambda: write_project(out, compiled.files, compiled.weights, force=force))
     return compiled
+
+
+@dataclass
+class PipelineSpec:
+    """What the command line asks of a pipeline: P stages over mesh axis 0 of ``mesh``, M
+    micro-batches, and the cuts (``boundaries``: the last value of each stage but the last;
+    None: the program's stage blocks if it has any, else the automatic partition)."""
+
+    stages: int
+    mesh: Mesh  # (P, *stage mesh)
+    microbatches: int = 1
+    boundaries: list[str] | None = None
+    mem_limit: int | None = None
+    # The placement search's options on the stage mesh (its mesh is mesh.shape[1:]).
+    stage_options: ParallelOptions | None = None
+
+
+@dataclass
+class CompiledPipeline:
+    pipeline: Pipelined
+    partition: Partition
+    schedules: list[Schedule]
+    memory: list[MemoryPlan]
+    files: dict[str, str]
+    weights: list[WeightsLayout]
+    programs: list[list[StreamOp]]  # per stage
+
+
+def check_pipeline_mesh(spec: PipelineSpec) -> None:
+    p, shape = spec.stages, spec.mesh.shape
+    if p < 1:
+        raise InputError(f"--pipeline {p}: expected at least 1 stage")
+    if shape[0] != p:
+        raise InputError(
+            f"--pipeline {p} on mesh {'x'.join(map(str, shape))}: mesh axis 0 is the pipeline "
+            f"axis, so it must have {p} devices",
+            hint=f"use --mesh {p} (one device per stage) or --mesh {p}xK (K devices per stage)",
+        )
+
+
+def build_pipeline(
+    graph: Graph, spec: PipelineSpec, profile: Profile, times: StageTimes
+) -> tuple[Pipelined, Partition]:
+    """Micro-batch graph -> placement on the stage mesh -> stage partition -> stage graphs
+    (flowc.parallel.pipeline's module docstring)."""
+    check_pipeline_mesh(spec)
+    mb = times.run("micro-batches", lambda: microbatch_graph(graph, spec.microbatches, profile))
+    rank_graph, physical = mb.graph, None
+    per_stage = math.prod(spec.mesh.shape[1:])
+    if per_stage > 1:
+        from flowc.parallel import parallelize
+
+        opts = spec.stage_options or ParallelOptions(Mesh("stage", spec.mesh.shape[1:]))
+        result = times.run("parallel placement", lambda: parallelize(rank_graph, opts))
+        rank_graph, physical = result.physical.graph, result.physical
+    node_stages = spec.boundaries is None and any(n.stage is not None for n in rank_graph.nodes)
+    part = times.run(
+        "stage partition",
+        lambda: partition(
+            rank_graph,
+            spec.stages,
+            profile,
+            mem_limit=spec.mem_limit,
+            boundaries=spec.boundaries,
+            node_stages=node_stages,
+        ),
+    )
+    stages = build_stages(rank_graph, part.node_stage, spec.stages, per_stage, spec.mesh)
+    pipe = Pipelined(
+        graph,
+        stages,
+        spec.microbatches,
+        spec.mesh,
+        per_stage,
+        mb.input_strides,
+        mb.output_strides,
+        physical,
+    )
+    return pipe, part
+
+
+def compile_pipeline(
+    graph: Graph,
+    out: Path,
+    spec: PipelineSpec,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    poison: bool = False,
+    force: bool = False,
+    streams: int | None = None,
+    times: StageTimes | None = None,
+) -> CompiledPipeline:
+    """Write OUT/ for ``graph`` run as the pipeline ``spec``: one program for every rank of
+    the mesh, which runs its own stage's schedule once per micro-batch."""
+    times = StageTimes() if times is None else times
+    check_project_dir(out, force)
+    profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+    pipe, part = build_pipeline(graph, spec, profile, times)
+    scheds = times.run(
+        "schedule", lambda: [schedule_graph(s.graph, profile, streams) for s in pipe.stages]
+    )
+    plans = times.run("memory plan", lambda: [plan_schedule(s) for s in scheds])
+    files, weights, programs = times.run(
+        "code generation",
+        lambda: generate_pipeline(
+            pipe, scheds, plans, prefix=prefix, source=source, arch=arch, poison=poison
+        ),
+    )
+    times.run("write", lambda: write_project(out, files, weights, force=force))
+    return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs)

@@ -34,6 +34,7 @@ from flowc.codegen.cpp import (
 )
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
+from flowc.ir.types import Mesh
 from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
 from flowc.ops.registry import get_op, is_view
 from flowc.resources import templates_dir
@@ -41,6 +42,7 @@ from flowc.schedule.program import Schedule, StreamOp
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
+    from flowc.parallel.pipeline import Pipelined
 
 BLOCK = 256
 MAX_GRID = 1 << 20
@@ -221,7 +223,11 @@ class Program:
         return f"static_cast<const void*>({self.cptr(v)})"
 
     def mesh_coord(self, axis: int) -> str:
-        """This rank's coordinate on mesh axis ``axis``, a C++ int expression in run()."""
+        """This rank's coordinate on mesh axis ``axis``, a C++ int expression in run(). In a
+        pipeline's micro-batch graph, a node marked ``microbatch`` was split over the
+        micro-batches, not over devices: its coordinate is the micro-batch being run."""
+        if self.node is not None and self.node.attrs.get("microbatch"):
+            return "mb"
         return f"m->coords[{int(axis)}]"
 
     def root(self, v: Value) -> Value:
@@ -437,17 +443,14 @@ def generate(
     arch: str = "90",
     poison: bool = False,
     physical: Physical | None = None,
+    cuda_graph: bool = True,
 ) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
     """The project's text files (name -> content), the weights (one per rank) and the
     emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
     ``plan`` (both computed before: code generation only writes them down). With
-    ``physical`` (a multi-rank program), ``graph`` is its rank graph."""
-    if prefix is not None and not is_c_ident(prefix):
-        raise CodegenError(
-            f"--prefix {prefix!r} is not a C identifier",
-            hint="use letters, digits and underscores, not starting with a digit",
-        )
-    prefix = (prefix or c_ident(graph.name)) + "_"
+    ``physical`` (a multi-rank program), ``graph`` is its rank graph. ``cuda_graph``: run()
+    replays one CUDA Graph of the schedule (not for a mesh; docs/codegen.md)."""
+    prefix = _prefix(prefix, graph)
     mesh = physical.mesh if physical is not None else None
     if physical is None:
         all_weights = [layout_weights(graph)]
@@ -460,21 +463,77 @@ def generate(
     weights = all_weights[0]
     prog = Program(graph, schedule, plan, weights, prefix)
     num_events = emit_schedule(prog, poison)
-    ns = schedule.num_streams
-    ag = schedule.actors
     _output_copies(prog)
-    fills = _fill_statements(prog)
+    stage = StageCode(0, prog, _fill_statements(prog), num_events)
+    ranks = mesh.size if mesh is not None else 1
+    timeline = {"version": 1, "ranks": [schedule.to_json(rank=r) for r in range(ranks)]}
+    files = _render(
+        graph,
+        [stage],
+        all_weights,
+        prefix,
+        source=source,
+        arch=arch,
+        poison=poison,
+        mesh=mesh,
+        cuda_graph=cuda_graph,
+        timeline=timeline,
+    )
+    return files, all_weights, prog.ops
+
+
+@dataclass
+class StageCode:
+    """One stage's emitted program (a one-stage program has one)."""
+
+    index: int
+    prog: Program
+    fills: list[str]
+    num_events: int
+
+
+def _render(
+    graph: Graph,
+    stages: list[StageCode],
+    all_weights: list[WeightsLayout],
+    prefix: str,
+    *,
+    source: str,
+    arch: str,
+    poison: bool,
+    mesh: Mesh | None,
+    cuda_graph: bool,
+    timeline: dict[str, Any],
+    pipeline: dict[str, Any] | None = None,
+) -> dict[str, str]:
+    """The project's text files: ``graph`` gives the program's inputs and outputs (the
+    whole batch), ``stages`` the code (one per pipeline stage; the rank's stage picks)."""
+    prog = stages[0].prog
+    schedule, plan, weights = prog.schedule, prog.plan, all_weights[0]
+    ag = schedule.actors
+    fills = stages[0].fills
+    num_events = max(st.num_events for st in stages)
+    ns = max(st.prog.schedule.num_streams for st in stages)
+    arena_bytes = max(st.prog.plan.arena_bytes for st in stages)
+    blas_streams = sorted(set().union(*(st.prog.blas_streams for st in stages)))
+    conv_streams = sorted(set().union(*(st.prog.conv_streams for st in stages)))
+    all_fills = [f for st in stages for f in st.fills]
+    all_statements = [x for st in stages for x in st.prog.statements]
+
     max_rank = max([1, *(v.type.rank for v in [*graph.inputs, *graph.outputs])])
+    input_bytes = [v.type.nbytes for v in graph.inputs]
+    output_bytes = [v.type.nbytes for v in graph.outputs]
+    staging = _staging_offsets([*input_bytes, *output_bytes])
     ctx = {
         "version": __version__,
         "source": source or graph.name,
         "p": prefix,
         "project": c_ident(graph.name),
         "arch_number": arch,
-        "kernels": prog.render_kernels(fills),
+        "kernels": prog.render_kernels([*all_statements, *all_fills]),
         "statements": prog.statements,
         "fills": fills,
-        "arena_bytes": plan.arena_bytes,
+        "arena_bytes": arena_bytes,
         "weight_bytes": weights.stored_bytes,
         "weight_layout": weights.layout_id,
         # Multi-rank: every rank's id (rank order); model.cu picks its own by its world rank.
@@ -487,11 +546,33 @@ def generate(
         "mesh_size": mesh.size if mesh is not None else 1,
         "num_events": num_events,
         "num_streams": ns,
-        "blas_streams": sorted(prog.blas_streams),
-        "conv_streams": sorted(prog.conv_streams),
+        "blas_streams": blas_streams,
+        "conv_streams": conv_streams,
         "event_mask": poison and num_events > 0,
         "actor_names": [c_string(a.name) for a in ag.actors],
         "actor_streams": [schedule.stream_of[a.id] for a in ag.actors],
+        # A mesh's collectives act when issued (logged, counted for the deadline; on the
+        # host a one-shot MPI call), so a replayed graph would skip them: direct launches.
+        "cuda_graph": cuda_graph and mesh is None,
+        "input_bytes": input_bytes,
+        "output_bytes": output_bytes,
+        "staging_inputs": staging[: len(input_bytes)],
+        "staging_outputs": staging[len(input_bytes) : -1],
+        "staging_bytes": staging[-1],
+        # Pipelines: every stage's code, chosen by the rank's coordinate on mesh axis 0.
+        "stages": [
+            {
+                "index": st.index,
+                "statements": st.prog.statements,
+                "fills": st.fills,
+                "num_streams": st.prog.schedule.num_streams,
+                "actor_names": [c_string(a.name) for a in st.prog.schedule.actors.actors],
+            }
+            for st in stages
+        ],
+        "pipeline": pipeline,
+        "rank_weight_bytes": [w.stored_bytes for w in all_weights],
+        "rank_device_weight_bytes": [w.device_bytes for w in all_weights],
         # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
         "dtype_names": sorted((d.onnx, d.short) for d in DType),
     }
@@ -512,7 +593,7 @@ def generate(
                     {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
                     for v in graph.outputs
                 ],
-                "arena_bytes": plan.arena_bytes,
+                "arena_bytes": arena_bytes,
                 "lower_bound": plan.lower_bound,
                 "naive_bytes": plan.naive_bytes,
                 "weights_bytes": weights.stored_bytes,
@@ -523,16 +604,17 @@ def generate(
         )
         + "\n",
     }
-    ranks = mesh.size if mesh is not None else 1
-    files["schedule.json"] = (
-        json.dumps(
-            {"version": 1, "ranks": [schedule.to_json(rank=r) for r in range(ranks)]},
-            indent=1,
-            sort_keys=True,
-        )
-        + "\n"
-    )
-    return files, all_weights, prog.ops
+    files["schedule.json"] = json.dumps(timeline, indent=1, sort_keys=True) + "\n"
+    return files
+
+
+def _staging_offsets(sizes: list[int]) -> list[int]:
+    """Each buffer's offset in the graph's staging allocation, ALIGN-aligned, then the
+    total."""
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + (n + ALIGN - 1) // ALIGN * ALIGN)
+    return offsets
 
 
 def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int, list[Buffer]]]:
@@ -553,3 +635,78 @@ def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int,
                 death.setdefault(t, []).append(b)
                 break
     return first, death
+
+
+def generate_pipeline(
+    pipe: Pipelined,
+    schedules: list[Schedule],
+    plans: list[MemoryPlan],
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    poison: bool = False,
+) -> tuple[dict[str, str], list[WeightsLayout], list[list[StreamOp]]]:
+    """The project of a pipeline: one model.cu holding every stage's schedule (each rank
+    runs its stage's, once per micro-batch), a weights file per rank holding its stage's
+    constants (the stage is part of its layout id), and schedule.json with the modeled
+    GPipe timeline. Returns the files, the weights and each stage's stream operations."""
+    from flowc.parallel.layout import all_coords, rank_of
+    from flowc.schedule.pipeline import gpipe, simulate
+    from flowc.schedule.program import pipeline_timeline
+
+    io = pipe.logical
+    prefix = _prefix(prefix, io)
+    p, k = len(pipe.stages), pipe.ranks_per_stage
+    shape = "x".join(map(str, pipe.mesh.shape))
+    all_weights: list[WeightsLayout] = []
+    for coords in all_coords(pipe.mesh):
+        stage = pipe.stages[coords[0]]
+        r = rank_of(pipe.mesh, coords)
+        all_weights.append(
+            layout_weights(
+                stage.graph,
+                pipe.constant_data(stage, coords),
+                identity=f"pipeline stage {coords[0]} of {p}, rank {r} {list(coords)} of mesh {shape}",
+            )
+        )
+    kernels: dict[str, str] = {}
+    codes = []
+    for s, (stage, sched, plan) in enumerate(zip(pipe.stages, schedules, plans, strict=True)):
+        prog = Program(stage.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels)
+        n_events = emit_schedule(prog, poison)
+        _output_copies(prog)
+        codes.append(StageCode(s, prog, _fill_statements(prog), n_events))
+    run = simulate(
+        gpipe(p, pipe.microbatches), pipe.microbatches, [x.makespan_s for x in schedules]
+    )
+    files = _render(
+        io,
+        codes,
+        all_weights,
+        prefix,
+        source=source,
+        arch=arch,
+        poison=poison,
+        mesh=pipe.mesh,
+        cuda_graph=False,  # the transfers act when issued, like a mesh's collectives
+        timeline=pipeline_timeline(schedules, run.firings, k),
+        pipeline={
+            "stages": p,
+            "microbatches": pipe.microbatches,
+            "ranks_per_stage": k,
+            "input_strides": pipe.input_strides,
+            "output_strides": pipe.output_strides,
+            # Rank 0 of the last stage holds the outputs and writes them.
+            "output_rank": (p - 1) * k,
+        },
+    )
+    return files, all_weights, [c.prog.ops for c in codes]
+
+
+def _prefix(prefix: str | None, graph: Graph) -> str:
+    if prefix is not None and not is_c_ident(prefix):
+        raise CodegenError(
+            f"--prefix {prefix!r} is not a C identifier",
+            hint="use letters, digits and underscores, not starting with a digit",
+        )
+    return (prefix or c_ident(graph.name)) + "_"

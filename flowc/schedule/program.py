@@ -214,3 +214,60 @@ class StreamOp:
     stream: int
     node: Node | None = None
     event: int = -1
+
+
+def pipeline_timeline(
+    schedules: list[Schedule], firings: list[list[Any]], ranks_per_stage: int
+) -> dict[str, Any]:
+    """schedule.json for a pipeline: each rank runs its stage's schedule once per
+    micro-batch, at the times the micro-batch simulation (flowc.schedule.pipeline) gives
+    for the stage's firings; actor ids are ``microbatch * n + id`` for a stage of n actors."""
+    ranks: list[dict[str, Any]] = []
+    for s, sched in enumerate(schedules):
+        base = sched.to_json(stage=s)
+        n = len(sched.actors.actors)
+        actors: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        streams: list[list[int]] = [[] for _ in sched.streams]
+        for f in firings[s]:
+            m = int(f.microbatch)
+            shift = float(f.start) * 1e6
+            for a in base["actors"]:
+                actors.append(
+                    {
+                        **a,
+                        "id": m * n + a["id"],
+                        "microbatch": m,
+                        "start_us": round(a["start_us"] + shift, 4),
+                        "end_us": round(a["end_us"] + shift, 4),
+                    }
+                )
+            for st, order in enumerate(sched.streams):
+                streams[st].extend(m * n + a for a in order)
+            for e in base["events"]:
+                events.append(
+                    {
+                        **e,
+                        "id": m * len(base["events"]) + e["id"],
+                        "record_after": m * n + e["record_after"],
+                        "wait_before": m * n + e["wait_before"],
+                    }
+                )
+        last = firings[s][-1] if firings[s] else None
+        for k in range(ranks_per_stage):
+            ranks.append(
+                {
+                    **base,
+                    "rank": s * ranks_per_stage + k,
+                    "stage": s,
+                    "makespan_us": round(float(last.end) * 1e6, 4) if last is not None else 0.0,
+                    "critical_path": [],
+                    "actors": actors,
+                    "events": events,
+                    "streams": [
+                        {"id": st, "name": sched.stream_name(st), "actors": order}
+                        for st, order in enumerate(streams)
+                    ],
+                }
+            )
+    return {"version": 1, "ranks": ranks}
