@@ -594,8 +594,8 @@ def _inspect_schedule(
         for d in mesh_shape:
             ranks *= d
         console.print(
-            f"schedule of rank 0 (all {ranks} ranks of the {'x'.join(map(str, mesh_shape))} "
-            "mesh run the same rank graph, so the same schedule; printed once):",
+            f"schedule of rank 0 (mesh {'x'.join(map(str, mesh_shape))}: all {ranks} ranks "
+            "run the same rank graph, so the same schedule; printed once):",
             markup=False,
         )
 

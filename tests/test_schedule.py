@@ -1,0 +1,380 @@
+"""The static schedule (flowc/schedule): streams, issue order, events and the simulator's
+device sharing on a multi-branch DSL program and on Inception v1/v2; the memory plan along
+its happens-before order, checked on the emitted program; determinism; the CUDA build of a
+multi-stream program; and `flowc inspect --schedule`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_cli
+from test_models import LIGHT_DIR
+from test_streams_host import BRANCHES, branches_weights
+
+from flowc.compiler import Compiled, compile_graph, generate_program, schedule_graph
+from flowc.frontend.dsl import parse_program
+from flowc.frontend.onnx import import_model
+from flowc.ir.graph import Graph, Node
+from flowc.memory.check import PlanError, check_memory_plan
+from flowc.memory.plan import Order, plan_memory
+from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+from flowc.schedule.program import Schedule, StreamOp
+
+MODELS = ["branches", "light_inception_v1", "light_inception_v2"]
+
+
+def load_model(name: str, tmp: Path) -> Graph:
+    """A fresh import (compiled pipeline) of one of MODELS."""
+    if name == "branches":
+        wpath, _ = branches_weights(tmp)
+        return PassManager(COMPILE_PIPELINE).run(parse_program(BRANCHES, weights=wpath))
+    return PassManager(COMPILE_PIPELINE).run(
+        import_model(onnx.load(str(LIGHT_DIR / f"{name}.onnx")))
+    )
+
+
+@cache
+def model(name: str) -> Graph:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_model(name, Path(tmp))
+
+
+@cache
+def program(name: str, streams: int | None) -> Compiled:
+    return generate_program(model(name), streams=streams, poison=True)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_two_streams_shorten_the_modeled_makespan(name: str) -> None:
+    one = schedule_graph(model(name), streams=1)
+    two = schedule_graph(model(name), streams=2)
+    auto = schedule_graph(model(name))
+    assert one.num_streams == 1 and not one.events
+    assert two.num_compute == 2
+    # Independent branches overlap: a clear gain, not just the noise of event costs.
+    assert two.makespan_s < 0.9 * one.makespan_s
+    assert auto.makespan_s <= two.makespan_s
+    # One stream: the makespan is the sum of the actors' solo times (nothing overlaps).
+    assert one.makespan_s == pytest.approx(sum(a.time_s for a in one.actors.actors))
+
+
+@pytest.mark.parametrize("streams", [2, None])
+@pytest.mark.parametrize("name", MODELS)
+def test_schedule_structure(name: str, streams: int | None) -> None:
+    s = program(name, streams).schedule
+    ag = s.actors
+    n = len(ag.actors)
+    # Every actor on exactly one stream, once, and stream_of agrees.
+    placed = [a for order in s.streams for a in order]
+    assert sorted(placed) == list(range(n))
+    for k, order in enumerate(s.streams):
+        assert all(s.stream_of[a] == k for a in order)
+    # The issue order is a topological order that keeps each stream's order.
+    at = {a: t for t, a in enumerate(s.issue)}
+    assert sorted(at) == list(range(n))
+    for a in ag.actors:
+        assert all(at[d] < at[a.id] for d in a.deps), a.name
+    for order in s.streams:
+        assert [at[a] for a in order] == sorted(at[a] for a in order)
+    # Modeled times: each actor after its inputs and its stream predecessor.
+    for order in s.streams:
+        for p, q in itertools.pairwise(order):
+            assert s.start_s[q] >= s.end_s[p] - 1e-12
+    for a in ag.actors:
+        assert all(s.start_s[a.id] >= s.end_s[d] - 1e-12 for d in a.deps)
+    assert s.makespan_s == pytest.approx(max(s.end_s))
+    # Events only for a cross-stream input, each needed: its reader's clock would not
+    # cover the writer without it (removing it makes the checker object, below).
+    for e in s.events:
+        assert e.record_after in ag.actors[e.wait_before].deps
+        assert s.stream_of[e.record_after] != s.stream_of[e.wait_before]
+    # Every cross-stream input is ordered by the events.
+    for a in ag.actors:
+        assert all(s.hb(d, a.id) for d in a.deps)
+    # The critical path is a chain of dependences or stream neighbours ending at the makespan.
+    path = s.critical_path
+    assert s.end_s[path[-1]] == pytest.approx(s.makespan_s)
+    for p, q in itertools.pairwise(path):
+        same_stream = s.stream_of[p] == s.stream_of[q] and s.pos[q] == s.pos[p] + 1
+        assert p in ag.actors[q].deps or same_stream
+
+
+def waits_removed(ops: list[StreamOp], event: int) -> list[StreamOp]:
+    return [op for op in ops if not (op.kind == "wait" and op.event == event)]
+
+
+@pytest.mark.parametrize("streams", [1, 2, None])
+@pytest.mark.parametrize("name", MODELS)
+def test_memory_plan_checks_on_the_emitted_program(name: str, streams: int | None) -> None:
+    c = program(name, streams)
+    check_memory_plan(c.graph, c.memory, c.program)
+    # Each of the schedule's events is needed: without its wait, a read is no longer
+    # ordered after its write, or (an event that also joins its stream back) a stream is
+    # left unjoined -- the checker's own clocks say so.
+    for e in c.schedule.events:
+        with pytest.raises(PlanError, match=r"may read|not joined into stream 0"):
+            check_memory_plan(c.graph, c.memory, waits_removed(c.program, e.id))
+
+
+def cross_stream_shared_pairs(c: Compiled) -> int:
+    """How many pairs of buffers share bytes while accessed on different streams; asserts
+    each pair is ordered along happens-before (every access of one before the other's first
+    write)."""
+    order = c.memory.order
+    access: dict[int, list[int]] = {b.id: [b.writer] for b in c.memory.buffers}
+    for t, node in enumerate(order.steps):
+        for v in node.inputs:
+            if v is not None and v in c.memory.value_buffer:
+                access[c.memory.value_buffer[v]].append(t)
+    count = 0
+    bufs = c.memory.buffers
+    for i, p in enumerate(bufs):
+        for q in bufs[i + 1 :]:
+            if p.offset >= q.offset + q.size or q.offset >= p.offset + p.size:
+                continue
+            if (
+                {order.stream[t] for t in access[p.id]}
+                == {order.stream[t] for t in access[q.id]}
+                == {order.stream[access[p.id][0]]}
+            ):
+                continue  # one stream: ordered by the stream itself
+            first, second = (p, q) if p.writer < q.writer else (q, p)
+            assert all(order.hb(t, second.writer) for t in access[first.id]), (p.id, q.id)
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("name", ["light_inception_v1", "light_inception_v2"])
+def test_cross_stream_reuse_follows_happens_before(name: str) -> None:
+    c = program(name, 2)
+    # Reuse across streams does happen (the arena is no bigger than the sum of live
+    # buffers would force), and only along events.
+    assert cross_stream_shared_pairs(c) > 0
+    assert c.memory.arena_bytes < c.memory.naive_bytes
+
+
+def _node(graph: Graph, out: str) -> Node:
+    return next(n for n in graph.nodes if n.outputs[0].name == out)
+
+
+def _replay(ops: list[StreamOp]) -> Order:
+    """The Order (streams, positions, vector clocks) of a hand-written stream program."""
+    ns = 1 + max(op.stream for op in ops)
+    clock = [[0] * ns for _ in range(ns)]
+    recorded: dict[int, list[int]] = {}
+    steps, stream, pos, clocks = [], [], [], []
+    for op in ops:
+        s = op.stream
+        if op.kind == "record":
+            recorded[op.event] = list(clock[s])
+        elif op.kind == "wait":
+            clock[s] = [max(x, y) for x, y in zip(clock[s], recorded[op.event], strict=True)]
+        else:
+            assert op.node is not None
+            clock[s][s] += 1
+            steps.append(op.node)
+            stream.append(s)
+            pos.append(clock[s][s])
+            clocks.append(tuple(clock[s]))
+    return Order(steps, stream, pos, clocks)
+
+
+def test_reuse_across_streams_only_along_happens_before() -> None:
+    # Two chains, a on stream 0 and b on stream 1, joined by y. Issued a1, a2, b1, b2, y:
+    # one stream could give b1 the bytes of a1 (dead after a2); two streams may do so only
+    # when an event orders a2 before b1.
+    graph = parse_program(
+        """graph g(x: f32[16, 16]) -> (y: f32[16, 16]) {
+    param wa: f32[16, 16] = normal(0.0, 0.1)
+    param wb: f32[16, 16] = normal(0.0, 0.1)
+    a1 = x @ wa
+    a2 = a1 @ wa
+    b1 = x @ wb
+    b2 = b1 @ wb
+    y = a2 + b2
+    return y
+}
+"""
+    )
+    a1, a2, b1, b2, y = (_node(graph, v) for v in ("a1", "a2", "b1", "b2", "y"))
+    join = [StreamOp("record", 1, event=0), StreamOp("wait", 0, event=0), StreamOp("run", 0, y)]
+    unordered = [StreamOp("run", 0, a1), StreamOp("run", 0, a2)]
+    unordered += [StreamOp("run", 1, b1), StreamOp("run", 1, b2), *join]
+    ordered = [StreamOp("run", 0, a1), StreamOp("run", 0, a2)]
+    ordered += [StreamOp("record", 0, event=1), StreamOp("wait", 1, event=1)]
+    ordered += [StreamOp("run", 1, b1), StreamOp("run", 1, b2), *join]
+
+    def offset(plan, name: str) -> int:  # type: ignore[no-untyped-def]
+        return int(plan.offset(_node(graph, name).outputs[0]))
+
+    kb = 16 * 16 * 4
+    linear = plan_memory(graph, Order.linear(graph, [a1, a2, b1, b2, y]))
+    assert offset(linear, "a1") == offset(linear, "b1") and linear.arena_bytes == 3 * kb
+    apart = plan_memory(graph, _replay(unordered))
+    # Nothing of stream 0 is ordered before anything of stream 1: four separate buffers.
+    assert apart.arena_bytes == 4 * kb
+    check_memory_plan(graph, apart, unordered)
+    along = plan_memory(graph, _replay(ordered))
+    assert offset(along, "a1") == offset(along, "b1") and along.arena_bytes == 3 * kb
+    check_memory_plan(graph, along, ordered)
+    # The checker's own clocks: that reuse without the event is a race.
+    with pytest.raises(PlanError, match=r"overwrites '(a1|b1)'"):
+        check_memory_plan(graph, along, unordered)
+
+
+def _two_branches(n: int) -> Graph:
+    """Two independent matrix products of [n, n], summed: their kernels may overlap."""
+    return PassManager(COMPILE_PIPELINE).run(
+        parse_program(
+            f"""graph g(x: f32[{n}, {n}]) -> (y: f32[{n}, {n}]) {{
+    param wa: f32[{n}, {n}] = zeros
+    param wb: f32[{n}, {n}] = zeros
+    y = softmax(x @ wa, axis=-1) + softmax(x @ wb, axis=-1)
+    return y
+}}
+"""
+        )
+    )
+
+
+def test_simulator_shares_the_device() -> None:
+    # Kernels that each fill the device gain nothing from a second stream (they share the
+    # SMs), so the default keeps one; small kernels overlap.
+    big = _two_branches(1024)
+    assert all(a.share == 1.0 for a in schedule_graph(big).actors.actors)
+    one, two = schedule_graph(big, streams=1), schedule_graph(big, streams=2)
+    assert two.num_compute == 2
+    assert two.makespan_s >= one.makespan_s - 1e-12
+    assert schedule_graph(big).num_streams == 1
+    small = _two_branches(16)
+    assert all(a.share < 0.1 for a in schedule_graph(small).actors.actors)
+    one, two = schedule_graph(small, streams=1), schedule_graph(small, streams=2)
+    assert two.makespan_s < 0.8 * one.makespan_s
+    assert schedule_graph(small).num_compute == 2
+
+
+@pytest.mark.parametrize("name", ["branches", "light_inception_v1"])
+def test_schedule_and_code_are_deterministic(name: str, tmp_path: Path) -> None:
+    # Two imports of the same input (fresh objects, fresh value ids) give the same bytes.
+    a = generate_program(load_model(name, tmp_path), streams=2)
+    b = generate_program(load_model(name, tmp_path), streams=2)
+    for f in ("schedule.json", "model.cu"):
+        assert a.files[f] == b.files[f], f
+    sched = json.loads(a.files["schedule.json"])
+    assert sched["ranks"][0] == json.loads(json.dumps(a.schedule.to_json()))
+    assert len(sched["ranks"][0]["events"]) == len(a.schedule.events) > 0
+
+
+def test_cuda_build_of_two_streams_compiles_and_links(tmp_path: Path) -> None:
+    import subprocess
+
+    from test_runtime import CUDA
+
+    from flowc.harness.build import build
+
+    missing = CUDA.missing(["cublasLt", "cudnn"])
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"missing {', '.join(missing)} (CI must have them)")
+        pytest.skip(f"no {', '.join(missing)} here: the CUDA build is not checked")
+    out = tmp_path / "out"
+    compiled = compile_graph(model("branches"), out, streams=2)
+    assert compiled.schedule.num_streams == 2
+    code = (out / "model.cu").read_text()
+    assert "cudaStreamWaitEvent(streams[1]" in code and "cudaStreamWaitEvent(streams[0]" in code
+    bdir = build(out, "cuda")
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(bdir / "libbranches_model.so")],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "cublasLtMatmul" in undefined and "cudaStreamWaitEvent" in undefined
+
+
+# -- flowc inspect --schedule -------------------------------------------------------------------
+
+
+def _flow_file(tmp_path: Path) -> tuple[Path, Path]:
+    path = tmp_path / "branches.flow"
+    path.write_text(BRANCHES)
+    wpath, _ = branches_weights(tmp_path)
+    return path, wpath
+
+
+def _check_printed(text: str, s: Schedule) -> None:
+    ag = s.actors
+    assert f"{len(ag.actors)} actors on {s.num_streams} stream(s)" in text
+    assert f"{len(s.events)} event(s), modeled makespan {s.makespan_s * 1e6:.3f} us" in text
+    for k, order in enumerate(s.streams):
+        assert f"stream {k} {s.stream_name(k)}" in text
+        # Each stream's firing order, with the modeled start and end of each actor.
+        rows = [
+            f"{p + 1:>4} {a:>5}  {s.start_s[a] * 1e6:>10.3f} {s.end_s[a] * 1e6:>10.3f}  "
+            f"{ag.actors[a].name} [{ag.actors[a].op}]"
+            for p, a in enumerate(order)
+        ]
+        found = [text.index(r) for r in rows]
+        assert found == sorted(found)
+    for e in s.events:
+        assert re.search(rf"e{e.id} \[raw\]: recorded after {e.record_after} '", text)
+        assert f"wait e{e.id}" in text and f"record e{e.id}" in text
+    assert f"critical path ({len(s.critical_path)} actors" in text
+
+
+def test_inspect_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, wpath = _flow_file(tmp_path)
+    for streams in (1, 2, None):
+        args = ["inspect", str(path), "--weights", str(wpath), "--schedule"]
+        code, text = run_cli(args + ([f"--streams={streams}"] if streams else []), capsys)
+        assert code == 0, text
+        assert "schedule of rank 0 (one device)" in text
+        _check_printed(text, schedule_graph(model("branches"), streams=streams))
+    code, text = run_cli(["inspect", str(path), "--weights", str(wpath), "--streams", "2"], capsys)
+    assert code == 2 and "--streams needs --schedule" in text
+
+
+def test_inspect_schedule_on_a_mesh_prints_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flow = Path(__file__).parent.parent / "examples" / "mlp_mesh4.flow"
+    code, text = run_cli(["inspect", str(flow), "--schedule"], capsys)
+    assert code == 0, text
+    assert text.count("schedule of rank") == 1
+    assert (
+        "(mesh 4: all 4 ranks run the same rank graph, so the same schedule; printed once)" in text
+    )
+    assert "comm" in text and "AllReduce" in text
+
+
+def test_inspect_gantt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path, wpath = _flow_file(tmp_path)
+    png = tmp_path / "s.png"
+    code, text = run_cli(
+        ["inspect", str(path), "--weights", str(wpath), "--gantt", str(png), "--streams", "2"],
+        capsys,
+    )
+    assert code == 0, text
+    assert f"wrote {png}" in text and "stream 1 compute1" in text
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    with Image.open(png) as im:
+        pixels = np.asarray(im.convert("RGB"))
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 8  # bars, not a blank page
+    code, text = run_cli(
+        ["inspect", str(path), "--weights", str(wpath), "--gantt", str(tmp_path / "s.svg")],
+        capsys,
+    )
+    assert code == 2 and "PNG" in text
