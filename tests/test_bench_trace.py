@@ -23,8 +23,10 @@ import onnx
 import pytest
 from conftest import REPO, run_cli
 from onnx import TensorProto, helper, numpy_helper
+from PIL import Image
 
 from flowc.harness.build import bench_figures, build, build_dir, launcher, run
+from flowc.schedule import gantt
 from flowc.toolchain import cuda_compile_command, find_cuda, host_compile_command
 
 W = np.random.default_rng(3).standard_normal((16, 32)).astype(np.float32)
@@ -225,6 +227,40 @@ def test_flowc_run_bench(
     assert bench_figures(stdout)["runs"] == 2
 
 
+@needs_mpi
+def test_trace_of_a_bench_on_two_ranks(built: dict[str, Path], tmp_path: Path) -> None:
+    """FLOWC_TRACE with --bench 4 on two ranks: one file per rank, holding the runs that were
+    synchronized one by one (the outputs' run 0, warm-up 1-3, latency 8-11) and, of the four
+    queued back to back (4-7), only the last: nothing synchronized in between. The files draw
+    as a measured Gantt chart with schedule.json's stream names."""
+    r = _driver(
+        built["two"],
+        tmp_path / "out",
+        "--bench",
+        "4",
+        env={"FLOWC_TRACE": str(tmp_path / "t.jsonl")},
+    )
+    assert r.returncode == 0, r.stderr
+    files = [tmp_path / f"t.rank{rank}.jsonl" for rank in range(2)]
+    assert not (tmp_path / "t.jsonl").exists()
+    schedule = json.loads((built["two"] / "schedule.json").read_text())
+    for rank, path in enumerate(files):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        assert sorted({ln["run"] for ln in lines}) == [0, 1, 2, 3, 7, 8, 9, 10, 11]
+        assert {ln["rank"] for ln in lines} == {rank}
+        modeled = next(m for m in schedule["ranks"] if m["rank"] == rank)
+        actors = sorted((a["id"], a["name"], a["stream"]) for a in modeled["actors"])
+        for run_no in (0, 7, 11):
+            got = [(ln["actor"], ln["name"], ln["stream"]) for ln in lines if ln["run"] == run_no]
+            assert got == actors, (rank, run_no)
+    records = gantt.read_trace(files)
+    measured = gantt.schedule_from_trace(records, schedule=schedule)
+    assert [m["run"] for m in measured["ranks"]] == [11, 11]
+    out = gantt.draw_gantt(records, tmp_path / "trace.png")
+    rows = sum(len({a["stream"] for a in m["actors"]}) for m in measured["ranks"])
+    assert Image.open(out).size == gantt.figure_size(rows)
+
+
 NAMES = ["a0", "b0", "a1", 'b1 "q" \\ \t \u00e9 \U0001f600 \ufffd', "a2", "join"]
 STREAMS = [0, 1, 0, 1, 0, 0]
 ORDER = {0: [2, 0, 4, 5], 1: [1, 3]}  # each stream's actors in issue order
@@ -266,11 +302,6 @@ def test_trace_records_actors_on_two_streams(built: dict[str, Path], tmp_path: P
                     assert by_id[a]["end_us"] <= by_id[b]["start_us"], (order, run_no, a, b)
             # "join" waits on an event recorded after b1: real times show the wait.
             assert by_id[5]["start_us"] >= by_id[3]["end_us"], (order, got)
-            # The kernels do 64 * (id + 1) steps per thread: a longer actor takes longer.
-            assert (
-                by_id[5]["end_us"] - by_id[5]["start_us"]
-                > by_id[0]["end_us"] - by_id[0]["start_us"]
-            )
 
 
 def test_trace_files_per_rank_and_when_off(built: dict[str, Path], tmp_path: Path) -> None:
