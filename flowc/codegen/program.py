@@ -567,6 +567,9 @@ def _render(
                 "fills": st.fills,
                 "num_streams": st.prog.schedule.num_streams,
                 "actor_names": [c_string(a.name) for a in st.prog.schedule.actors.actors],
+                "actor_streams": [
+                    st.prog.schedule.stream_of[a.id] for a in st.prog.schedule.actors.actors
+                ],
             }
             for st in stages
         ],
