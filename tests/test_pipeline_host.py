@@ -1,0 +1,117 @@
+"""Pipelined programs on host ranks (one MPI rank per device): outputs against onnxruntime,
+and each rank's log of transfers and collectives against the plan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_parallel_models import check_outputs, logical, reference
+
+from flowc.compiler import CompiledPipeline, PipelineSpec, compile_pipeline
+from flowc.harness.build import build, run
+from flowc.ir.types import Mesh
+from flowc.ops.comm import COLLECTIVES
+from flowc.parallel import ParallelOptions
+from flowc.passes.manager import PassManager
+from flowc.toolchain import find_cuda
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpirun") is None and os.environ.get("CI") != "true",
+    reason="needs Open MPI (mpirun) to start several ranks",
+)
+
+COLLECTIVE_NAMES = {
+    "AllReduce": "all-reduce",
+    "AllGather": "all-gather",
+    "ReduceScatter": "reduce-scatter",
+    "AllToAll": "all-to-all",
+}
+
+
+def compiled(
+    name: str, out: Path, mesh: tuple[int, ...], stages: int, micro: int, batch: int = 2
+) -> CompiledPipeline:
+    g = PassManager(("lower_ops", "widen_types", "fuse_elementwise")).run(logical(name, batch))
+    m = Mesh("gpus", mesh)
+    sub = Mesh("stage", mesh[1:]) if len(mesh) > 1 and mesh[1] > 1 else None
+    spec = PipelineSpec(
+        stages, m, microbatches=micro, stage_options=ParallelOptions(sub) if sub else None
+    )
+    return compile_pipeline(g, out, spec, prefix=name)
+
+
+def planned_log(c: CompiledPipeline, rank: int) -> list[str]:
+    """What rank ``rank`` must log: per micro-batch, its stage's communication in the
+    order of its communication stream (receives, collectives, sends)."""
+    k = c.pipeline.ranks_per_stage
+    stage = rank // k
+    sched = c.schedules[stage]
+    lines: list[str] = []
+    comm = sched.streams[-1] if sched.num_streams > sched.num_compute else []
+    for _ in range(c.pipeline.microbatches):
+        for a in comm:
+            node = sched.actors.actors[a].node
+            if node.op in COLLECTIVES:
+                x = node.inputs[0]
+                assert x is not None
+                lines.append(
+                    f"{COLLECTIVE_NAMES[node.op]} axis={node.attrs['mesh_axis']} "
+                    f"bytes={x.type.nbytes} dtype={x.type.dtype.onnx}"
+                )
+            elif node.op in ("Send", "Recv"):
+                peer = rank + int(node.attrs["peer"])
+                values = node.inputs if node.op == "Send" else node.outputs
+                for v in values:
+                    assert v is not None
+                    lines.append(
+                        f"{node.op.lower()} peer={peer} bytes={v.type.nbytes} dtype={v.type.dtype.onnx}"
+                    )
+    return lines
+
+
+def build_and_check(
+    name: str, out: Path, mesh: tuple[int, ...], stages: int, micro: int, batch: int = 2
+) -> CompiledPipeline:
+    c = compiled(name, out, mesh, stages, micro, batch)
+    build(out, "host", quick=True)
+    assert "warning" not in (out / "build-host" / "flowc-build.log").read_text().lower()
+    feeds, ref = reference(name, batch)
+    got, _ = run(out, feeds, target="host", env={"FLOWC_COMM_LOG": str(out / "comm")})
+    names = [o.name for o in logical(name, batch).outputs]
+    check_outputs(name, [got[n] for n in names], ref, batch)
+    sends = 0
+    for r in range(Mesh("m", mesh).size):
+        lines = (out / f"comm.rank{r}").read_text().splitlines()
+        assert lines == planned_log(c, r), f"rank {r} communicated other than planned"
+        sends += sum(line.startswith("send") for line in lines)
+    assert sends >= micro * (stages - 1), "every cut carries something per micro-batch"
+    return c
+
+
+@pytest.mark.parametrize(
+    ("name", "mesh", "stages", "micro", "batch"),
+    [
+        ("mlp", (2,), 2, 2, 2),
+        ("bert_tiny", (2,), 2, 2, 4),
+        ("resnet_tiny", (4,), 4, 1, 2),
+        ("mlp", (2, 2), 2, 1, 2),
+    ],
+)
+def test_pipelined_program_matches_onnxruntime(
+    name: str, mesh: tuple[int, ...], stages: int, micro: int, batch: int, tmp_path: Path
+) -> None:
+    c = build_and_check(name, tmp_path / "out", mesh, stages, micro, batch)
+    # Every stage has work, and values cross every cut.
+    assert all(s.graph.nodes for s in c.pipeline.stages)
+    assert all(s.send for s in c.pipeline.stages[:-1])
+
+
+@pytest.mark.skipif(find_cuda() is None, reason="needs the CUDA toolkit (nvcc)")
+def test_cuda_build_of_a_pipeline_compiles_and_links(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    compiled("mlp", out, (2,), 2, 2)
+    build(out, "cuda")
+    assert "warning" not in (out / "build-cuda" / "flowc-build.log").read_text().lower()
