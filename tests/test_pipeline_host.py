@@ -3,10 +3,13 @@ and each rank's log of transfers and collectives against the plan."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_parallel_models import check_outputs, logical, reference
 
@@ -88,7 +91,40 @@ def build_and_check(
         assert lines == planned_log(c, r), f"rank {r} communicated other than planned"
         sends += sum(line.startswith("send") for line in lines)
     assert sends >= micro * (stages - 1), "every cut carries something per micro-batch"
+    if micro > 1:
+        check_stages_overlap(c, out, feeds)
     return c
+
+
+def check_stages_overlap(c: CompiledPipeline, out: Path, feeds: dict[str, np.ndarray]) -> None:
+    """FLOWC_TRACE: stage 0 works on micro-batch 1 while stage 1 works on micro-batch 0.
+
+    The two ranks' clocks start at their own run's start, so they are aligned at the one
+    moment both see: the end of micro-batch 0's transfer over the cut (the send and the
+    receive of one exchange complete together)."""
+    trace = out / "trace.jsonl"
+    run(out, feeds, target="host", env={"FLOWC_TRACE": str(trace)})
+    k = c.pipeline.ranks_per_stage
+
+    def spans(stage: int) -> dict[tuple[int, str], tuple[float, float]]:
+        n = len(c.schedules[stage].actors.actors)
+        kinds = [a.kind for a in c.schedules[stage].actors.actors]
+        lines = (out / f"trace.rank{stage * k}.jsonl").read_text().splitlines()
+        got: dict[tuple[int, str], tuple[float, float]] = {}
+        for rec in map(json.loads, lines):
+            mb, a = divmod(int(rec["actor"]), n)
+            kind = "compute" if kinds[a] in ("node", "copy", "collective") else kinds[a]
+            lo, hi = got.get((mb, kind), (math.inf, -math.inf))
+            got[(mb, kind)] = (min(lo, rec["start_us"]), max(hi, rec["end_us"]))
+        return got
+
+    first, second = spans(0), spans(1)
+    shift = first[(0, "send")][1] - second[(0, "recv")][1]
+    ahead = first[(1, "compute")]
+    behind = tuple(t + shift for t in second[(0, "compute")])
+    assert ahead[0] < behind[1] and behind[0] < ahead[1], (
+        f"stage 0 on micro-batch 1 {ahead} does not overlap stage 1 on micro-batch 0 {behind}"
+    )
 
 
 @pytest.mark.parametrize(
