@@ -470,6 +470,13 @@ def cli() -> None:
     metavar="OUT.png",
     help="Draw the modeled schedule as a Gantt chart (PNG); implies --schedule.",
 )
+@click.option(
+    "--pipeline-schedule",
+    type=click.Choice(["gpipe", "1f1b"]),
+    default=None,
+    help="With --pipeline and --schedule: simulate this micro-batch order on the stages' "
+    "modeled forward times (1f1b adds backward actors at a synthetic 2x the forward time).",
+)
 @schedule_options
 @parallel_options
 def inspect(
@@ -487,6 +494,7 @@ def inspect(
     sbps: tuple[str, ...],
     mem_limit: str | None,
     cost_profile: Path | None,
+    pipeline_schedule: str | None,
 ) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
     parallel plan beside the data-parallel and all-broadcast ones; with --schedule, the
@@ -500,6 +508,18 @@ def inspect(
     if gantt is not None and gantt.suffix.lower() != ".png":
         raise InputError(f"--gantt {gantt}: a Gantt chart is drawn as PNG", hint="give OUT.png")
     popts = parallel_settings(model, mesh, parallel, sbps, mem_limit, cost_profile)
+    from flowc.compiler import PipelineSpec
+
+    if pipeline_schedule is not None and not (isinstance(popts, PipelineSpec) and show_schedule):
+        raise InputError(
+            "--pipeline-schedule needs --pipeline P and --schedule",
+            hint="e.g. --pipeline 4 --microbatches 8 --schedule --pipeline-schedule 1f1b",
+        )
+    if isinstance(popts, PipelineSpec):
+        _inspect_pipeline(
+            model, shapes, dims, popts, show_schedule, pipeline_schedule or "gpipe", streams, gantt
+        )
+        return
     if popts is not None:
         result = _inspect_plan(model, shapes, dims, popts, print_ir)
         if show_schedule:
@@ -655,6 +675,101 @@ def _inspect_schedule(
         data = {"version": 1, "ranks": [sched.to_json(rank=r) for r in range(ranks)]}
         draw_gantt(data, gantt, title=graph.name)
         console.print(f"  wrote {gantt}", markup=False)
+
+
+def _inspect_pipeline(
+    model: Path,
+    shapes: Sequence[str],
+    dims: Sequence[str],
+    spec: Any,
+    show_schedule: bool,
+    order: str,
+    streams: int | None,
+    gantt: Path | None,
+) -> None:
+    """The stages of --pipeline P: the partition and, with --schedule, the micro-batch
+    simulation of ``order`` over the stages' modeled times."""
+    from flowc.compiler import StageTimes, build_pipeline, schedule_graph
+    from flowc.parallel.cost import load_profile
+    from flowc.schedule.pipeline import Phase, gpipe, one_f_one_b, simulate
+    from flowc.schedule.program import pipeline_timeline
+
+    graph = load(model, shapes, dims, for_compile=True)
+    profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+    pipe, part = build_pipeline(graph, spec, profile, StageTimes())
+    out.print(
+        f"[bold]{escape(model.name)}[/]: {spec.stages} pipeline stages on mesh "
+        f"{'x'.join(map(str, spec.mesh.shape))} ({pipe.ranks_per_stage} device(s) per stage), "
+        f"{spec.microbatches} micro-batch(es)"
+    )
+    out.print(escape(part.summary()), markup=False)
+    if not show_schedule:
+        return
+    scheds = [schedule_graph(s.graph, profile, streams) for s in pipe.stages]
+    forward = [s.makespan_s for s in scheds]
+    m = spec.microbatches
+    if order == "1f1b":
+        # Inference graphs have no backward: 1F1B is simulated on a synthetic backward of
+        # twice the forward, as a training step's would roughly be.
+        run = simulate(one_f_one_b(spec.stages, m), m, forward, [2 * f for f in forward])
+    else:
+        run = simulate(gpipe(spec.stages, m), m, forward)
+    out.print(
+        f"{order} over {m} micro-batch(es): makespan {run.makespan * 1e6:.3f} us, bubble "
+        f"{run.bubble:.3f} (the ideal for equal stages: "
+        f"{(spec.stages - 1) / (m + spec.stages - 1):.3f})",
+        markup=False,
+    )
+    for s, firings in enumerate(run.firings):
+        text = " ".join(f"{'F' if f.phase == Phase.F else 'B'}{f.microbatch}" for f in firings)
+        out.print(
+            f"  stage {s}: forward {forward[s] * 1e6:.3f} us per micro-batch, busy "
+            f"{run.busy_s[s] * 1e6:.3f} us, at most {run.max_in_flight[s]} micro-batch(es) in "
+            f"flight; order {text}",
+            markup=False,
+        )
+    if gantt is None:
+        return
+    from flowc.schedule.gantt import draw_gantt
+
+    if order == "gpipe":
+        timeline = pipeline_timeline(scheds, run.firings, pipe.ranks_per_stage)
+    else:
+        timeline = {
+            "version": 1,
+            "ranks": [
+                {
+                    "rank": s * pipe.ranks_per_stage,
+                    "stage": s,
+                    "makespan_us": run.makespan * 1e6,
+                    "critical_path": [],
+                    "streams": [{"id": 0, "name": "stage", "actors": list(range(len(fs)))}],
+                    "actors": [
+                        {
+                            "id": k,
+                            "name": f"{'F' if f.phase == Phase.F else 'B'}{f.microbatch}",
+                            "op": f.phase.name,
+                            "kind": "node",
+                            "stream": 0,
+                            "stage": s,
+                            "microbatch": f.microbatch,
+                            "start_us": f.start * 1e6,
+                            "end_us": f.end * 1e6,
+                        }
+                        for k, f in enumerate(fs)
+                    ],
+                    "events": [],
+                }
+                for s, fs in enumerate(run.firings)
+            ],
+        }
+    path = draw_gantt(
+        timeline,
+        gantt,
+        color_by="microbatch",
+        title=f"{model.stem}: {spec.stages} stages, {m} micro-batches, {order}",
+    )
+    out.print(f"wrote {path}", markup=False)
 
 
 def _inspect_plan(
