@@ -1093,8 +1093,8 @@ def compile_cmd(
     import re
     import shlex
 
-    from flowc.codegen import check_project_dir
     from flowc.codegen.cpp import is_c_ident
+    from flowc.codegen.project import check_project_dir
 
     # Everything the command line decides is checked before the (slow) model work.
     if re.fullmatch(r"sm_[0-9]+", arch) is None:
@@ -1179,6 +1179,11 @@ def compile_model(
             cuda_graph=cuda_graph,
         )
     else:
+        import dataclasses
+
+        # The memory limit counts the arena of the program as compiled: the same streams.
+        popts = dataclasses.replace(popts, streams=streams)
+        streams = popts.stream_count()
         logical, result = load_parallel(model, shapes, dims, popts, times=times)
         _progress(
             f"generating {project}/ for {popts.mesh.size} ranks "

@@ -85,9 +85,10 @@ def plan_schedule(schedule: Schedule) -> MemoryPlan:
     return plan_memory(schedule.actors.graph, Order.of(schedule))
 
 
-def arena_bytes(graph: Graph, profile: Profile | None = None) -> int:
-    """The arena a rank graph needs as compiled (for the placement search's memory limit)."""
-    return plan_schedule(schedule_graph(graph, profile)).arena_bytes
+def arena_bytes(graph: Graph, profile: Profile | None = None, streams: int | None = None) -> int:
+    """The arena a rank graph needs as compiled on ``streams`` compute streams (for the
+    placement search's memory limit)."""
+    return plan_schedule(schedule_graph(graph, profile, streams)).arena_bytes
 
 
 def generate_program(

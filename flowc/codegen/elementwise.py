@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from flowc.codegen.cpp import CodegenError, ctype
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
-from flowc.ops.registry import get_op
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -41,6 +40,8 @@ def substitute(expr: str, operands: list[str], out_t: str, in_t: str) -> str:
 
 
 def emit_elementwise(prog: Program, node: Node) -> None:
+    from flowc.ops.registry import get_op  # the op modules import this one as they load
+
     opdef = get_op(node.op)
     assert opdef.cexpr is not None
     out = node.outputs[0]
@@ -76,6 +77,8 @@ def emit_fused(prog: Program, node: Node) -> None:
     through their broadcast strides at the output's coordinates."""
     out = node.outputs[0]
     values: list[Value] = [i for i in node.inputs if i is not None]
+    from flowc.ops.registry import get_op
+
     steps = json.loads(node.attrs["program"])
     lines = []
     for k, step in enumerate(steps):

@@ -73,6 +73,14 @@ class ParallelOptions:
     # Branch-and-bound nodes the search may use (None: search.NODE_LIMIT); a work limit, so
     # any value keeps the plan reproducible.
     node_limit: int | None = None
+    # Compute streams of the compiled rank program, whose arena the memory limit counts
+    # (None: the schedule's own choice; see stream_count).
+    streams: int | None = None
+
+    def stream_count(self) -> int | None:
+        """Under a memory limit one compute stream (its arena is the smallest: concurrent
+        branches keep more values alive), unless --streams says otherwise."""
+        return self.streams if self.streams is not None or self.mem_limit is None else 1
 
 
 @dataclass
@@ -139,7 +147,9 @@ def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
     return out
 
 
-def measure(physical: Physical, profile: Profile | None = None) -> Memory:
+def measure(
+    physical: Physical, profile: Profile | None = None, streams: int | None = None
+) -> Memory:
     """Per-device bytes of the program as compiled: weights (incl. fills) and the arena
     under the rank's schedule (boxing buffers are arena values). Fuses ``physical.graph``
     in place, as compilation would."""
@@ -151,7 +161,7 @@ def measure(physical: Physical, profile: Profile | None = None) -> Memory:
 
     g = fuse_elementwise(physical.graph)
     physical.graph = g
-    return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile))
+    return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile, streams))
 
 
 def make_plan(
@@ -204,7 +214,7 @@ def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> P
                 hint="raise the limit or use a larger mesh",
             ) from None
         physical = lower(graph, plan, profile)
-        memory = measure(physical, profile)
+        memory = measure(physical, profile, opts.stream_count())
         last = memory
         cost = evaluate_plan(graph, plan, profile)
         if opts.mem_limit is None or memory.total <= opts.mem_limit:
