@@ -67,6 +67,33 @@ def test_compile_prints_every_stage_time(
     assert '"stage": 1' in schedule
 
 
+STAGED = """graph mlp(x: f32[8, 64]) -> (y: f32[8, 10]) {
+    param w1: f32[64, 256] = normal(0.0, 0.125)
+    param w2: f32[256, 10] = normal(0.0, 0.0625)
+    stage 0 {
+        h = relu(x @ w1)
+    }
+    stage 1 {
+        y = softmax(h @ w2, axis=-1)
+    }
+    return y
+}
+"""
+
+
+def test_dsl_stage_blocks_are_the_cuts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    program = tmp_path / "staged.flow"
+    program.write_text(STAGED)
+    code, text = run_cli(
+        ["inspect", str(program), "--pipeline", "2", "--microbatches", "2"], capsys
+    )
+    assert code == 0, text
+    assert "2 stages (manual)" in text
+    assert re.search(r"cut 0 -> 1: 1 values, 4096 B, .*: h$", text, re.M), text
+    code, text = run_cli(["inspect", str(program), "--pipeline", "3"], capsys)
+    assert code == 2 and "numbered 0, 1" in text, text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
