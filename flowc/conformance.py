@@ -632,7 +632,7 @@ def _host_prepare(root: Path, info: CaseInfo) -> tuple[Result | None, Any]:
         model, inputs, outputs = load_case(root, info)
         p = prepare(info, model, inputs, outputs, COMPILE_PIPELINE)
         # Code generation on its own (cheap): a case it rejects never joins a build.
-        generate_program(p.graph, prefix="conformance")
+        generate_program(p.graph, prefix="conformance", streams=1)
         return None, p
     except CaseFailure as e:
         return Result(info.name, info.op, e.status, _short(e.message)), None
