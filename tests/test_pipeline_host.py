@@ -145,7 +145,10 @@ def test_pipelined_program_matches_onnxruntime(
     assert all(s.send for s in c.pipeline.stages[:-1])
 
 
-@pytest.mark.skipif(find_cuda() is None, reason="needs the CUDA toolkit (nvcc)")
+@pytest.mark.skipif(
+    find_cuda() is None and os.environ.get("CI") != "true",
+    reason="needs the CUDA toolkit (nvcc); CI has it, so there it fails instead",
+)
 def test_cuda_build_of_a_pipeline_compiles_and_links(tmp_path: Path) -> None:
     out = tmp_path / "out"
     compiled("mlp", out, (2,), 2, 2)
