@@ -703,6 +703,8 @@ def _inspect_pipeline(
         f"{spec.microbatches} micro-batch(es)"
     )
     out.print(escape(part.summary()), markup=False)
+    if pipe.placements:
+        out.print(escape(pipe.placement_summary()), markup=False)
     if not show_schedule:
         return
     scheds = [schedule_graph(s.graph, profile, streams) for s in pipe.stages]

@@ -203,31 +203,59 @@ def check_pipeline_mesh(spec: PipelineSpec) -> None:
 def build_pipeline(
     graph: Graph, spec: PipelineSpec, profile: Profile, times: StageTimes
 ) -> tuple[Pipelined, Partition]:
-    """Micro-batch graph -> placement on the stage mesh -> stage partition -> stage graphs
-    (flowc.parallel.pipeline's module docstring)."""
+    """Micro-batch graph -> stage partition -> each stage's placement on its own sub-mesh
+    (left to right, the cut's transfer priced in) -> stage graphs (flowc.parallel.pipeline's
+    module docstring)."""
     check_pipeline_mesh(spec)
     mb = times.run("micro-batches", lambda: microbatch_graph(graph, spec.microbatches, profile))
-    rank_graph, physical = mb.graph, None
     per_stage = math.prod(spec.mesh.shape[1:])
+    node_stages = spec.boundaries is None and any(n.stage is not None for n in mb.graph.nodes)
+    opts = None
+    node_time_fn = None
     if per_stage > 1:
-        from flowc.parallel import parallelize
+        from flowc.parallel.pipeline import stage_node_times
 
         opts = spec.stage_options or ParallelOptions(Mesh("stage", spec.mesh.shape[1:]))
-        result = times.run("parallel placement", lambda: parallelize(rank_graph, opts))
-        rank_graph, physical = result.physical.graph, result.physical
-    node_stages = spec.boundaries is None and any(n.stage is not None for n in rank_graph.nodes)
+        placed = opts
+        # The partition balances stages of K devices: each node's time under one placement
+        # of the whole micro-batch graph on the stage mesh.
+        node_time_fn = times.run(
+            "parallel placement", lambda: stage_node_times(mb.graph, placed, profile)
+        )
     part = times.run(
         "stage partition",
         lambda: partition(
-            rank_graph,
+            mb.graph,
             spec.stages,
             profile,
             mem_limit=spec.mem_limit,
             boundaries=spec.boundaries,
             node_stages=node_stages,
+            node_time_fn=node_time_fn,
         ),
     )
-    stages = build_stages(rank_graph, part.node_stage, spec.stages, per_stage, spec.mesh)
+    if opts is None:
+        stages = build_stages(mb.graph, part.node_stage, spec.stages, per_stage, spec.mesh)
+        pipe = Pipelined(
+            graph,
+            stages,
+            spec.microbatches,
+            spec.mesh,
+            per_stage,
+            mb.input_strides,
+            mb.output_strides,
+            None,
+        )
+        return pipe, part
+    from flowc.parallel.pipeline import build_placed_stages
+
+    stage_opts = opts
+    stages, placements, cuts = times.run(
+        "stage placement",
+        lambda: build_placed_stages(
+            mb.graph, part.node_stage, spec.stages, stage_opts, profile, spec.mesh
+        ),
+    )
     pipe = Pipelined(
         graph,
         stages,
@@ -236,7 +264,9 @@ def build_pipeline(
         per_stage,
         mb.input_strides,
         mb.output_strides,
-        physical,
+        None,
+        placements,
+        cuts,
     )
     return pipe, part
 

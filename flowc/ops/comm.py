@@ -210,7 +210,12 @@ defop(
 # every value crossing the cut travels in one exchange (an NCCL group / nonblocking MPI
 # calls), in the cut's order on both sides, so the two ranks always issue matching transfers.
 # ``peer`` is the world-rank offset of the partner (the next stage's rank with the same
-# coordinates in its stage: +k for a send, -k for a recv, k ranks per stage).
+# coordinates in its stage: +k for a send, -k for a recv, k ranks per stage). When the two
+# stages' layouts differ, the cut is an N:M reshard (flowc.parallel.pipeline): each input
+# (output) is one piece, and ``peers`` gives per transfer the partner's world rank for each
+# rank of the stage, indexed by the rank's place in it (world rank - ``base``). Both sides
+# list their transfers by value, then partner, then box, so every pair of ranks issues
+# matching sequences.
 
 
 def _recv_infer(ctx: InferCtx) -> list[TensorType]:
@@ -238,18 +243,35 @@ def _p2p_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
 
 
 def _emit_exchange(prog: Program, node: Node) -> None:
-    peer = f"m->world->rank + ({int(node.attrs['peer'])})"
     if node.op == "Send":
         parts = [(v, "kSend") for v in node.inputs if v is not None]
     else:
         parts = [(v, "kRecv") for v in node.outputs]
+    peers = node.attrs.get("peers")
+    table = ""
+    if peers is None:
+        peer = [f"m->world->rank + ({int(node.attrs['peer'])})"] * len(parts)
+    else:
+        # A reshard: per transfer, each rank of the stage has its own partner (world ranks,
+        # indexed by the rank's place in its stage), from a table fixed at compile time.
+        rows = [[int(p) for p in row] for row in peers]
+        if len(rows) != len(parts):
+            raise AssertionError(
+                f"{node.op} {node.name}: {len(rows)} peer rows, {len(parts)} transfers"
+            )
+        cells = ", ".join("{" + ", ".join(map(str, row)) + "}" for row in rows)
+        table = (
+            f"static const int peers[{len(rows)}][{len(rows[0])}] = {{{cells}}}; "
+            f"const int local = m->world->rank - {int(node.attrs['base'])}; "
+        )
+        peer = [f"peers[{j}][local]" for j in range(len(rows))]
     items = ", ".join(
-        f"{{flowc::comm::Transfer::{kind}, {peer}, {prog.ptr_void(v)}, "
+        f"{{flowc::comm::Transfer::{kind}, {who}, {prog.ptr_void(v)}, "
         f"{c_int(v.type.numel, 'size_t')}, {v.type.dtype.onnx}}}"
-        for v, kind in parts
+        for (v, kind), who in zip(parts, peer, strict=True)
     )
     prog.call(
-        f"[&]() {{ flowc::comm::Transfer ts[] = {{{items}}}; "
+        f"[&]() {{ {table}flowc::comm::Transfer ts[] = {{{items}}}; "
         f"return flowc::comm::exchange(*m->world, ts, {len(parts)}, {prog.stream}); }}()",
         f"{node.op} {node.name}",
     )
@@ -260,7 +282,7 @@ defop(
     FAMILY,
     infer=_recv_infer,
     reference=_p2p_ref,
-    attrs={"peer": 0, "shapes": None, "dtypes": None},
+    attrs={"peer": 0, "shapes": None, "dtypes": None, "peers": None, "base": 0},
     emit=_emit_exchange,
 )
 defop(
@@ -268,6 +290,6 @@ defop(
     FAMILY,
     infer=_send_infer,
     reference=_p2p_ref,
-    attrs={"peer": 0},
+    attrs={"peer": 0, "peers": None, "base": 0},
     emit=_emit_exchange,
 )
