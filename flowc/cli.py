@@ -1202,6 +1202,7 @@ def compile_model(
             streams=streams,
             times=times,
             cuda_graph=cuda_graph,
+            profile=result.profile,  # the one the memory limit was measured with
         )
     if _pass_switches["times"]:
         err.print("stage times:", markup=False)

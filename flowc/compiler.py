@@ -22,7 +22,7 @@ from flowc.errors import InputError
 from flowc.ir.graph import Graph
 from flowc.ir.types import Mesh
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
-from flowc.parallel import ParallelOptions
+from flowc.parallel import ParallelOptions, workspace_within
 from flowc.parallel.cost import Profile, load_profile
 from flowc.parallel.pipeline import Pipelined, build_stages, microbatch_graph
 from flowc.schedule.actors import build_actor_graph
@@ -82,7 +82,9 @@ def schedule_graph(
 
 def plan_schedule(schedule: Schedule) -> MemoryPlan:
     """The memory plan along ``schedule``'s happens-before order."""
-    return plan_memory(schedule.actors.graph, Order.of(schedule))
+    return plan_memory(
+        schedule.actors.graph, Order.of(schedule), workspace_bytes=schedule.workspace_bytes
+    )
 
 
 def arena_bytes(graph: Graph, profile: Profile | None = None, streams: int | None = None) -> int:
@@ -140,6 +142,7 @@ def compile_graph(
     streams: int | None = None,
     times: StageTimes | None = None,
     cuda_graph: bool = True,
+    profile: Profile | None = None,
 ) -> Compiled:
     """Write OUT/ for ``graph``. ``poison`` fills dead arena bytes with NaN between uses and
     lets FLOWC_DROP_EVENT drop an event (debugging aids the tests use). OUT/ keeps what
@@ -157,6 +160,7 @@ def compile_graph(
         streams=streams,
         times=times,
         cuda_graph=cuda_graph,
+        profile=profile,
     )
     times.run("write", lambda: write_project(out, compiled.files, compiled.weights, force=force))
     return compiled
@@ -232,6 +236,7 @@ def build_pipeline(
             boundaries=spec.boundaries,
             node_stages=node_stages,
             node_time_fn=node_time_fn,
+            value_bytes_fn=value_bytes_fn,
         ),
     )
     if opts is None:
@@ -287,7 +292,9 @@ def compile_pipeline(
     the mesh, which runs its own stage's schedule once per micro-batch."""
     times = StageTimes() if times is None else times
     check_project_dir(out, force)
-    profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+    profile = workspace_within(
+        load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
+    )
     pipe, part = build_pipeline(graph, spec, profile, times)
     scheds = times.run(
         "schedule", lambda: [schedule_graph(s.graph, profile, streams) for s in pipe.stages]

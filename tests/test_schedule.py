@@ -189,12 +189,7 @@ def _replay(ops: list[StreamOp]) -> Order:
     return Order(steps, stream, pos, clocks)
 
 
-def test_reuse_across_streams_only_along_happens_before() -> None:
-    # Two chains, a on stream 0 and b on stream 1, joined by y. Issued a1, a2, b1, b2, y:
-    # one stream could give b1 the bytes of a1 (dead after a2); two streams may do so only
-    # when an event orders a2 before b1.
-    graph = parse_program(
-        """graph g(x: f32[16, 16]) -> (y: f32[16, 16]) {
+CHAINS = """graph g(x: f32[16, 16]) -> (y: f32[16, 16]) {
     param wa: f32[16, 16] = normal(0.0, 0.1)
     param wb: f32[16, 16] = normal(0.0, 0.1)
     a1 = x @ wa
@@ -205,7 +200,12 @@ def test_reuse_across_streams_only_along_happens_before() -> None:
     return y
 }
 """
-    )
+
+
+def _chains() -> tuple[Graph, list[StreamOp], list[StreamOp]]:
+    """CHAINS, with a on stream 0 and b on stream 1, issued a1, a2, b1, b2, y: without an
+    event between the chains, and with one ordering a2 before b1."""
+    graph = parse_program(CHAINS)
     a1, a2, b1, b2, y = (_node(graph, v) for v in ("a1", "a2", "b1", "b2", "y"))
     join = [StreamOp("record", 1, event=0), StreamOp("wait", 0, event=0), StreamOp("run", 0, y)]
     unordered = [StreamOp("run", 0, a1), StreamOp("run", 0, a2)]
@@ -213,6 +213,14 @@ def test_reuse_across_streams_only_along_happens_before() -> None:
     ordered = [StreamOp("run", 0, a1), StreamOp("run", 0, a2)]
     ordered += [StreamOp("record", 0, event=1), StreamOp("wait", 1, event=1)]
     ordered += [StreamOp("run", 1, b1), StreamOp("run", 1, b2), *join]
+    return graph, unordered, ordered
+
+
+def test_reuse_across_streams_only_along_happens_before() -> None:
+    # One stream could give b1 the bytes of a1 (dead after a2); two streams may do so only
+    # when an event orders a2 before b1.
+    graph, unordered, ordered = _chains()
+    a1, a2, b1, b2, y = (_node(graph, v) for v in ("a1", "a2", "b1", "b2", "y"))
 
     def offset(plan, name: str) -> int:  # type: ignore[no-untyped-def]
         return int(plan.offset(_node(graph, name).outputs[0]))
@@ -230,6 +238,75 @@ def test_reuse_across_streams_only_along_happens_before() -> None:
     # The checker's own clocks: that reuse without the event is a race.
     with pytest.raises(PlanError, match=r"overwrites '(a1|b1)'"):
         check_memory_plan(graph, along, unordered)
+
+
+def test_each_library_stream_has_a_planned_workspace() -> None:
+    # Every matmul calls cuBLASLt: each stream gets one workspace buffer in the arena, kept
+    # apart from what the other stream touches meanwhile, shared once an event orders them.
+    graph, unordered, ordered = _chains()
+    ws = 8192
+    apart = plan_memory(graph, _replay(unordered), workspace_bytes=ws)
+    assert sorted(apart.workspaces) == [0, 1] and apart.workspace_bytes == ws
+    spans = {s: (apart.workspace_offset(s), apart.workspace_offset(s) + ws) for s in (0, 1)}
+    assert spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]
+    check_memory_plan(graph, apart, unordered)
+    # Both workspaces and the four matmul results are live at once here.
+    assert apart.arena_bytes == 2 * ws + 4 * 1024
+    along = plan_memory(graph, _replay(ordered), workspace_bytes=ws)
+    assert along.workspace_offset(0) == along.workspace_offset(1)
+    assert along.arena_bytes == ws + 3 * 1024
+    check_memory_plan(graph, along, ordered)
+    # The checker replays the workspaces too: sharing them without the event is a race.
+    with pytest.raises(PlanError, match="library workspace of stream"):
+        check_memory_plan(graph, along, unordered)
+    # And a workspace over a value the stream's own matmul writes is caught as well.
+    bad = plan_memory(graph, _replay(ordered), workspace_bytes=ws)
+    bad.buffers[bad.workspaces[0]].offset = bad.offset(_node(graph, "a2").outputs[0])
+    with pytest.raises(PlanError, match="workspace"):
+        check_memory_plan(graph, bad, ordered)
+
+
+def test_generated_handles_use_the_planned_workspaces() -> None:
+    import dataclasses
+
+    from flowc.parallel.cost import load_profile
+
+    graph = parse_program(CHAINS)
+    c = generate_program(graph, streams=2)
+    assert sorted(c.memory.workspaces) == [0, 1]
+    for s in (0, 1):
+        call = (
+            f"flowc::create_blas(&m->blas[{s}], m->arena + {c.memory.workspace_offset(s)}, "
+            f"{32 << 20}u)"
+        )
+        assert call in c.files["model.cu"]
+    assert c.memory.arena_bytes >= 2 * (32 << 20)
+    # A profile without a workspace: the handles get none, the arena holds only values.
+    none = dataclasses.replace(load_profile(), workspace=0)
+    c0 = generate_program(parse_program(CHAINS), streams=2, profile=none)
+    assert not c0.memory.workspaces and c0.memory.arena_bytes < 32 << 20
+    assert "flowc::create_blas(&m->blas[1], nullptr, 0u)" in c0.files["model.cu"]
+
+
+def test_profile_sets_the_workspace_and_a_memory_limit_caps_it(tmp_path: Path) -> None:
+    from flowc.errors import InputError
+    from flowc.parallel import workspace_within
+    from flowc.parallel.cost import load_profile
+
+    shipped = Path(load_profile.__code__.co_filename).parent / "profiles" / "h200-nvlink.toml"
+    text = shipped.read_text()
+    assert "workspace = 33554432" in text
+    for value, expect in (("0", 0), ("4194304", 4 << 20)):
+        f = tmp_path / f"w{value}.toml"
+        f.write_text(text.replace("workspace = 33554432", f"workspace = {value}"))
+        assert load_profile(f).workspace == expect
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("workspace = 33554432", "workspace = -1"))
+    with pytest.raises(InputError, match="workspace must be a byte count"):
+        load_profile(bad)
+    p = load_profile()
+    assert workspace_within(p, None) is p and workspace_within(p, 1 << 40) is p
+    assert workspace_within(p, 1_000_000).workspace == 62464  # a 16th, 256-byte aligned
 
 
 def _two_branches(n: int) -> Graph:

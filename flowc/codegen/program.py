@@ -192,14 +192,42 @@ class Program:
     @property
     def blas(self) -> str:
         """The current stream's cuBLAS handle (each stream has its own, and its workspace)."""
+        self._needs_workspace()
         self.blas_streams.add(self.current_stream)
         return f"m->blas[{self.current_stream}]"
 
     @property
     def conv(self) -> str:
         """The current stream's cuDNN handle (and workspace)."""
+        self._needs_workspace()
         self.conv_streams.add(self.current_stream)
         return f"m->conv[{self.current_stream}]"
+
+    def _needs_workspace(self) -> None:
+        node = self.node
+        if node is None or not get_op(node.op).library:
+            raise CodegenError(
+                f"{node.op if node else 'a fill'} calls a library but its op declares no "
+                "`library`, so the memory plan gave its stream no workspace (a flowc bug)"
+            )
+
+    def library_handles(self) -> list[dict[str, Any]]:
+        """The handles the emitted code uses (library, stream) and each one's workspace: the
+        stream's planned arena buffer (offset, bytes; shared by both libraries)."""
+        plan = self.plan
+        out = []
+        for lib, streams in (("blas", self.blas_streams), ("conv", self.conv_streams)):
+            for s in sorted(streams):
+                planned = s in plan.workspaces
+                out.append(
+                    {
+                        "lib": lib,
+                        "stream": s,
+                        "offset": plan.workspace_offset(s) if planned else -1,
+                        "bytes": plan.workspace_bytes if planned else 0,
+                    }
+                )
+        return out
 
     # -- pointers --------------------------------------------------------------------------
 
@@ -515,8 +543,6 @@ def _render(
     num_events = max(st.num_events for st in stages)
     ns = max(st.prog.schedule.num_streams for st in stages)
     arena_bytes = max(st.prog.plan.arena_bytes for st in stages)
-    blas_streams = sorted(set().union(*(st.prog.blas_streams for st in stages)))
-    conv_streams = sorted(set().union(*(st.prog.conv_streams for st in stages)))
     all_fills = [f for st in stages for f in st.fills]
     all_statements = [x for st in stages for x in st.prog.statements]
 
@@ -546,8 +572,6 @@ def _render(
         "mesh_size": mesh.size if mesh is not None else 1,
         "num_events": num_events,
         "num_streams": ns,
-        "blas_streams": blas_streams,
-        "conv_streams": conv_streams,
         "event_mask": poison and num_events > 0,
         "actor_names": [c_string(a.name) for a in ag.actors],
         "actor_streams": [schedule.stream_of[a.id] for a in ag.actors],
@@ -566,6 +590,7 @@ def _render(
                 "statements": st.prog.statements,
                 "fills": st.fills,
                 "num_streams": st.prog.schedule.num_streams,
+                "handles": st.prog.library_handles(),
                 "actor_names": [c_string(a.name) for a in st.prog.schedule.actors.actors],
                 "actor_streams": [
                     st.prog.schedule.stream_of[a.id] for a in st.prog.schedule.actors.actors
@@ -629,6 +654,8 @@ def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int,
     first: dict[int, list[Buffer]] = {}
     death: dict[int, list[Buffer]] = {}
     for b in plan.buffers:
+        if b.workspace >= 0:
+            continue  # scratch the library writes before it reads: nothing to catch
         first.setdefault(b.writer, []).append(b)
         for s, p in enumerate(b.last):
             if p == 0:

@@ -9,12 +9,14 @@ earlier one's every access before the later one's write; the one exception: an e
 node writing over the input only it still reads), if a stream is not joined back into
 stream 0 by the end of the run, if a view is not at its base's bytes, if anything is
 misaligned or outside the arena, or if the plan's lower bound is not the peak of live
-aligned bytes in issue order.
+aligned bytes in issue order. A stream's library workspace counts as one more stored value,
+written by the stream's first library call (an op's ``library``) and read by the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from flowc.ir.graph import Graph, Value
 from flowc.memory.plan import ALIGN, MemoryPlan
@@ -24,6 +26,18 @@ from flowc.schedule.program import StreamOp
 
 class PlanError(AssertionError):
     pass
+
+
+@dataclass(frozen=True)
+class _Workspace:
+    """A stream's library workspace, checked as a value of its own."""
+
+    stream: int
+    nbytes: int
+
+    @property
+    def name(self) -> str:
+        return f"the library workspace of stream {self.stream}"
 
 
 def linear_program(plan: MemoryPlan) -> list[StreamOp]:
@@ -81,9 +95,10 @@ def check_memory_plan(
         return a == b or runs[b][2][sa] >= pa
 
     steps = [op.node for op in ops if op.kind == "run" and op.node is not None]
+    step_stream = [op.stream for op in ops if op.kind == "run" and op.node is not None]
     # Accesses of each stored value (a read of a view is a read of its base).
-    writer: dict[Value, int] = {}
-    readers: dict[Value, list[int]] = {}
+    writer: dict[Value | _Workspace, int] = {}
+    readers: dict[Value | _Workspace, list[int]] = {}
     for k, node in enumerate(steps):
         for i in node.inputs:
             if i is not None:
@@ -91,6 +106,17 @@ def check_memory_plan(
         for o in node.outputs:
             if o not in view_of:
                 writer[o] = k
+        if get_op(node.op).library and plan.workspace_bytes:
+            ws = _Workspace(step_stream[k], plan.workspace_bytes)
+            if ws.stream not in plan.workspaces:
+                raise PlanError(
+                    f"{node.op} {node.name!r} calls a library on stream "
+                    f"{ws.stream}, which has no workspace"
+                )
+            if ws in writer:
+                readers.setdefault(ws, []).append(k)
+            else:
+                writer[ws] = k
     for v, rs in readers.items():
         w = writer.get(v)
         if w is None:
@@ -102,14 +128,20 @@ def check_memory_plan(
                     f"{steps[w].op} {steps[w].name!r} writes it (no event orders them)"
                 )
 
-    arena: dict[Value, tuple[int, int]] = {}
+    arena: dict[Value | _Workspace, tuple[int, int]] = {}
+    buffer_of: dict[Value | _Workspace, int] = {}
     for v in writer:
-        if v in external:
+        if isinstance(v, _Workspace):
+            buffer_of[v] = plan.workspaces[v.stream]
+            lo, hi = plan.workspace_offset(v.stream), plan.workspace_offset(v.stream) + v.nbytes
+        elif v in external:
             continue
-        if v not in plan.value_buffer:
+        elif v not in plan.value_buffer:
             raise PlanError(f"intermediate {v.name!r} has no place in the arena")
-        lo = plan.offset(v)
-        hi = lo + v.type.nbytes
+        else:
+            buffer_of[v] = plan.value_buffer[v]
+            lo = plan.offset(v)
+            hi = lo + v.type.nbytes
         if lo % ALIGN:
             raise PlanError(f"{v.name!r} at offset {lo} is not {ALIGN}-byte aligned")
         if hi > plan.arena_bytes:
@@ -123,10 +155,10 @@ def check_memory_plan(
         ):
             raise PlanError(f"view {v.name!r} is not placed at its base {base(b).name!r}")
 
-    def accesses(v: Value) -> list[int]:
+    def accesses(v: Value | _Workspace) -> list[int]:
         return [writer[v], *readers.get(v, [])]
 
-    def before(u: Value, v: Value) -> bool:
+    def before(u: Value | _Workspace, v: Value | _Workspace) -> bool:
         """Every access of ``u`` happens before ``v`` is written, or ``v``'s writer is an
         element-wise node overwriting ``u`` in place as the last access of ``u``."""
         w = writer[v]
@@ -143,7 +175,7 @@ def check_memory_plan(
 
     # Sweep by offset: only values whose bytes overlap are compared.
     by_lo = sorted(arena, key=lambda v: (arena[v][0], writer[v]))
-    active: list[Value] = []
+    active: list[Value | _Workspace] = []
     for v in by_lo:
         lo, hi = arena[v]
         active = [u for u in active if arena[u][1] > lo]
@@ -161,14 +193,11 @@ def check_memory_plan(
 
     # The bound: the peak of live aligned bytes over the issue order.
     delta = [0] * (len(steps) + 2)
-    seen: set[int] = set()
+    members: dict[int, list[Value | _Workspace]] = {}
     for v in arena:
-        bid = plan.value_buffer[v]
-        if bid in seen:
-            continue
-        seen.add(bid)
-        members = [u for u in plan.buffers[bid].values if u in arena]
-        acc = [a for u in members for a in accesses(u)]
+        members.setdefault(buffer_of[v], []).append(v)
+    for bid, vs in members.items():
+        acc = [a for u in vs for a in accesses(u)]
         delta[min(acc)] += plan.buffers[bid].size
         delta[max(acc) + 1] -= plan.buffers[bid].size
     peak = live = 0

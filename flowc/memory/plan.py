@@ -11,6 +11,10 @@ whose input is last read by that node (every other reader happens before it) wri
 output in place, into the input's bytes. Buffers are placed greedily by size, each in the
 tightest gap left by the placed buffers it may not share with (best fit), 256-byte aligned.
 
+Each stream that calls a library (cuBLASLt, cuDNN: the op's ``library``) gets one more
+buffer, its workspace: written by the stream's first library call and accessed by each
+later one, so other values use those bytes before the first call and after the last.
+
 Graph inputs and outputs live in the caller's memory and constants in the weights, so none
 of them is in the arena; nothing is ever written into an input or a constant. A view whose
 result is a graph output (an Identity of an input, a Reshape of a weight) stays a copy node;
@@ -107,6 +111,7 @@ class Buffer:
     offset: int = -1
     writer: int = -1
     last: list[int] = field(default_factory=list)
+    workspace: int = -1  # the stream whose library workspace this is (-1: values)
 
 
 @dataclass
@@ -119,6 +124,11 @@ class MemoryPlan:
     naive_bytes: int
     inplace: int  # values written into an input's bytes
     output_copies: list[Value] = field(default_factory=list)
+    workspaces: dict[int, int] = field(default_factory=dict)  # stream -> its workspace buffer
+    workspace_bytes: int = 0  # each workspace's size
+
+    def workspace_offset(self, stream: int) -> int:
+        return self.buffers[self.workspaces[stream]].offset
 
     @property
     def steps(self) -> list[Node]:
@@ -140,7 +150,8 @@ def storage_roots(graph: Graph) -> dict[Value, Value]:
     return root
 
 
-def plan_memory(graph: Graph, order: Order | None = None) -> MemoryPlan:
+def plan_memory(graph: Graph, order: Order | None = None, workspace_bytes: int = 0) -> MemoryPlan:
+    """``workspace_bytes``: the library workspace of each stream that calls one (0: none)."""
     order = Order.linear(graph) if order is None else order
     steps = order.steps
     ns = order.num_streams
@@ -198,6 +209,28 @@ def plan_memory(graph: Graph, order: Order | None = None) -> MemoryPlan:
             for reader in readers.get(o, []):
                 touch(host, reader)
 
+    workspaces: dict[int, int] = {}
+    if workspace_bytes > 0:
+        for t, node in enumerate(steps):
+            if not get_op(node.op).library:
+                continue
+            s = order.stream[t]
+            if s not in workspaces:
+                workspaces[s] = len(buffers)
+                buffers.append(
+                    Buffer(
+                        len(buffers),
+                        [],
+                        aligned(workspace_bytes),
+                        t,
+                        t,
+                        writer=t,
+                        last=[0] * ns,
+                        workspace=s,
+                    )
+                )
+            touch(buffers[workspaces[s]], t)
+
     _place(buffers, order)
     value_buffer = {v: b.id for b in buffers for v in b.values}
     for v, r in root.items():
@@ -220,6 +253,8 @@ def plan_memory(graph: Graph, order: Order | None = None) -> MemoryPlan:
         naive_bytes=sum(b.size for b in buffers),
         inplace=inplace,
         output_copies=copies,
+        workspaces=workspaces,
+        workspace_bytes=aligned(workspace_bytes) if workspaces else 0,
     )
 
 

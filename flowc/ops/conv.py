@@ -419,6 +419,7 @@ defop(
     flops=_conv_flops,
     sbp=_conv_sbp(w_out=0, w_in=1),
     emit=_conv_emit,
+    library="conv",
 )
 
 

@@ -367,6 +367,7 @@ defop(
     flops=_matmul_flops,
     sbp=_matmul_sbp,
     emit=_matmul_emit,
+    library="blas",
 )
 
 
@@ -451,4 +452,5 @@ defop(
     onnx_import=_gemm_import,
     sbp=_gemm_sbp,
     emit=_gemm_emit,
+    library="blas",
 )

@@ -172,6 +172,9 @@ class OpDef:
     # When a signature splits an axis whose size a constant input spells out (Reshape's or
     # Expand's target shape), the replacement constants for one rank's local types.
     localize: LocalizeFn | None = None
+    # The library (Program.blas / Program.conv: "blas", "conv") `emit` may call on the node's
+    # stream; memory planning then gives that stream a library workspace.
+    library: str = ""
 
     def ctx(self, node: Node) -> InferCtx:
         return InferCtx(
@@ -238,6 +241,7 @@ def defop(
     dsl_name: str = "",
     sbp: SbpFn | None = None,
     localize: LocalizeFn | None = None,
+    library: str = "",
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
     return register(
@@ -258,6 +262,7 @@ def defop(
             dsl_name=dsl_name,
             sbp=sbp,
             localize=localize,
+            library=library,
         )
     )
 

@@ -164,6 +164,17 @@ def measure(
     return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile, streams))
 
 
+def workspace_within(profile: Profile, mem_limit: int | None) -> Profile:
+    """The profile whose library workspace (per stream, in the arena) takes at most a 16th
+    of a memory limit: cuBLASLt and cuDNN then pick only algorithms that fit (with none at
+    all they still run, on fewer algorithms)."""
+    if mem_limit is None or profile.workspace <= mem_limit // 16:
+        return profile
+    import dataclasses
+
+    return dataclasses.replace(profile, workspace=mem_limit // 16 // 256 * 256)
+
+
 def make_plan(
     graph: Graph,
     opts: ParallelOptions,
@@ -197,7 +208,7 @@ def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> P
     until the real per-device bytes (parameters + arena) fit."""
     if opts.method not in METHODS:
         raise InputError(f"--parallel {opts.method!r}: expected one of {', '.join(METHODS)}")
-    profile = load_profile(opts.profile)
+    profile = workspace_within(load_profile(opts.profile), opts.mem_limit)
     param_limit = opts.mem_limit
     last: Memory | None = None
     for attempt in range(1, max_attempts + 1):

@@ -66,6 +66,9 @@ class Profile:
     sms: int = 132
     blocks_per_sm: int = 8
     event_overhead: float = 2e-6
+    # Bytes of scratch each stream that calls cuBLASLt or cuDNN gets (one planned arena buffer
+    # per stream, shared by both libraries): 32 MiB is cuBLAS's recommendation for Hopper.
+    workspace: int = 32 << 20
 
     def flop_rate(self, dtype: str, matmul: bool) -> float:
         table = self.matmul if matmul else self.compute
@@ -138,6 +141,14 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
     for key in ("sms", "blocks_per_sm"):
         if key in device:
             extra[key] = int(number(device, key, "device"))
+    if "workspace" in device:
+        w = device["workspace"]
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise InputError(
+                f"cost profile {path}: [device] workspace must be a byte count >= 0, got {w!r}",
+                hint=hint,
+            )
+        extra["workspace"] = w
     if "event_overhead" in device:
         extra["event_overhead"] = number(device, "event_overhead", "device")
     return Profile(

@@ -46,6 +46,9 @@ class Schedule:
     critical_path: list[int]
     waits: dict[int, list[Event]] = field(default_factory=dict)  # actor -> events before it
     records: dict[int, list[Event]] = field(default_factory=dict)  # actor -> events after it
+    # Bytes of library scratch per stream that calls cuBLASLt/cuDNN (the profile's), which
+    # the memory plan places in the arena.
+    workspace_bytes: int = 0
 
     @property
     def num_streams(self) -> int:

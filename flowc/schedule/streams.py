@@ -93,6 +93,7 @@ def schedule_actors(ag: ActorGraph, profile: Profile, streams: int | None = None
         if n_used < n:
             break  # more streams than the graph's width: nothing more to gain
     assert best is not None
+    best.workspace_bytes = profile.workspace
     return best
 
 

@@ -50,7 +50,7 @@ struct ConvHandle {
   BlasHandle blas;
 };
 
-inline Status create_conv(ConvHandle*, size_t = 0) { return Status::Ok(); }
+inline Status create_conv(ConvHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
 inline void destroy_conv(ConvHandle*) {}
 
 // Lowers one image and one group to columns: [(c/g)*r*s] x [oh*ow].
@@ -105,18 +105,16 @@ struct ConvHandle {
   size_t workspace_bytes = 0;
 };
 
-inline Status create_conv(ConvHandle* h, size_t workspace_bytes = 64u << 20) {
+// `workspace`: the caller's device memory for cuDNN's scratch (the stream's planned arena
+// buffer, shared with its cuBLASLt handle: one stream runs one library call at a time).
+inline Status create_conv(ConvHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
   if (cudnnCreate(&h->cudnn) != CUDNN_STATUS_SUCCESS) return LibraryError("cudnnCreate failed");
-  h->workspace_bytes = workspace_bytes;
-  if (workspace_bytes > 0 && cudaMalloc(&h->workspace, workspace_bytes) != cudaSuccess) {
-    cudnnDestroy(h->cudnn);
-    return Status(StatusCode::kOutOfMemory, "conv2d: cannot allocate the cuDNN workspace");
-  }
+  h->workspace = workspace;
+  h->workspace_bytes = workspace ? workspace_bytes : 0;
   return Status::Ok();
 }
 
 inline void destroy_conv(ConvHandle* h) {
-  if (h->workspace) cudaFree(h->workspace);
   if (h->cudnn) cudnnDestroy(h->cudnn);
   *h = ConvHandle{};
 }

@@ -70,7 +70,7 @@ inline Status validate(const GemmDesc& d) {
 
 struct BlasHandle {};
 
-inline Status create_blas(BlasHandle*, size_t = 0) { return Status::Ok(); }
+inline Status create_blas(BlasHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
 inline void destroy_blas(BlasHandle*) {}
 
 inline Status gemm(BlasHandle&, const GemmDesc& d, const void* a, const void* b, void* c,
@@ -102,18 +102,16 @@ struct BlasHandle {
   size_t workspace_bytes = 0;
 };
 
-inline Status create_blas(BlasHandle* h, size_t workspace_bytes = 32u << 20) {
+// `workspace`: the caller's device memory for cuBLASLt's scratch (flowc's programs give each
+// stream a planned arena buffer); cuBLASLt only picks algorithms that fit in it (0: none).
+inline Status create_blas(BlasHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
   if (cublasLtCreate(&h->lt) != CUBLAS_STATUS_SUCCESS) return LibraryError("cublasLtCreate failed");
-  h->workspace_bytes = workspace_bytes;
-  if (workspace_bytes > 0 && cudaMalloc(&h->workspace, workspace_bytes) != cudaSuccess) {
-    cublasLtDestroy(h->lt);
-    return Status(StatusCode::kOutOfMemory, "gemm: cannot allocate the cuBLASLt workspace");
-  }
+  h->workspace = workspace;
+  h->workspace_bytes = workspace ? workspace_bytes : 0;
   return Status::Ok();
 }
 
 inline void destroy_blas(BlasHandle* h) {
-  if (h->workspace) cudaFree(h->workspace);
   if (h->lt) cublasLtDestroy(h->lt);
   *h = BlasHandle{};
 }
