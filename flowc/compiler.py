@@ -215,16 +215,16 @@ def build_pipeline(
     per_stage = math.prod(spec.mesh.shape[1:])
     node_stages = spec.boundaries is None and any(n.stage is not None for n in mb.graph.nodes)
     opts = None
-    node_time_fn = None
+    node_time_fn = value_bytes_fn = None
     if per_stage > 1:
-        from flowc.parallel.pipeline import stage_node_times
+        from flowc.parallel.pipeline import stage_node_costs
 
         opts = spec.stage_options or ParallelOptions(Mesh("stage", spec.mesh.shape[1:]))
         placed = opts
-        # The partition balances stages of K devices: each node's time under one placement
-        # of the whole micro-batch graph on the stage mesh.
-        node_time_fn = times.run(
-            "parallel placement", lambda: stage_node_times(mb.graph, placed, profile)
+        # The partition balances stages of K devices: each node's time and each value's
+        # bytes on one of them, under one placement of the whole micro-batch graph.
+        node_time_fn, value_bytes_fn = times.run(
+            "parallel placement", lambda: stage_node_costs(mb.graph, placed, profile)
         )
     part = times.run(
         "stage partition",

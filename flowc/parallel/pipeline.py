@@ -10,16 +10,34 @@ the program in four steps, each a function here or one it calls:
    S(0), parameters whole), with each rank's inputs and outputs its own part: the same
    shard/localize machinery as S(0) rewrites the shape constants of Reshape and friends.
    An op that is not separable along the batch would need a collective there: refused.
-2. The placement search on the stage sub-mesh (``flowc.parallel.parallelize``), when a
-   stage has more than one device: one plan for every stage, so a value crossing a cut has
-   the same layout on both sides and rank j of stage s sends to rank j of stage s+1 (its
-   world rank + k). The layouts at the cuts are thereby chosen together, and no N:M
-   reshard is ever needed.
-3. The partition into stages (``flowc.schedule.partition``).
-4. ``build_stages``: each stage's own graph. Every value crossing a cut -- skip connections
-   included, relayed through the stages between -- travels in one Send on the earlier side
-   and one Recv on the later side, in the same order; graph outputs made early are relayed
-   to the last stage, whose rank 0 writes them.
+2. The partition into stages (``flowc.schedule.partition``), on the micro-batch graph. With
+   K > 1 devices per stage its node times and value bytes are per device, under one
+   placement of the whole graph on the stage mesh (``stage_node_costs``).
+3. With K > 1, each stage's own plan (``plan_stages``): the stage's nodes as a graph of
+   their own (inputs: the model's inputs and the values received over the cut before it),
+   placed on the stage mesh by the search, stage by stage left to right. The layouts of a
+   stage's received values are chosen together with the sender's: the search with them
+   pinned to the layouts the sender produced (a 1:1 transfer) against freer layouts (the
+   search's own pick, then value by value each other layout, within ``SEARCH_BUDGET``
+   searches), each priced as the plan's modeled time plus the cut's modeled transfer time
+   (``transfer_time``: per rank, the pipeline link's alpha per piece plus bytes over its
+   bandwidth); the cheapest wins, ties keeping 1:1. A value made as a partial sum is
+   reduced before it crosses (``unpartial``). When the two sides' layouts differ the cut
+   reshards N:M (``reshard_pieces``, ``plan_reshard``): each receiving rank gets from the
+   sending ranks exactly the pieces its shard needs (the intersections of the boxes; a
+   replicated box from one holder, spread over them), after a sender holding a value whole
+   on a mesh axis the receiver splits has kept only the receiver's part (``presliced``).
+   Every rank of a stage runs one program, so a reshard is used only when the pieces' local
+   boxes are the same on every rank (always on a 1-D stage mesh, for every S/B pair); the
+   partners may differ, from a per-rank table (``peers`` on Send/Recv). Otherwise that
+   value keeps the sender's layout (1:1). With one device per stage there is no placement.
+4. The stage graphs: ``build_stages`` (one device per stage) or ``build_placed_stages``
+   (each stage lowered by its own plan, its constants sharded by it: ``Stage.physical``).
+   Every value crossing a cut -- skip connections included, relayed through the stages
+   between -- travels in one Send on the earlier side and one Recv on the later side, in
+   the same order (a resharded value as its pieces: Slice nodes before the Send, Concat
+   nodes assembling the shard after the Recv); graph outputs made early are relayed to the
+   last stage, whose rank 0 writes them.
 """
 
 from __future__ import annotations
@@ -952,16 +970,26 @@ def stage_profile(profile: Profile) -> Profile:
     )
 
 
-def stage_node_times(
+def stage_node_costs(
     graph: Graph, opts: ParallelOptions, profile: Profile
-) -> Callable[[Node], float]:
-    """Each node's modeled time on a stage of ``opts.mesh`` devices, for the partition: its
-    strategy's time in one plan of the whole graph on the stage mesh. (The stages' own plans
-    come after the partition, which needs times first; a node's time under the whole-graph
-    plan is what its stage's plan would mostly choose, and unlike time / K it knows which
-    nodes do not split.)"""
+) -> tuple[Callable[[Node], float], Callable[[Value], int]]:
+    """Each node's modeled time and each value's bytes on one device of a stage of
+    ``opts.mesh``, for the partition: under one plan of the whole graph on the stage mesh.
+    (The stages' own plans come after the partition, which needs costs first; the whole-graph
+    plan is what a stage's plan mostly picks, and unlike time / K it knows which nodes do not
+    split.)"""
     from flowc.parallel.cost import node_time
 
     inner = stage_profile(profile)
     plan, _ = _stage_plan(graph, opts, inner, {})
-    return lambda node: node_time(node, plan.node_strategy[node], opts.mesh, inner)
+
+    def time_of(node: Node) -> float:
+        return node_time(node, plan.node_strategy[node], opts.mesh, inner)
+
+    def bytes_of(v: Value) -> int:
+        sbp = plan.value_sbp.get(v)
+        if sbp is None or any(p.kind == "P" for p in sbp.parts):
+            return v.type.nbytes  # a partial sum crosses reduced, at most whole
+        return local_type(v.type, sbp, opts.mesh).nbytes
+
+    return time_of, bytes_of

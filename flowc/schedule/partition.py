@@ -20,6 +20,10 @@ programming over the cut positions (exact for this model; O(P N^2) with N nodes,
   them on, an upper bound), to its last reader in the stage, or to the stage's end when a
   later stage reads it (it is sent) or it is a graph output made here.
 
+With K devices per stage the caller gives each node's time and each value's bytes on one of
+them (from one placement of the whole graph on the stage mesh): compute, transfers and memory
+are then per device.
+
 Manual partitions name the last value of each stage but the last (``--stage-boundary``), or
 come from the nodes' stage tags (the DSL's ``stage N { }`` blocks).
 """
@@ -132,8 +136,11 @@ class StageCosts:
         graph: Graph,
         profile: Profile,
         node_time_fn: Callable[[Node], float] | None = None,
+        value_bytes_fn: Callable[[Value], int] | None = None,
     ) -> None:
         self.graph = graph
+        size = value_bytes_fn or (lambda v: v.type.nbytes)
+        self.size = size
         nodes = graph.nodes
         n = self.n = len(nodes)
         self.link: Link = profile.axis_link(0)
@@ -162,8 +169,8 @@ class StageCosts:
                 if last > k:
                     count[k + 1] += 1
                     count[last + 1] -= 1
-                    nbytes[k + 1] += v.type.nbytes
-                    nbytes[last + 1] -= v.type.nbytes
+                    nbytes[k + 1] += size(v)
+                    nbytes[last + 1] -= size(v)
         self.cut_count = np.cumsum(count)[: n + 1]
         self.cut_bytes = np.cumsum(nbytes)[: n + 1]
         # cut_time[c]: sending everything over the cut before node c; none before 0 or after N.
@@ -183,7 +190,7 @@ class StageCosts:
 
     def crossing(self, c: int) -> list[tuple[Value, int]]:
         """The values crossing the cut before node c, with their bytes, in production order."""
-        return [(v, v.type.nbytes) for v, p, last in self.made if p < c <= last]
+        return [(v, self.size(v)) for v, p, last in self.made if p < c <= last]
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ class StageCosts:
         nodes = graph.nodes
         # Parameters: constant c is in stage [i, j) when its first reader at or after i is < j.
         consts = [c for c in graph.constants if c in self.readers]
-        self._cbytes = np.array([c.type.nbytes for c in consts], dtype=np.float64)
+        self._cbytes = np.array([self.size(c) for c in consts], dtype=np.float64)
         at = np.arange(n + 1)
         self._next_use = np.empty((len(consts), n + 1), dtype=np.int64)
         for r, c in enumerate(consts):
@@ -218,7 +225,7 @@ class StageCosts:
             buf = root.get(v, v)
             if buf not in made_at:  # a view of a constant: counted with the parameters
                 continue
-            nbytes.setdefault(buf, buf.type.nbytes)
+            nbytes.setdefault(buf, self.size(buf))
             last[buf] = max(last.get(buf, made_at[buf]), max(self.readers.get(v, [p])))
             if v in out_set:
                 outputs.add(buf)
@@ -297,12 +304,15 @@ def partition(
     boundaries: Sequence[str] | None = None,
     node_time_fn: Callable[[Node], float] | None = None,
     node_stages: bool = False,
+    value_bytes_fn: Callable[[Value], int] | None = None,
 ) -> Partition:
     """Cuts ``graph`` into ``stages`` stages: the given ``boundaries`` (value names, one per
     cut: a stage ends after the node making its value), or with ``node_stages`` the nodes'
     own stage tags (the DSL's ``stage N { }`` blocks, see node_stage_starts), or else the
     partition minimizing the slowest stage under ``mem_limit`` bytes per device (see the
-    module docstring). A manual partition over the memory limit is refused."""
+    module docstring). A manual partition over the memory limit is refused. ``node_time_fn``
+    and ``value_bytes_fn`` give a node's time and a value's bytes on one device when a stage
+    has several (default: the single-device time, the whole value)."""
     n = len(graph.nodes)
     if stages < 1:
         raise InputError(f"a pipeline needs at least 1 stage, got {stages}")
@@ -314,7 +324,7 @@ def partition(
         )
     if mem_limit is not None and mem_limit <= 0:
         raise InputError(f"the memory limit per device must be positive, got {mem_limit}")
-    costs = StageCosts(graph, profile or load_profile(), node_time_fn)
+    costs = StageCosts(graph, profile or load_profile(), node_time_fn, value_bytes_fn)
     manual = boundaries is not None or node_stages
     if boundaries is not None:
         if node_stages:
