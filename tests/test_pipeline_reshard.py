@@ -193,16 +193,21 @@ def _graph(model: Path) -> Graph:
     return PassManager(("lower_ops", "widen_types", "fuse_elementwise")).run(load_graph(model))
 
 
-def _spec(profile: Path | None, sbp: dict[str, NdSbp] | None = None) -> PipelineSpec:
+def _spec(
+    profile: Path | None, sbp: dict[str, NdSbp] | None = None, cut: str = "h"
+) -> PipelineSpec:
     opts = ParallelOptions(Mesh("stage", (2,)), sbp=sbp or {}, profile=profile)
-    return PipelineSpec(2, Mesh("gpus", (2, 2)), boundaries=["h"], stage_options=opts)
+    return PipelineSpec(2, Mesh("gpus", (2, 2)), boundaries=[cut], stage_options=opts)
 
 
 CASES = {
     # The search's own choice under the fast link: stage 1 takes h whole, from both halves.
-    "natural": (True, None, NdSbp((S1,)), NdSbp((B,))),
+    "natural": (True, {}, "h", NdSbp((S1,)), NdSbp((B,))),
     # Stage 1's softmax pinned row-split: h arrives S(0), each sender slicing its columns.
-    "pinned": (False, {"p": NdSbp((S0,))}, NdSbp((S1,)), NdSbp((S0,))),
+    "pinned": (False, {"p": NdSbp((S0,))}, "h", NdSbp((S1,)), NdSbp((S0,))),
+    # Stage 0 pinned to split the contraction: its cut value a is a partial sum, reduced
+    # (reduce-scatter to S(0)) before it crosses, then gathered whole by stage 1's ranks.
+    "partial": (True, {"w1": NdSbp((S0,)), "x": NdSbp((S1,))}, "a", NdSbp((S0,)), NdSbp((B,))),
 }
 
 
@@ -210,18 +215,20 @@ CASES = {
 def test_each_stage_has_its_own_plan_and_the_cut_reshards(
     case: str, files: dict[str, Path]
 ) -> None:
-    fast, sbp, src, dst = CASES[case]
+    fast, sbp, cut, src, dst = CASES[case]
     profile = files["profile"] if fast else None
-    spec = _spec(profile, sbp)
+    spec = _spec(profile, sbp, cut)
     pipe, _ = build_pipeline(_graph(files["model"]), spec, load_profile(profile), StageTimes())
     first, second = pipe.placements
-    assert {v.name: str(s) for v, s in first.plan.value_sbp.items() if v.name in ("w1", "h")} == {
-        "w1": "S(1)",
-        "h": "S(1)",
-    }
+    made = {v.name: str(s) for v, s in first.plan.value_sbp.items()}
+    if cut == "h":
+        # The wide matmul splits its weights by columns, so h is made S(1).
+        assert (made["w1"], made["h"]) == ("S(1)", "S(1)")
+    else:
+        assert made["a"] == "P"
     assert second.choice == "N:M" and second.free_s < second.pinned_s
     (r,) = pipe.cuts[0]
-    assert (r.value, r.src, r.dst) == ("h", src, dst)
+    assert (r.value, r.src, r.dst) == (cut, src, dst)
     # Stage 1's weights come from its own plan: whole w2 under B.
     stage = pipe.stages[1]
     w2 = next(c for c in stage.graph.constants if c.name == "w2")
@@ -230,7 +237,9 @@ def test_each_stage_has_its_own_plan_and_the_cut_reshards(
         assert data.shape == (HIDDEN, OUT)
     # Without the fast link the same stages keep 1:1 (the pieces' latency outweighs).
     if fast:
-        plain, _ = build_pipeline(_graph(files["model"]), _spec(None), load_profile(), StageTimes())
+        plain, _ = build_pipeline(
+            _graph(files["model"]), _spec(None, sbp, cut), load_profile(), StageTimes()
+        )
         assert plain.placements[1].choice == "1:1"
         assert all(x.one_to_one for x in plain.cuts[0])
 
@@ -295,12 +304,12 @@ def _planned_log(c: CompiledPipeline, rank: int) -> list[str]:
 def test_resharded_pipeline_matches_onnxruntime(
     case: str, files: dict[str, Path], tmp_path: Path
 ) -> None:
-    fast, sbp, src, dst = CASES[case]
+    fast, sbp, cut, src, dst = CASES[case]
     out = tmp_path / "out"
     c = compile_pipeline(
         _graph(files["model"]),
         out,
-        _spec(files["profile"] if fast else None, sbp),
+        _spec(files["profile"] if fast else None, sbp, cut),
         prefix="reshard",
     )
     (r,) = c.pipeline.cuts[0]
@@ -326,3 +335,8 @@ def test_resharded_pipeline_matches_onnxruntime(
             if line.startswith("recv")
         }
         assert peers == {"peer=0", "peer=1"}, peers
+    if cut == "a":
+        # The partial sum was reduced on stage 0's ranks before anything was sent.
+        log = (out / "comm.rank0").read_text().splitlines()
+        first_send = next(i for i, line in enumerate(log) if line.startswith("send"))
+        assert any(line.startswith("reduce-scatter") for line in log[:first_send]), log
