@@ -856,6 +856,7 @@ def build_placed_stages(
     between the Recv of its cut's pieces (assembled with Concat) and the Send of the next
     cut's (cut with Slice). ``mesh`` is the whole (P, *stage mesh)."""
     placements, cuts, logicals = plan_stages(graph, node_stage, stages, opts, profile)
+    profile = stage_profile(profile)  # the boxing inside a stage is on the stage's axes
     k = opts.mesh.size
     crossing = crossing_values(graph, node_stage, stages)
     result = []
