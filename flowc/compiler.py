@@ -29,6 +29,7 @@ from flowc.schedule.actors import build_actor_graph
 from flowc.schedule.partition import Partition, partition
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
+from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -190,6 +191,7 @@ class CompiledPipeline:
     files: dict[str, str]
     weights: list[WeightsLayout]
     programs: list[list[StreamOp]]  # per stage
+    unrolled: list[Unrolled] = field(default_factory=list)  # per stage: its micro-batches
 
 
 def check_pipeline_mesh(spec: PipelineSpec) -> None:
@@ -289,22 +291,30 @@ def compile_pipeline(
     times: StageTimes | None = None,
 ) -> CompiledPipeline:
     """Write OUT/ for ``graph`` run as the pipeline ``spec``: one program for every rank of
-    the mesh, which runs its own stage's schedule once per micro-batch."""
+    the mesh, which runs its own stage's schedule: the stage's micro-batches unrolled into
+    one actor program (flowc.schedule.unroll), simulated stage after stage."""
     times = StageTimes() if times is None else times
     check_project_dir(out, force)
     profile = workspace_within(
         load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
     )
     pipe, part = build_pipeline(graph, spec, profile, times)
-    scheds = times.run(
-        "schedule", lambda: [schedule_graph(s.graph, profile, streams) for s in pipe.stages]
-    )
+    unrolled = [
+        unroll(
+            s.graph,
+            pipe.microbatches,
+            pipe.input_strides,
+            pipe.output_strides if s.graph.outputs else [],
+        )
+        for s in pipe.stages
+    ]
+    scheds = times.run("schedule", lambda: schedule_stages(unrolled, profile, streams))
     plans = times.run("memory plan", lambda: [plan_schedule(s) for s in scheds])
     files, weights, programs = times.run(
         "code generation",
         lambda: generate_pipeline(
-            pipe, scheds, plans, prefix=prefix, source=source, arch=arch, poison=poison
+            pipe, unrolled, scheds, plans, prefix=prefix, source=source, arch=arch, poison=poison
         ),
     )
     times.run("write", lambda: write_project(out, files, weights, force=force))
-    return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs)
+    return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs, unrolled)

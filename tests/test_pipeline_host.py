@@ -47,31 +47,30 @@ def compiled(
 
 
 def planned_log(c: CompiledPipeline, rank: int) -> list[str]:
-    """What rank ``rank`` must log: per micro-batch, its stage's communication in the
-    order of its communication stream (receives, collectives, sends)."""
+    """What rank ``rank`` must log: its stage's communication in the order of its
+    communication stream (the stage's program holds every micro-batch)."""
     k = c.pipeline.ranks_per_stage
     stage = rank // k
     sched = c.schedules[stage]
     lines: list[str] = []
     comm = sched.streams[-1] if sched.num_streams > sched.num_compute else []
-    for _ in range(c.pipeline.microbatches):
-        for a in comm:
-            node = sched.actors.actors[a].node
-            if node.op in COLLECTIVES:
-                x = node.inputs[0]
-                assert x is not None
+    for a in comm:
+        node = sched.actors.actors[a].node
+        if node.op in COLLECTIVES:
+            x = node.inputs[0]
+            assert x is not None
+            lines.append(
+                f"{COLLECTIVE_NAMES[node.op]} axis={node.attrs['mesh_axis']} "
+                f"bytes={x.type.nbytes} dtype={x.type.dtype.onnx}"
+            )
+        elif node.op in ("Send", "Recv"):
+            peer = rank + int(node.attrs["peer"])
+            values = node.inputs if node.op == "Send" else node.outputs
+            for v in values:
+                assert v is not None
                 lines.append(
-                    f"{COLLECTIVE_NAMES[node.op]} axis={node.attrs['mesh_axis']} "
-                    f"bytes={x.type.nbytes} dtype={x.type.dtype.onnx}"
+                    f"{node.op.lower()} peer={peer} bytes={v.type.nbytes} dtype={v.type.dtype.onnx}"
                 )
-            elif node.op in ("Send", "Recv"):
-                peer = rank + int(node.attrs["peer"])
-                values = node.inputs if node.op == "Send" else node.outputs
-                for v in values:
-                    assert v is not None
-                    lines.append(
-                        f"{node.op.lower()} peer={peer} bytes={v.type.nbytes} dtype={v.type.dtype.onnx}"
-                    )
     return lines
 
 
@@ -107,13 +106,13 @@ def check_stages_overlap(c: CompiledPipeline, out: Path, feeds: dict[str, np.nda
     k = c.pipeline.ranks_per_stage
 
     def spans(stage: int) -> dict[tuple[int, str], tuple[float, float]]:
-        n = len(c.schedules[stage].actors.actors)
-        kinds = [a.kind for a in c.schedules[stage].actors.actors]
+        actors = c.schedules[stage].actors.actors
         lines = (out / f"trace.rank{stage * k}.jsonl").read_text().splitlines()
         got: dict[tuple[int, str], tuple[float, float]] = {}
         for rec in map(json.loads, lines):
-            mb, a = divmod(int(rec["actor"]), n)
-            kind = "compute" if kinds[a] in ("node", "copy", "collective") else kinds[a]
+            a = actors[int(rec["actor"])]
+            mb = a.microbatch
+            kind = "compute" if a.kind in ("node", "copy", "collective") else a.kind
             lo, hi = got.get((mb, kind), (math.inf, -math.inf))
             got[(mb, kind)] = (min(lo, rec["start_us"]), max(hi, rec["end_us"]))
         return got

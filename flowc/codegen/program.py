@@ -43,6 +43,7 @@ from flowc.schedule.program import Schedule, StreamOp
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
     from flowc.parallel.pipeline import Pipelined
+    from flowc.schedule.unroll import Unrolled
 
 BLOCK = 256
 MAX_GRID = 1 << 20
@@ -177,6 +178,7 @@ class Program:
                 self._view_base[node.outputs[0]] = node.inputs[0]
         self.node: Node | None = None
         self.current_stream = 0
+        self.microbatch = 0  # the micro-batch of the actor being emitted (pipelines)
         # The emitted program's stream operations, for the memory checker.
         self.ops: list[StreamOp] = []
         self.blas_streams: set[int] = set()
@@ -253,9 +255,9 @@ class Program:
     def mesh_coord(self, axis: int) -> str:
         """This rank's coordinate on mesh axis ``axis``, a C++ int expression in run(). In a
         pipeline's micro-batch graph, a node marked ``microbatch`` was split over the
-        micro-batches, not over devices: its coordinate is the micro-batch being run."""
+        micro-batches, not over devices: its coordinate is its actor's micro-batch."""
         if self.node is not None and self.node.attrs.get("microbatch"):
-            return "mb"
+            return str(self.microbatch)
         return f"m->coords[{int(axis)}]"
 
     def root(self, v: Value) -> Value:
@@ -403,6 +405,7 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         actor = ag.actors[a]
         node = actor.node
         prog.current_stream = st = schedule.stream_of[a]
+        prog.microbatch = actor.microbatch
         for e in schedule.waits.get(a, []):
             wait(st, e.id)
         for b in first_write.get(t, []):
@@ -518,6 +521,7 @@ class StageCode:
     prog: Program
     fills: list[str]
     num_events: int
+    unrolled: Unrolled | None = None  # a pipeline stage: its micro-batches in one program
 
 
 def _render(
@@ -591,6 +595,10 @@ def _render(
                 "fills": st.fills,
                 "num_streams": st.prog.schedule.num_streams,
                 "handles": st.prog.library_handles(),
+                # Per input (output) of the stage's unrolled program: the model's input
+                # index and the micro-batch whose slice it is (-1: the whole tensor).
+                "input_slices": st.unrolled.inputs if st.unrolled else [],
+                "output_slices": st.unrolled.outputs if st.unrolled else [],
                 "actor_names": [c_string(a.name) for a in st.prog.schedule.actors.actors],
                 "actor_streams": [
                     st.prog.schedule.stream_of[a.id] for a in st.prog.schedule.actors.actors
@@ -669,6 +677,7 @@ def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int,
 
 def generate_pipeline(
     pipe: Pipelined,
+    unrolled: list[Unrolled],
     schedules: list[Schedule],
     plans: list[MemoryPlan],
     prefix: str | None = None,
@@ -677,12 +686,11 @@ def generate_pipeline(
     poison: bool = False,
 ) -> tuple[dict[str, str], list[WeightsLayout], list[list[StreamOp]]]:
     """The project of a pipeline: one model.cu holding every stage's schedule (each rank
-    runs its stage's, once per micro-batch), a weights file per rank holding its stage's
-    constants (the stage is part of its layout id), and schedule.json with the modeled
-    GPipe timeline. Returns the files, the weights and each stage's stream operations."""
+    runs its stage's: the stage's micro-batches unrolled, ``unrolled``), a weights file per
+    rank holding its stage's constants (the stage is part of its layout id), and
+    schedule.json with every rank's modeled timeline. Returns the files, the weights and
+    each stage's stream operations."""
     from flowc.parallel.layout import all_coords, rank_of
-    from flowc.schedule.pipeline import gpipe, simulate
-    from flowc.schedule.program import pipeline_timeline
 
     io = pipe.logical
     prefix = _prefix(prefix, io)
@@ -701,14 +709,17 @@ def generate_pipeline(
         )
     kernels: dict[str, str] = {}
     codes = []
-    for s, (stage, sched, plan) in enumerate(zip(pipe.stages, schedules, plans, strict=True)):
-        prog = Program(stage.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels)
+    for s, (u, sched, plan) in enumerate(zip(unrolled, schedules, plans, strict=True)):
+        prog = Program(u.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels)
         n_events = emit_schedule(prog, poison)
         _output_copies(prog)
-        codes.append(StageCode(s, prog, _fill_statements(prog), n_events))
-    run = simulate(
-        gpipe(p, pipe.microbatches), pipe.microbatches, [x.makespan_s for x in schedules]
-    )
+        codes.append(StageCode(s, prog, _fill_statements(prog), n_events, u))
+    timeline = {
+        "version": 1,
+        "ranks": [
+            schedules[s].to_json(rank=s * k + j, stage=s) for s in range(p) for j in range(k)
+        ],
+    }
     files = _render(
         io,
         codes,
@@ -719,7 +730,7 @@ def generate_pipeline(
         poison=poison,
         mesh=pipe.mesh,
         cuda_graph=False,  # the transfers act when issued, like a mesh's collectives
-        timeline=pipeline_timeline(schedules, run.firings, k),
+        timeline=timeline,
         pipeline={
             "stages": p,
             "microbatches": pipe.microbatches,

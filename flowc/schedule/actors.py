@@ -42,6 +42,8 @@ class Actor:
     deps: list[int] = field(default_factory=list)  # actors whose registers it reads
     stage: int = 0
     microbatch: int = 0
+    # The earliest it may start (a pipeline's receive: when the sending stage sends).
+    release_s: float = 0.0
 
     @property
     def name(self) -> str:

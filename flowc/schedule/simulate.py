@@ -1,8 +1,9 @@
 """The compile-time simulation of a rank's actors on its streams.
 
 Each stream runs its actors in order; an actor starts once the previous one on its stream
-has finished and every actor it reads from has finished (plus one event's cost when that
-actor ran on another stream). Concurrent kernels share the device: each occupies its share
+has finished, every actor it reads from has finished (plus one event's cost when that
+actor ran on another stream) and its release time (a receive: when the sender sends) has
+come. Concurrent kernels share the device: each occupies its share
 (its blocks against what the SMs hold at once), and while the running shares sum past 1
 every running actor progresses at 1/sum of its solo speed -- so overlapping two kernels
 that each fill the device gains nothing, and overlapping small ones does.
@@ -38,7 +39,7 @@ def simulate(
 
     def available(a: int) -> float | None:
         """When actor ``a`` may start, or None while something it needs is unfinished."""
-        t = 0.0
+        t = ag.actors[a].release_s
         for d in ag.actors[a].deps:
             if math.isnan(end[d]):
                 return None

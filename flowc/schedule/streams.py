@@ -4,7 +4,10 @@ Collectives and point-to-point transfers run on one communication stream, so com
 does not need their result overlaps them. Compute actors go to up to N compute streams by
 list scheduling: ready actors in order of their upward rank (the longest modeled path from
 them to the end), each onto the stream where it could start first (an input from another
-stream costs an event). Stream 0 is the caller's stream. With no N given, the simulator
+stream costs an event). When some actors have release times (a pipeline stage's receives),
+the ready actor that can start first goes next instead (ties by upward rank), so a stream
+does not queue a receive that comes late ahead of work that could run now. Stream 0 is the
+caller's stream. With no N given, the simulator
 picks: more streams only when the modeled time drops by more than an event's cost.
 """
 
@@ -46,25 +49,35 @@ def assign(
     ready = [(-rank[a.id], a.id) for a in ag.actors if not a.deps]
     heapq.heapify(ready)
     event = profile.event_overhead
-    while ready:
-        _, a = heapq.heappop(ready)
-        actor = ag.actors[a]
+    timed = any(a.release_s > 0 for a in ag.actors)
 
-        def start_on(s: int, actor: Actor = actor) -> float:
-            t = free[s]
-            for d in actor.deps:
-                t = max(t, end[d] + (event if stream_of[d] != s else 0.0))
-            return t
+    def start_on(s: int, actor: Actor) -> float:
+        t = max(free[s], actor.release_s)
+        for d in actor.deps:
+            t = max(t, end[d] + (event if stream_of[d] != s else 0.0))
+        return t
 
+    def place(actor: Actor) -> int:
         if actor.kind in COMM_KINDS:
-            s = comm
+            return comm
+        # The earliest start; on a tie, the stream of the input that finished last (no
+        # event), then the lowest stream.
+        last = max(actor.deps, key=lambda d: (end[d], d), default=None)
+        home = stream_of[last] if last is not None and stream_of[last] < compute_streams else 0
+        return min(range(compute_streams), key=lambda k: (start_on(k, actor), k != home, k))
+
+    while ready:
+        if timed:
+            # The ready actor that can start first (then by upward rank).
+            pick = min(ready, key=lambda e: (start_on(place(ag.actors[e[1]]), ag.actors[e[1]]), e))
+            ready.remove(pick)
+            heapq.heapify(ready)
+            a = pick[1]
         else:
-            # The earliest start; on a tie, the stream of the input that finished last (no
-            # event), then the lowest stream.
-            last = max(actor.deps, key=lambda d: (end[d], d), default=None)
-            home = stream_of[last] if last is not None and stream_of[last] < compute_streams else 0
-            s = min(range(compute_streams), key=lambda k: (start_on(k), k != home, k))
-        t = start_on(s)
+            _, a = heapq.heappop(ready)
+        actor = ag.actors[a]
+        s = place(actor)
+        t = start_on(s, actor)
         stream_of[a] = s
         end[a] = t + actor.time_s
         free[s] = end[a]
