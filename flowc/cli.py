@@ -689,10 +689,9 @@ def _inspect_pipeline(
 ) -> None:
     """The stages of --pipeline P: the partition and, with --schedule, the micro-batch
     simulation of ``order`` over the stages' modeled times."""
-    from flowc.compiler import StageTimes, build_pipeline, schedule_graph
+    from flowc.compiler import StageTimes, build_pipeline, schedule_graph, schedule_pipeline
     from flowc.parallel.cost import load_profile
     from flowc.schedule.pipeline import Phase, gpipe, one_f_one_b, simulate
-    from flowc.schedule.program import pipeline_timeline
 
     graph = load(model, shapes, dims, for_compile=True)
     profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
@@ -730,12 +729,28 @@ def _inspect_pipeline(
             f"flight; order {text}",
             markup=False,
         )
+    # What the generated program runs: each stage's micro-batches unrolled, the cuts
+    # double-buffered, receives waiting for the sender's modeled sends.
+    _, programs = schedule_pipeline(pipe, profile, streams)
+    span = max(p.makespan_s for p in programs)
+    out.print(
+        f"the program's schedule (micro-batches unrolled per stage): makespan "
+        f"{span * 1e6:.3f} us; stages end at "
+        + ", ".join(f"{p.makespan_s * 1e6:.3f}" for p in programs)
+        + " us",
+        markup=False,
+    )
     if gantt is None:
         return
     from flowc.schedule.gantt import draw_gantt
 
     if order == "gpipe":
-        timeline = pipeline_timeline(scheds, run.firings, pipe.ranks_per_stage)
+        timeline = {
+            "version": 1,
+            "ranks": [
+                p.to_json(rank=s * pipe.ranks_per_stage, stage=s) for s, p in enumerate(programs)
+            ],
+        }
     else:
         timeline = {
             "version": 1,

@@ -278,6 +278,23 @@ def build_pipeline(
     return pipe, part
 
 
+def schedule_pipeline(
+    pipe: Pipelined, profile: Profile, streams: int | None = None
+) -> tuple[list[Unrolled], list[Schedule]]:
+    """Each stage's micro-batches unrolled into one program, and the stages' schedules
+    (simulated in stage order: a receive waits for its sender's modeled send)."""
+    unrolled = [
+        unroll(
+            s.graph,
+            pipe.microbatches,
+            pipe.input_strides,
+            pipe.output_strides if s.graph.outputs else [],
+        )
+        for s in pipe.stages
+    ]
+    return unrolled, schedule_stages(unrolled, profile, streams)
+
+
 def compile_pipeline(
     graph: Graph,
     out: Path,
@@ -299,16 +316,7 @@ def compile_pipeline(
         load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
     )
     pipe, part = build_pipeline(graph, spec, profile, times)
-    unrolled = [
-        unroll(
-            s.graph,
-            pipe.microbatches,
-            pipe.input_strides,
-            pipe.output_strides if s.graph.outputs else [],
-        )
-        for s in pipe.stages
-    ]
-    scheds = times.run("schedule", lambda: schedule_stages(unrolled, profile, streams))
+    unrolled, scheds = times.run("schedule", lambda: schedule_pipeline(pipe, profile, streams))
     plans = times.run("memory plan", lambda: [plan_schedule(s) for s in scheds])
     files, weights, programs = times.run(
         "code generation",
