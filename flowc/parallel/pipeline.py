@@ -28,9 +28,12 @@ the program in four steps, each a function here or one it calls:
    replicated box from one holder, spread over them), after a sender holding a value whole
    on a mesh axis the receiver splits has kept only the receiver's part (``presliced``).
    Every rank of a stage runs one program, so a reshard is used only when the pieces' local
-   boxes are the same on every rank (always on a 1-D stage mesh, for every S/B pair); the
-   partners may differ, from a per-rank table (``peers`` on Send/Recv). Otherwise that
-   value keeps the sender's layout (1:1). With one device per stage there is no placement.
+   boxes are the same on every rank: always on a 1-D stage mesh, for every S/B pair; on a
+   mesh of several axes all but a few pairs, the exceptions being a tensor axis split over
+   one mesh axis but not divisible over all (a piece would then sit at a rank-dependent
+   offset). The partners may differ, from a per-rank table (``peers`` on Send/Recv). A value
+   whose reshard has no such form keeps the sender's layout (1:1). With one device per
+   stage there is no placement.
 4. The stage graphs: ``build_stages`` (one device per stage) or ``build_placed_stages``
    (each stage lowered by its own plan, its constants sharded by it: ``Stage.physical``).
    Every value crossing a cut -- skip connections included, relayed through the stages
@@ -401,23 +404,48 @@ class Piece:
     box: Box
 
 
-def reshard_pieces(shape: tuple[int, ...], src: NdSbp, dst: NdSbp, mesh: Mesh) -> list[Piece]:
+# How a receiver picks among the senders holding a replicated box (see reshard_pieces).
+RULES = ("nearest", "balanced")
+
+
+def reshard_pieces(
+    shape: tuple[int, ...], src: NdSbp, dst: NdSbp, mesh: Mesh, rule: str = "nearest"
+) -> list[Piece]:
     """What each receiving rank (layout ``dst``) needs from the sending ranks (layout ``src``),
     both stages shaped ``mesh``, neither layout partial: the intersections of its box with
-    the senders' boxes. A box that several senders hold (replicated) comes from one of them:
-    the receiver's own index when that one holds it (so equal layouts are 1:1), else the
-    holders in turn by the receiver's index, spreading the load. Sorted by (dst, src, box)."""
+    the senders' boxes. A box that several senders hold (replicated) comes from one of them,
+    the receiver's own index when that one holds it (so equal layouts are 1:1); else, by
+    ``rule``: "nearest", the holder whose mesh coordinates agree with the receiver's on the
+    most axes (across a replicated axis a row serves its own row), ties taken in turn by the
+    receiver's index; "balanced", receiver by receiver the holder with the fewest pieces to
+    send so far, ties to the nearest, then the lowest index. Either spreads the load over
+    the holders. Sorted by (dst, src, box)."""
     coords = all_coords(mesh)
     holders: dict[Box, list[int]] = {}
     for i, c in enumerate(coords):
         holders.setdefault(layout_box(shape, src, mesh, c), []).append(i)
-    pieces = []
+    needs: list[tuple[int, Box, list[int]]] = []
     for r, rc in enumerate(coords):
         want = layout_box(shape, dst, mesh, rc)
         for box, who in holders.items():
             inter = _intersect(want, box)
             if inter is not None:
-                pieces.append(Piece(r if r in who else who[r % len(who)], r, inter))
+                needs.append((r, inter, who))
+    load = [0] * len(coords)
+    pieces = [Piece(r, r, inter) for r, inter, who in needs if r in who]
+    for p in pieces:
+        load[p.src] += 1
+    for r, inter, who in needs:
+        if r in who:
+            continue
+        agree = {h: sum(a == b for a, b in zip(coords[h], coords[r], strict=True)) for h in who}
+        if rule == "nearest":
+            near = [h for h in who if agree[h] == max(agree.values())]
+            h = near[r % len(near)]
+        else:
+            h = min(who, key=lambda h: (load[h], -agree[h], h))
+        pieces.append(Piece(h, r, inter))
+        load[h] += 1
     return sorted(pieces, key=lambda p: (p.dst, p.src, p.box))
 
 
@@ -474,15 +502,23 @@ def plan_reshard(v: Value, src: NdSbp, dst: NdSbp, mesh: Mesh) -> Reshard | None
     shaped ``mesh``, or None when the pieces' boxes differ from rank to rank (a case this
     SPMD form does not cover; the caller keeps the layouts equal instead)."""
     shape = v.type.shape
-    pieces = reshard_pieces(shape, src, dst, mesh)
     coords = all_coords(mesh)
-    send = _slots(pieces, [layout_box(shape, src, mesh, c) for c in coords], "src")
-    recv = _slots(pieces, [layout_box(shape, dst, mesh, c) for c in coords], "dst")
-    if send is None or recv is None:
-        return None
-    return Reshard(
-        v.name, shape, v.type.dtype.itemsize, src, dst, tuple(pieces), tuple(send), tuple(recv)
-    )
+    for rule in RULES:  # the first whose transfers are the same on every rank
+        pieces = reshard_pieces(shape, src, dst, mesh, rule)
+        send = _slots(pieces, [layout_box(shape, src, mesh, c) for c in coords], "src")
+        recv = _slots(pieces, [layout_box(shape, dst, mesh, c) for c in coords], "dst")
+        if send is not None and recv is not None:
+            return Reshard(
+                v.name,
+                shape,
+                v.type.dtype.itemsize,
+                src,
+                dst,
+                tuple(pieces),
+                tuple(send),
+                tuple(recv),
+            )
+    return None
 
 
 def transfer_time(reshards: Sequence[Reshard], link: Link, ranks: int) -> float:
