@@ -80,6 +80,12 @@ def test_receives_wait_for_the_sending_stage_in_the_model() -> None:
     }
     for m in range(4):
         assert start[(1, "Recv", m)] >= start[(0, "Send", m)]
+    # Both sides issue the cut's transfers in micro-batch order (they pair in issue order).
+    for stage, op in ((0, "Send"), (1, "Recv")):
+        sched = c.schedules[stage]
+        acts = transfers(c, stage, op)
+        assert [sched.pos[a] for a in acts] == sorted(sched.pos[a] for a in acts)
+        assert len({sched.stream_of[a] for a in acts}) == 1
     assert sorted({a["microbatch"] for a in by_rank[1]["actors"]}) == [0, 1, 2, 3]
 
 

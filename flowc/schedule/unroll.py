@@ -12,7 +12,9 @@ m+k writes a register only after every reader of that register's micro-batch-m c
 fired (the back-pressure edges, OneFlow's ack). The values crossing a cut (what a Send reads,
 what a Recv writes) have k = BOUNDARY_REGISTERS, double buffers, so a transfer overlaps the
 next micro-batch's work; every other register has k = 1. The memory plan over the unrolled
-program then holds at most k copies of each: copies whose lives are ordered share bytes.
+program then holds the copies: those whose lives are ordered share bytes. A cut's transfers
+stay in micro-batch order on both sides (an edge from each to the next), so the two ranks
+of a transfer always issue it in the same place of their sequences.
 """
 
 from __future__ import annotations
@@ -119,6 +121,12 @@ def add_back_pressure(ag: ActorGraph, unrolled: Unrolled) -> None:
             for d in [earlier.producer, *earlier.consumers]:
                 if d >= 0 and d != a.id and d not in a.deps:
                     a.deps.append(d)
+        # A cut's transfers go in micro-batch order on both sides, so that every pair of
+        # ranks issues matching sends and receives (NCCL and MPI pair them in issue order).
+        if a.op in TRANSFER_OPS and m > 0:
+            prev = actor_of[(j, m - 1)]
+            if prev not in a.deps:
+                a.deps.append(prev)
 
 
 def schedule_stages(
