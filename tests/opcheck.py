@@ -210,7 +210,7 @@ def check_compiled(
     g = PassManager(COMPILE_PIPELINE).run(import_model(model))
     project = Path(tmp_path) / "project"
     compile_graph(g, project, poison=True)
-    build(project, target)
+    build(project, target, quick=True)
     got, _ = run(project, feeds, target=target)
     failures = []
     for name, r in ref.items():

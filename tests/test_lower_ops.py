@@ -38,7 +38,7 @@ def test_import_lowered_ops_compile_from_the_dsl(tmp_path: Path) -> None:
     for op in ("LSTM", "Einsum", "DFT", "Compress"):
         assert op not in ops, ops
     compile_graph(compiled, tmp_path / "out", poison=True)
-    build(tmp_path / "out", "host")
+    build(tmp_path / "out", "host", quick=True)
     got, _ = run(tmp_path / "out", feeds, target="host")
     assert set(got) == set(want)
     for name, w in want.items():

@@ -365,7 +365,7 @@ def test_narrow_types_compiled_bit_for_bit(tmp_path: Path) -> None:
     assert not any(n.op == "Cast" for n in g.nodes)  # nothing widened around them
     out = tmp_path / "host"
     compile_graph(g, out, poison=True)
-    bdir = build(out, "host")
+    bdir = build(out, "host", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
     got, _ = run(out, feeds, target="host")
     for name, w in want.items():

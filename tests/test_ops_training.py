@@ -219,7 +219,7 @@ def test_training_ops_compiled(tmp_path: Path) -> None:
     graph = PassManager(COMPILE_PIPELINE).run(import_model(model))
     project = tmp_path / "project"
     compile_graph(graph, project, poison=True)
-    build(project, "host")
+    build(project, "host", quick=True)
     got, _ = run(project, feeds, target="host")
     for name, r in want.items():
         c = compare(name, got[name], r.astype(np.float32), 1e-5)

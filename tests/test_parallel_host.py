@@ -57,7 +57,7 @@ def build_and_run(
     name: str, result: Parallelized, out: Path, orders: tuple[str, ...] = (), poison: bool = False
 ) -> None:
     compile_graph(result.physical.graph, out, prefix=name, physical=result.physical, poison=poison)
-    build(out, "host")
+    build(out, "host", quick=True)
     assert "warning" not in (out / "build-host" / "flowc-build.log").read_text().lower()
     feeds, ref = reference(name)
     log = out / "comm"
@@ -152,7 +152,7 @@ def test_cuda_build_of_a_four_rank_program_links_nccl_and_mpi(tmp_path: Path) ->
     result = parallelize(g, ParallelOptions(m, "auto", sbp=tensor_parallel(g, m)))
     out = tmp_path / "out"
     compile_graph(result.physical.graph, out, prefix="mlp", physical=result.physical)
-    bdir = build(out, "cuda")
+    bdir = build(out, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
     undefined = subprocess.run(
         ["nm", "-D", "--undefined-only", str(bdir / "libmlp_model.so")],

@@ -103,7 +103,9 @@ def build(
 ) -> Path:
     """Configure and build OUT for ``target``; returns the build directory. ``quick`` builds
     host code with -O1 instead of the Release flags (about a third less compile time), for
-    programs that are run once to check their results (the conformance runner). ``sanitize``
+    programs that are run once to check their results (the conformance runner) or only
+    compiled and linked (a CUDA build: nvcc's host-side code at -O1, most of its time; the
+    device code keeps nvcc's optimization). ``sanitize``
     ("address", "undefined" or both, comma-separated) builds the host program with those
     sanitizers, at -O1, into its own directory (see build_dir)."""
     if not (out / "CMakeLists.txt").is_file():
@@ -126,10 +128,10 @@ def build(
         f"-DFLOWC_TARGET={target}",
         # A configuration of its own: an empty CMAKE_BUILD_TYPE would become Release in the
         # generated CMakeLists.txt, whose -O3 then follows (and beats) an -O1 in CXX_FLAGS.
-        # nvcc's builds stay Release (quick only concerns host code).
         *(
             ["-DCMAKE_BUILD_TYPE=Quick", "-DCMAKE_CXX_FLAGS_QUICK=-O1"]
-            if quick and target == "host"
+            + (["-DCMAKE_CUDA_FLAGS_QUICK=-O1"] if target == "cuda" else [])
+            if quick
             else ["-DCMAKE_BUILD_TYPE=Release"]
         ),
         # Always given, so reconfiguring an existing directory cannot keep a stale value.
