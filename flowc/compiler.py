@@ -24,7 +24,15 @@ from flowc.ir.types import Mesh
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
 from flowc.parallel import ParallelOptions, workspace_within
 from flowc.parallel.cost import Profile, load_profile
-from flowc.parallel.pipeline import Pipelined, build_stages, microbatch_graph
+from flowc.parallel.pipeline import (
+    Pipelined,
+    Reshard,
+    StagePlacement,
+    build_placed_stages,
+    build_stages,
+    microbatch_graph,
+    stage_node_costs,
+)
 from flowc.schedule.actors import build_actor_graph
 from flowc.schedule.partition import Partition, partition
 from flowc.schedule.program import Schedule, StreamOp
@@ -219,8 +227,6 @@ def build_pipeline(
     opts = None
     node_time_fn = value_bytes_fn = None
     if per_stage > 1:
-        from flowc.parallel.pipeline import stage_node_costs
-
         opts = spec.stage_options or ParallelOptions(Mesh("stage", spec.mesh.shape[1:]))
         placed = opts
         # The partition balances stages of K devices: each node's time and each value's
@@ -241,28 +247,18 @@ def build_pipeline(
             value_bytes_fn=value_bytes_fn,
         ),
     )
+    placements: list[StagePlacement] = []
+    cuts: list[list[Reshard]] = []
     if opts is None:
         stages = build_stages(mb.graph, part.node_stage, spec.stages, per_stage, spec.mesh)
-        pipe = Pipelined(
-            graph,
-            stages,
-            spec.microbatches,
-            spec.mesh,
-            per_stage,
-            mb.input_strides,
-            mb.output_strides,
-            None,
+    else:
+        stage_opts = opts
+        stages, placements, cuts = times.run(
+            "stage placement",
+            lambda: build_placed_stages(
+                mb.graph, part.node_stage, spec.stages, stage_opts, profile, spec.mesh
+            ),
         )
-        return pipe, part
-    from flowc.parallel.pipeline import build_placed_stages
-
-    stage_opts = opts
-    stages, placements, cuts = times.run(
-        "stage placement",
-        lambda: build_placed_stages(
-            mb.graph, part.node_stage, spec.stages, stage_opts, profile, spec.mesh
-        ),
-    )
     pipe = Pipelined(
         graph,
         stages,

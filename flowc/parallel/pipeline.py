@@ -267,6 +267,34 @@ class Pipelined:
         return data
 
 
+def _copy_to_stage(
+    g: Graph,
+    node: Node,
+    stage: int,
+    get: Callable[[Value], Value],
+    vmap: dict[Value, Value],
+    mesh: Mesh | None,
+) -> None:
+    """``node`` copied into stage graph ``g`` (its inputs through ``get``, its outputs
+    recorded in ``vmap``). With the whole ``mesh`` given, a collective acts along the whole
+    mesh's axis after the pipeline axis (a micro-batch slice stays what it is)."""
+    attrs = dict(node.attrs.items())
+    if mesh is not None and node.op in _MESH_OPS and not attrs.get("microbatch"):
+        attrs["mesh"] = list(mesh.shape)
+        attrs["mesh_axis"] = int(attrs["mesh_axis"]) + 1
+    copy = g.add_node(
+        node.op,
+        [get(i) if i is not None else None for i in node.inputs],
+        [o.type for o in node.outputs],
+        attrs,
+        name=node.name,
+        output_names=[o.name for o in node.outputs],
+    )
+    copy.stage = stage
+    for o, c in zip(node.outputs, copy.outputs, strict=True):
+        vmap[o] = c
+
+
 def build_stages(
     rank_graph: Graph, node_stage: list[int], stages: int, ranks_per_stage: int, mesh: Mesh
 ) -> list[Stage]:
@@ -332,23 +360,8 @@ def build_stages(
                 vmap[v] = r
             stage.recv = [v.name for v in vals]
         for node, ns in zip(nodes, node_stage, strict=True):
-            if ns != s:
-                continue
-            attrs = dict(node.attrs.items())
-            if node.op in _MESH_OPS and ranks_per_stage > 1:
-                attrs["mesh"] = list(mesh.shape)
-                attrs["mesh_axis"] = int(attrs["mesh_axis"]) + 1
-            copy = g.add_node(
-                node.op,
-                [get(i) if i is not None else None for i in node.inputs],
-                [o.type for o in node.outputs],
-                attrs,
-                name=node.name,
-                output_names=[o.name for o in node.outputs],
-            )
-            copy.stage = s
-            for o, c in zip(node.outputs, copy.outputs, strict=True):
-                vmap[o] = c
+            if ns == s:
+                _copy_to_stage(g, node, s, get, vmap, mesh if ranks_per_stage > 1 else None)
         if s < stages - 1 and crossing[s]:
             vals = crossing[s]
             g.add_node(
@@ -955,21 +968,7 @@ def build_placed_stages(
                 pmap[x] = _assemble(g, parts, 0, f"{r.value}/assemble", r.value)
             stage.recv = [r.value for r in recv_rs]
         for node in pg.nodes:
-            attrs = dict(node.attrs.items())
-            if node.op in _MESH_OPS and not attrs.get("microbatch"):
-                attrs["mesh"] = list(mesh.shape)
-                attrs["mesh_axis"] = int(attrs["mesh_axis"]) + 1
-            copy = g.add_node(
-                node.op,
-                [get(i) if i is not None else None for i in node.inputs],
-                [o.type for o in node.outputs],
-                attrs,
-                name=node.name,
-                output_names=[o.name for o in node.outputs],
-            )
-            copy.stage = s
-            for o, c in zip(node.outputs, copy.outputs, strict=True):
-                pmap[o] = c
+            _copy_to_stage(g, node, s, get, pmap, mesh)
         if send_rs:
             out_slots: list[Slot] = []
             inputs: list[Value | None] = []
