@@ -131,10 +131,19 @@ def test_tensor_parallel_program_on_host_ranks(
 
 
 def test_auto_plan_under_memory_limit_on_host_ranks(tmp_path: Path) -> None:
+    from flowc.parallel.cost import load_profile
+
     m = Mesh("gpus", (4,))
     g = logical("gpt2_tiny")
-    limit = parallelize(g, ParallelOptions(m, "none")).memory.total // 2
+    # Half the unsplit program's bytes, its library workspaces left out (they would be most
+    # of it: 32 MiB a stream, and under a limit they take a 16th of it).
+    shipped = Path(load_profile.__code__.co_filename).parent / "profiles" / "h200-nvlink.toml"
+    bare = tmp_path / "no_workspace.toml"
+    bare.write_text(shipped.read_text().replace("workspace = 33554432", "workspace = 0"))
+    assert load_profile(bare).workspace == 0
+    limit = parallelize(g, ParallelOptions(m, "none", profile=bare)).memory.total // 2
     result = parallelize(g, ParallelOptions(m, "auto", mem_limit=limit))
+    assert result.memory.total <= limit
     build_and_run(
         "gpt2_tiny", result, tmp_path / "out", orders=("reverse", "shuffle:7"), poison=True
     )
