@@ -271,6 +271,21 @@ def test_symbols_bind_across_inputs() -> None:
     )
 
 
+def test_the_demo_mesh_limit_splits_the_bundled_model() -> None:
+    # `make demo` runs its mesh step under this limit: it must still fit, and split.
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("demo", root / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    r = flowc("inspect", str(root / "examples" / "models" / "resnet_tiny.onnx"), *demo.MESH_LIMIT)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"per rank: (\d+) collectives", r.stdout)
+    assert m and int(m.group(1)) > 0, r.stdout
+
+
 def test_inspect_memory_prints_arena_bound_and_naive() -> None:
     r = flowc("inspect", str(SHARED_MODELS / "resnet_tiny.onnx"), "--memory")
     assert r.returncode == 0, r.stderr
