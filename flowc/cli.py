@@ -589,6 +589,14 @@ def inspect(
             f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
             f"{plan.inplace} outputs written in place"
         )
+        if plan.workspaces:
+            streams_ = ", ".join(str(s) for s in sorted(plan.workspaces))
+            console.print(
+                f"  of which library workspaces: {len(plan.workspaces)} x "
+                f"{human_bytes(plan.workspace_bytes)} (cuBLASLt/cuDNN scratch of stream(s) "
+                f"{streams_}; the cost profile's [device] workspace)",
+                markup=False,
+            )
     if show_schedule:
         _inspect_schedule(console, graph, streams, gantt, None)
 

@@ -293,6 +293,9 @@ def test_inspect_memory_prints_arena_bound_and_naive() -> None:
     assert m, r.stdout
     arena, lower, naive = (int(x) for x in m.groups())
     assert 0 < lower <= arena <= naive
+    # resnet_tiny's convolutions and its Gemm call the libraries: their streams' workspaces.
+    w = re.search(r"library workspaces: (\d+) x 32.00 MiB .*\[device\] workspace", r.stdout)
+    assert w and int(w.group(1)) >= 1 and arena >= int(w.group(1)) * (32 << 20), r.stdout
 
 
 def test_verify_host_prints_the_table(tmp_path: Path) -> None:
