@@ -208,7 +208,8 @@ class Program:
     def _needs_workspace(self) -> None:
         node = self.node
         if node is None or not get_op(node.op).library:
-            raise CodegenError(
+            # An internal inconsistency (exit 70), not a problem with the user's model.
+            raise AssertionError(
                 f"{node.op if node else 'a fill'} calls a library but its op declares no "
                 "`library`, so the memory plan gave its stream no workspace (a flowc bug)"
             )
