@@ -267,6 +267,21 @@ class Pipelined:
         return data
 
 
+def _stage_values(g: Graph, stage: Stage, vmap: dict[Value, Value]) -> Callable[[Value], Value]:
+    """Stage graph ``g``'s value for a rank-graph value: mapped already, or a constant the
+    stage takes its own copy of (remembering where its data comes from)."""
+
+    def get(v: Value) -> Value:
+        if v not in vmap:
+            assert v.const is not None, f"value {v.name!r} is not available in its stage"
+            c = g.add_constant(v.name, v.const)
+            stage.origin[c] = v
+            vmap[v] = c
+        return vmap[v]
+
+    return get
+
+
 def _copy_to_stage(
     g: Graph,
     node: Node,
@@ -332,15 +347,7 @@ def build_stages(
         for v in rank_graph.inputs:
             vmap[v] = g.add_input(v.name, v.type)
 
-        def get(
-            v: Value, g: Graph = g, stage: Stage = stage, vmap: dict[Value, Value] = vmap
-        ) -> Value:
-            if v not in vmap:
-                assert v.const is not None, f"value {v.name!r} is not available in its stage"
-                c = g.add_constant(v.name, v.const)
-                stage.origin[c] = v
-                vmap[v] = c
-            return vmap[v]
+        get = _stage_values(g, stage, vmap)
 
         if s > 0 and crossing[s - 1]:
             vals = crossing[s - 1]
@@ -932,15 +939,7 @@ def build_placed_stages(
             if v not in recv_set:
                 pmap[v] = g.add_input(v.name, v.type)
 
-        def get(
-            v: Value, g: Graph = g, stage: Stage = stage, pmap: dict[Value, Value] = pmap
-        ) -> Value:
-            if v not in pmap:
-                assert v.const is not None, f"value {v.name!r} is not available in its stage"
-                c = g.add_constant(v.name, v.const)
-                stage.origin[c] = v
-                pmap[v] = c
-            return pmap[v]
+        get = _stage_values(g, stage, pmap)
 
         if recv_rs:
             slots = [slot for r in recv_rs for slot in r.recv_slots]
