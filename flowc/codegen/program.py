@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from flowc.schedule.unroll import Unrolled
 
 BLOCK = 256
+# Library plan kinds (Program.plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
+PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
 MAX_GRID = 1 << 20
 WEIGHTS_MAGIC = b"FLOWCWT1"
 
@@ -157,8 +159,10 @@ class Program:
         weights: WeightsLayout,
         prefix: str,
         kernels: dict[str, str] | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.graph = graph
+        self.precision = precision
         self.schedule = schedule
         self.plan = plan
         self.weights = weights
@@ -183,6 +187,9 @@ class Program:
         self.ops: list[StreamOp] = []
         self.blas_streams: set[int] = set()
         self.conv_streams: set[int] = set()
+        # Library plans made once in create() (kind -> the C++ statements that make them, in
+        # index order); run() only executes them. See plan().
+        self.plans: dict[str, list[tuple[str, str]]] = {}
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -231,6 +238,39 @@ class Program:
                     }
                 )
         return out
+
+    @property
+    def tf32(self) -> bool:
+        """Whether float32 GEMMs and convolutions may round their inputs to TF32 (tensor
+        cores): only at --precision tf32. fp32 is exact (cuBLASLt CUBLAS_COMPUTE_32F, cuDNN
+        FMA math); bf16/fp16 programs store narrow types and accumulate in float32."""
+        return self.precision == "tf32"
+
+    def plan(self, kind: str, make: str) -> str:
+        """A library plan of ``kind`` (flowc::GemmPlan for "gemm", flowc::ConvPlan for
+        "conv": descriptors, layouts and the chosen algorithm) made once in create() by the
+        C++ expression ``make``, a flowc::Status in which ``{plan}`` stands for the plan's
+        address; returns the C++ expression of the plan for run(). Identical plans are made
+        once. Each plan type has a ``flowc::destroy_plan(T*)`` that release() calls."""
+        if kind not in PLAN_TYPES:
+            raise AssertionError(f"unknown library plan kind {kind!r}")
+        self._needs_workspace()
+        made = self.plans.setdefault(kind, [])
+        for k, (existing, _) in enumerate(made):
+            if existing == make:
+                return f"m->{kind}_plans[{k}]"
+        what = f"{self.node.op} {self.node.name}" if self.node is not None else "a fill"
+        made.append((make, what))
+        return f"m->{kind}_plans[{len(made) - 1}]"
+
+    def plan_inits(self) -> list[dict[str, str]]:
+        """The create()-time statements of this program's plans (C++), each with a string
+        literal naming the node it is for (create's error message)."""
+        return [
+            {"make": make.replace("{plan}", f"&m->{kind}_plans[{i}]"), "what": c_string(what)}
+            for kind in sorted(self.plans)
+            for i, (make, what) in enumerate(self.plans[kind])
+        ]
 
     # -- pointers --------------------------------------------------------------------------
 
@@ -596,6 +636,7 @@ def _render(
                 "fills": st.fills,
                 "num_streams": st.prog.schedule.num_streams,
                 "handles": st.prog.library_handles(),
+                "plans": st.prog.plan_inits(),
                 # Per input (output) of the stage's unrolled program: the model's input
                 # index and the micro-batch whose slice it is (-1: the whole tensor).
                 "input_slices": st.unrolled.inputs if st.unrolled else [],
@@ -608,6 +649,17 @@ def _render(
             for st in stages
         ],
         "pipeline": pipeline,
+        # Library plan arrays in the model (sized for the stage with the most).
+        "plan_types": [
+            {
+                "ctype": ctype_,
+                "field": f"{kind}_plans",
+                "count": max(len(st.prog.plans.get(kind, [])) for st in stages),
+            }
+            for kind, ctype_ in sorted(PLAN_TYPES.items())
+            if any(st.prog.plans.get(kind) for st in stages)
+        ],
+        "precision": prog.precision,
         "rank_weight_bytes": [w.stored_bytes for w in all_weights],
         "rank_device_weight_bytes": [w.device_bytes for w in all_weights],
         # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
