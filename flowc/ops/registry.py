@@ -175,6 +175,11 @@ class OpDef:
     # The library (Program.blas / Program.conv: "blas", "conv") `emit` may call on the node's
     # stream; memory planning then gives that stream a library workspace.
     library: str = ""
+    # The narrow float types (float16, bfloat16) `emit` reads and writes itself (a GEMM or a
+    # convolution on tensor cores with float32 accumulation, a kernel that loads narrow and
+    # computes in float): widen_types leaves the node alone when its narrow values are all
+    # of these types.
+    narrow: frozenset[DType] = frozenset()
 
     def ctx(self, node: Node) -> InferCtx:
         return InferCtx(
@@ -242,6 +247,7 @@ def defop(
     sbp: SbpFn | None = None,
     localize: LocalizeFn | None = None,
     library: str = "",
+    narrow: frozenset[DType] = frozenset(),
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
     return register(
@@ -263,6 +269,7 @@ def defop(
             sbp=sbp,
             localize=localize,
             library=library,
+            narrow=narrow,
         )
     )
 

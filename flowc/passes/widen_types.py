@@ -5,7 +5,9 @@ flowc's kernels are written for the compute types; the storage-only ones only ha
 held and converted (runtime_cpp/flowc/narrow.h). So every node that reads or writes one,
 other than a Cast or a view, gets its narrow inputs cast up and its narrow outputs computed
 wide and cast back: one rounding per op, which is what NumPy's float16 arithmetic and
-onnxruntime's CPU kernels for these types do. Narrow constants are widened at compile time.
+onnxruntime's CPU kernels for these types do. An op whose OpDef lists the node's narrow
+types in ``narrow`` (GEMMs and convolutions on tensor cores, kernels that load narrow and
+compute in float32) handles them itself and is left alone. Narrow constants are widened at compile time.
 After this pass fuse_elementwise folds the casts into the neighbouring element-wise kernels.
 """
 
@@ -50,6 +52,11 @@ def widen_types(graph: Graph) -> Graph:
             node.op in _NATIVE
             or opdef.view
             or not any(_narrow(v) for v in (*node.inputs, *node.outputs))
+            or all(
+                v.type.dtype in opdef.narrow
+                for v in (*node.inputs, *node.outputs)
+                if v is not None and _narrow(v)
+            )
         ):
             nodes.append(node)
             continue
