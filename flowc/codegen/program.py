@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from flowc.schedule.unroll import Unrolled
 
 BLOCK = 256
-# Library plan kinds (Program.plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
+# Library plan kinds (Program.library_plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
 PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
 MAX_GRID = 1 << 20
 WEIGHTS_MAGIC = b"FLOWCWT1"
@@ -188,7 +188,7 @@ class Program:
         self.blas_streams: set[int] = set()
         self.conv_streams: set[int] = set()
         # Library plans made once in create() (kind -> the C++ statements that make them, in
-        # index order); run() only executes them. See plan().
+        # index order); run() only executes them. See library_plan().
         self.plans: dict[str, list[tuple[str, str]]] = {}
 
     # -- streams ---------------------------------------------------------------------------
@@ -246,7 +246,7 @@ class Program:
         FMA math); bf16/fp16 programs store narrow types and accumulate in float32."""
         return self.precision == "tf32"
 
-    def plan(self, kind: str, make: str) -> str:
+    def library_plan(self, kind: str, make: str) -> str:
         """A library plan of ``kind`` (flowc::GemmPlan for "gemm", flowc::ConvPlan for
         "conv": descriptors, layouts and the chosen algorithm) made once in create() by the
         C++ expression ``make``, a flowc::Status in which ``{plan}`` stands for the plan's
