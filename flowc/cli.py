@@ -1343,6 +1343,12 @@ def build_cmd(project: Path, target: str | None, sanitize: str | None) -> None:
     help="Also time the model: N runs queued back to back (throughput), N one at a time "
     "(latency median and p90), after a few warm-up runs.",
 )
+@click.option(
+    "--stats",
+    is_flag=True,
+    help="Print the launches per run (kernels + library calls) and the copies, as the host "
+    "emulator counts them (FLOWC_STATS=1 in the environment does the same).",
+)
 def run_cmd(
     project: Path,
     inputs: tuple[str, ...],
@@ -1351,9 +1357,10 @@ def run_cmd(
     output: Path | None,
     sanitize: str | None,
     bench: int | None,
+    stats: bool,
 ) -> None:
     """Run a built project on .npy inputs; write its outputs to OUT.npz and, with --bench N,
-    print its latency and throughput."""
+    print its latency and throughput; with --stats, its launches per run."""
     from flowc.harness.build import bench_figures, project_info, run
 
     if bench is not None and not 1 <= bench <= 1_000_000:
@@ -1361,9 +1368,10 @@ def run_cmd(
             f"--bench {bench}: expected a number of runs from 1 to 1000000",
             hint="for example --bench 100",
         )
-    if output is None and bench is None:
+    if output is None and bench is None and not stats:
         raise InputError(
-            "flowc run needs -o OUT.npz for the outputs (or --bench N to time the model)"
+            "flowc run needs -o OUT.npz for the outputs (or --bench N to time the model, "
+            "--stats to count its launches)"
         )
     if output is not None:
         output = check_output_path(output)
@@ -1379,12 +1387,44 @@ def run_cmd(
     assert isinstance(specs, list)
     feeds = read_inputs(inputs, [str(spec["name"]) for spec in specs])
     feeds = {k: as_declared_type(k, a, specs) for k, a in feeds.items()}
+    env: dict[str, str] = {}
+    if stats:
+        env["FLOWC_STATS"] = "1"
+    if target == "host" and "OMP_WAIT_POLICY" not in os.environ:
+        # libgomp reads it before main; its default spin-wait takes the cores from OpenBLAS's
+        # threads (the driver would restart itself with it; set here, it need not).
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     results, stdout = run(
-        project, feeds, target=target, weights=weights, sanitize=sanitize, bench=bench or 0
+        project,
+        feeds,
+        target=target,
+        weights=weights,
+        sanitize=sanitize,
+        bench=bench or 0,
+        env=env,
     )
     if output is not None:
         write_npz_atomic(output, results)
         out.print(f"wrote {escape(str(output))}")
+    # The driver's FLOWC_STATS lines (asked for by --stats or by the inherited environment).
+    counted = [
+        line
+        for line in stdout.splitlines()
+        if line.startswith(("launches per run", "copies per run"))
+    ]
+    for line in counted:
+        out.print(escape(line))
+    if (stats or os.environ.get("FLOWC_STATS", "0") not in ("", "0")) and not counted:
+        if target == "host":
+            err.print(
+                "[yellow]note:[/] the driver printed no launch counts; a project built by an "
+                "older flowc prints none: rebuild it with `flowc build`"
+            )
+        else:
+            err.print(
+                "[yellow]note:[/] launches are counted by the host emulator only (this was a "
+                f"{target} run); build and run the project with --target host to count them"
+            )
     if bench is not None:
         f = bench_figures(stdout)
         lat = f["latency_ms"]

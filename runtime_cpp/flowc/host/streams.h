@@ -40,6 +40,7 @@ struct GraphNode {
   std::function<void()> host;            // host function, copy, set
   std::shared_ptr<const std::vector<GraphNode>> child;  // a graph launched into the capture
   std::vector<size_t> deps;
+  bool library = false;  // host: a library call (enqueue_host), counted as a launch
 };
 
 using Nodes = std::vector<GraphNode>;
@@ -62,6 +63,8 @@ struct Op {
   Event* event = nullptr;
   uint64_t generation = 0;  // record: which record this is; wait: which record to wait for
   std::shared_ptr<const Nodes> graph;
+  GraphNode::Kind node = GraphNode::kHost;  // what it is as work (a copy, a set, ...): for the counters
+  bool library = false;                     // see GraphNode::library
 };
 
 struct Capture;
@@ -89,11 +92,21 @@ struct Capture {
 inline thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;
 
 // What flowc::sim::counters() reports: kernel launches queued on streams (not captured),
-// cudaGraphLaunch calls, and kernel nodes run by launched graphs.
+// cudaGraphLaunch calls, and kernel nodes run by launched graphs; then the work that has run,
+// by kind, wherever it came from: a replayed graph's nodes count one by one, as the GPU
+// runs them (a captured operation counts when the graph runs it, not when captured).
+// `kernels + library_calls` is what a GPU would launch: GEMMs and convolutions (the users of
+// enqueue_host) are library calls, one or more kernels each on the GPU. Host functions are
+// cudaLaunchHostFunc's (the host build's collectives), not launches.
 struct Counters {
   uint64_t stream_kernel_launches = 0;
   uint64_t graph_launches = 0;
   uint64_t graph_kernels = 0;
+  uint64_t kernels = 0;
+  uint64_t library_calls = 0;
+  uint64_t copies = 0;
+  uint64_t memsets = 0;
+  uint64_t host_functions = 0;
 };
 
 struct Engine {
@@ -113,6 +126,26 @@ struct Engine {
   }
 
   static void print_counters();
+
+  // One operation of `kind` has run.
+  void tally(GraphNode::Kind kind, bool library) {
+    switch (kind) {
+      case GraphNode::kKernel:
+        ++counts.kernels;
+        break;
+      case GraphNode::kHost:
+        ++(library ? counts.library_calls : counts.host_functions);
+        break;
+      case GraphNode::kMemcpy:
+        ++counts.copies;
+        break;
+      case GraphNode::kMemset:
+        ++counts.memsets;
+        break;
+      case GraphNode::kGraph:
+        break;  // its nodes count as they run
+    }
+  }
 
   Stream* resolve(cudaStream_t s) { return (s == nullptr || s == cudaStreamLegacy) ? &legacy : s; }
 
@@ -186,6 +219,7 @@ struct Engine {
         run_graph(*op.graph, op.generation);
         break;
     }
+    if (op.kind == Op::kKernel || op.kind == Op::kHost) tally(op.node, op.library);
     s->ops.pop_front();
   }
 
@@ -238,6 +272,7 @@ struct Engine {
           run_graph(*n.child, mix(salt + i));
           break;
       }
+      tally(n.kind, n.library);
       for (size_t u : users[i]) {
         if (--waiting[u] == 0) ready.push_back(u);
       }
@@ -306,6 +341,7 @@ struct Engine {
       n.launch = std::move(op.launch);
       n.host = std::move(op.host);
       n.child = std::move(op.graph);
+      n.library = op.library;
       n.deps = s->frontier;
       c->nodes.push_back(std::move(n));
       s->frontier.assign(1, c->nodes.size() - 1);
@@ -314,6 +350,7 @@ struct Engine {
     if (cudaError_t e = check_legacy(s); e != cudaSuccess) return e;
     if (op.kind == Op::kKernel) ++counts.stream_kernel_launches;
     if (op.kind == Op::kGraph) op.generation = ++counts.graph_launches;  // also the order's salt
+    op.node = kind;
     enqueue(s, std::move(op));
     return cudaSuccess;
   }
@@ -415,6 +452,12 @@ inline void Engine::print_counters() {
   std::fprintf(stderr, "flowc sim launches: %llu stream kernels, %llu graph launches, %llu graph kernels\n",
                (unsigned long long)c.stream_kernel_launches, (unsigned long long)c.graph_launches,
                (unsigned long long)c.graph_kernels);
+  std::fprintf(stderr,
+               "flowc sim work run: %llu kernels, %llu library calls, %llu copies, %llu memsets, "
+               "%llu host functions\n",
+               (unsigned long long)c.kernels, (unsigned long long)c.library_calls,
+               (unsigned long long)c.copies, (unsigned long long)c.memsets,
+               (unsigned long long)c.host_functions);
 }
 
 inline thread_local cudaError_t tl_last_error = cudaSuccess;
@@ -454,7 +497,8 @@ inline cudaError_t check_launch(const void* kernel, dim3 grid, dim3 block, size_
 }
 
 // Queue host work on a stream, in order with its kernels (what cudaLaunchHostFunc does; the
-// library wrappers use it for their CPU backends).
+// library wrappers use it for their CPU backends). Each one counts as a library call
+// (Counters::library_calls): what a GPU build launches through cuBLASLt or cuDNN instead.
 inline cudaError_t enqueue_host(cudaStream_t stream, std::function<void()> fn) {
   Engine& E = engine();
   std::lock_guard<std::recursive_mutex> lock(E.mu);
@@ -462,6 +506,7 @@ inline cudaError_t enqueue_host(cudaStream_t stream, std::function<void()> fn) {
   if (!E.known(s)) return set_error(cudaErrorInvalidResourceHandle);
   Op op;
   op.host = std::move(fn);
+  op.library = true;
   return set_error(E.submit(s, std::move(op), GraphNode::kHost));
 }
 
