@@ -25,8 +25,10 @@ def register_pass(name: str) -> Callable[[PassFn], PassFn]:
 def _load() -> None:
     from flowc.passes import (  # noqa: F401
         fold_constants,
+        fuse_attention,
         fuse_elementwise,
         lower_ops,
+        precision,
         simplify,
         split_projections,
         widen_types,
@@ -64,4 +66,19 @@ class PassManager:
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
 # What `flowc compile` runs before code generation.
-COMPILE_PIPELINE = (*DEFAULT_PIPELINE, "lower_ops", "widen_types", "fuse_elementwise")
+COMPILE_PIPELINE = (
+    *DEFAULT_PIPELINE,
+    "lower_ops",
+    "widen_types",
+    "fuse_attention",
+    "fuse_elementwise",
+)
+
+
+def compile_pipeline(precision: str = "fp32") -> tuple[str, ...]:
+    """What `flowc compile --precision P` runs: COMPILE_PIPELINE, with the narrow storage
+    pass (passes/precision.py) before widen_types for bf16 and fp16."""
+    if precision not in ("bf16", "fp16"):
+        return COMPILE_PIPELINE
+    at = COMPILE_PIPELINE.index("widen_types")
+    return (*COMPILE_PIPELINE[:at], f"store_{precision}", *COMPILE_PIPELINE[at:])
