@@ -1,6 +1,7 @@
 """The op registry; importing this package registers every op family."""
 
 from flowc.ops import (  # noqa: F401
+    attention,
     comm,
     conv,
     deform,
