@@ -1,19 +1,46 @@
-// 2-D convolution forward, NCHW, through one descriptor: cuDNN on the GPU, im2col + CBLAS
-// GEMM on the host. Weights are [k, c / groups, r, s]; padding is symmetric per axis (an
-// asymmetric pad is an explicit Pad before the convolution).
+// 2-D convolution forward, NCHW, with an optional fused epilogue: y = act(conv(x, w) + bias + z),
+// act ReLU or the identity, z a residual of y's shape. cuDNN on the GPU, im2col + CBLAS GEMM on
+// the host. Weights are [k, c / groups, r, s]; padding is symmetric per axis (an asymmetric pad
+// is an explicit Pad before the convolution).
+//
+// A ConvPlan holds everything about one call that does not depend on the data: cuDNN's tensor,
+// filter, convolution and activation descriptors, the math mode and the chosen algorithm. The
+// model makes its plans once in create() (plan_conv) and run() only executes them (run_conv);
+// release() destroys them (destroy_plan). Algorithm choice: cuDNN's heuristic
+// (cudnnGetConvolutionForwardAlgorithm_v7), or with FLOWC_TUNE=1 in the environment at create
+// a timed search (cudnnFindConvolutionForwardAlgorithm); either way only algorithms whose
+// workspace fits the stream's planned workspace.
+//
+// Precision: float32 tensors are exact fp32 by default (CUDNN_FMA_MATH: cuDNN's default math
+// would allow TF32 on Ampere and later), TF32 tensor cores with ConvMath::kTF32; float16 and
+// bfloat16 tensors run on tensor cores with float32 accumulation (compute type FLOAT). The host
+// computes a narrow convolution in float and rounds its result once.
+//
+// The epilogue runs inside cudnnConvolutionBiasActivationForward when cuDNN supports the
+// pattern (a bias is present; the identity activation only with the IMPLICIT_PRECOMP_GEMM
+// algorithm, as cuDNN requires). Otherwise, or when FLOWC_CONV_UNFUSED=1 is set at create, or
+// when cuDNN answers NOT_SUPPORTED at the first run, the plan takes the named fallback
+// "conv+epilogue": the plain convolution, then conv_epilogue (one element-wise kernel for bias,
+// residual and activation). plan_path() says which one a plan takes.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "flowc/gemm.h"
+#include "flowc/narrow.h"
 
 #if !defined(FLOWC_HOST)
 #include <cudnn.h>
 #endif
 
 namespace flowc {
+
+// Float32 convolutions: exact (FMA only) or TF32 tensor cores. Narrow types ignore it.
+enum class ConvMath { kExact, kTF32 };
 
 struct ConvDesc {
   int64_t n = 1, c = 0, h = 0, w = 0;  // input
@@ -22,10 +49,16 @@ struct ConvDesc {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
   int64_t dil_h = 1, dil_w = 1;
-  DataType type = DataType::kF32;
+  DataType type = DataType::kF32;  // of x, w, bias, z and y
+  ConvMath math = ConvMath::kExact;
+  // The epilogue: y = act(conv + bias[k] + z), in float, rounded once to `type`.
+  bool has_bias = false;
+  bool has_residual = false;
+  bool relu = false;
 
   int64_t out_h() const { return (h + 2 * pad_h - dil_h * (r - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (w + 2 * pad_w - dil_w * (s - 1) - 1) / stride_w + 1; }
+  bool epilogue() const { return has_bias || has_residual || relu; }
 };
 
 inline Status validate(const ConvDesc& d) {
@@ -44,6 +77,65 @@ inline Status validate(const ConvDesc& d) {
   return Status::Ok();
 }
 
+namespace detail {
+
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+inline float load_as_float(const void* p, DataType t, int64_t i) {
+  switch (t) {
+    case DataType::kF16:
+      return static_cast<float>(static_cast<const f16*>(p)[i]);
+    case DataType::kBF16:
+      return static_cast<float>(static_cast<const bf16*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+}  // namespace detail
+
+// The fallback's epilogue over an N x K x inner output: y = act(y + bias[k] + z), in float.
+template <class T>
+__global__ void conv_epilogue(T* __restrict__ y, const T* __restrict__ bias, const T* __restrict__ z,
+                              int64_t total, int64_t inner, int64_t channels, int relu) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float v = static_cast<float>(y[i]);
+    if (bias != nullptr) v += static_cast<float>(bias[(i / inner) % channels]);
+    if (z != nullptr) v += static_cast<float>(z[i]);
+    if (relu && !(v >= 0.0f) && v == v) v = 0.0f;  // NaN stays NaN, as ONNX Relu's
+    y[i] = static_cast<T>(v);
+  }
+}
+
+template <class T>
+inline void launch_epilogue(const ConvDesc& d, void* y, const void* bias, const void* z,
+                            cudaStream_t stream) {
+  const int64_t total = d.n * d.k * d.out_h() * d.out_w();
+  const int64_t blocks = (total + 255) / 256 < (1 << 20) ? (total + 255) / 256 : (1 << 20);
+  FLOWC_LAUNCH(conv_epilogue<T>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
+               static_cast<T*>(y), d.has_bias ? static_cast<const T*>(bias) : nullptr,
+               d.has_residual ? static_cast<const T*>(z) : nullptr, total, d.out_h() * d.out_w(), d.k,
+               d.relu ? 1 : 0);
+}
+
+inline void run_epilogue(const ConvDesc& d, void* y, const void* bias, const void* z, cudaStream_t stream) {
+  switch (d.type) {
+    case DataType::kF16:
+      launch_epilogue<f16>(d, y, bias, z, stream);
+      break;
+    case DataType::kBF16:
+      launch_epilogue<bf16>(d, y, bias, z, stream);
+      break;
+    default:
+      launch_epilogue<float>(d, y, bias, z, stream);
+      break;
+  }
+}
+
 #if defined(FLOWC_HOST)
 
 struct ConvHandle {
@@ -52,6 +144,22 @@ struct ConvHandle {
 
 inline Status create_conv(ConvHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
 inline void destroy_conv(ConvHandle*) {}
+
+struct ConvPlan {
+  ConvDesc d;
+  bool fused = false;  // the epilogue runs in the convolution's own call (one library call)
+};
+
+inline Status plan_conv(ConvHandle&, const ConvDesc& d, ConvPlan* p) {
+  if (Status s = validate(d); !s.ok()) return s;
+  p->d = d;
+  // cuDNN's fused call needs a bias; the identity activation's algorithm restriction has no
+  // host counterpart.
+  p->fused = d.epilogue() && d.has_bias && !detail::env_flag("FLOWC_CONV_UNFUSED");
+  return Status::Ok();
+}
+
+inline void destroy_plan(ConvPlan* p) { *p = ConvPlan{}; }
 
 // Lowers one image and one group to columns: [(c/g)*r*s] x [oh*ow].
 inline void im2col(const ConvDesc& d, const float* x, int64_t group, float* col) {
@@ -73,28 +181,71 @@ inline void im2col(const ConvDesc& d, const float* x, int64_t group, float* col)
   }
 }
 
-inline Status conv2d_forward(ConvHandle&, const ConvDesc& d, const void* x, const void* w, void* y,
-                             cudaStream_t stream) {
-  if (Status s = validate(d); !s.ok()) return s;
-  if (d.type != DataType::kF32) return NotSupported("conv2d: the host build computes fp32 only");
-  const ConvDesc desc = d;
-  const float* X = static_cast<const float*>(x);
-  const float* W = static_cast<const float*>(w);
-  float* Y = static_cast<float*>(y);
-  cudaError_t e = sim::enqueue_host(stream, [desc, X, W, Y] {
-    const int64_t cg = desc.c / desc.groups, kg = desc.k / desc.groups;
-    const int64_t rows = cg * desc.r * desc.s, cols = desc.out_h() * desc.out_w();
-    std::vector<float> col(static_cast<size_t>(rows * cols));
-    for (int64_t img = 0; img < desc.n; ++img) {
-      for (int64_t g = 0; g < desc.groups; ++g) {
-        im2col(desc, X + img * desc.c * desc.h * desc.w, g, col.data());
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(kg), static_cast<int>(cols),
-                    static_cast<int>(rows), 1.0f, W + g * kg * rows, static_cast<int>(rows), col.data(),
-                    static_cast<int>(cols), 0.0f, Y + (img * desc.k + g * kg) * cols, static_cast<int>(cols));
+// The float convolution of float x and w into Y.
+inline void conv_float(const ConvDesc& desc, const float* X, const float* W, float* Y) {
+  const int64_t cg = desc.c / desc.groups, kg = desc.k / desc.groups;
+  const int64_t rows = cg * desc.r * desc.s, cols = desc.out_h() * desc.out_w();
+  std::vector<float> col(static_cast<size_t>(rows * cols));
+  for (int64_t img = 0; img < desc.n; ++img) {
+    for (int64_t g = 0; g < desc.groups; ++g) {
+      im2col(desc, X + img * desc.c * desc.h * desc.w, g, col.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(kg), static_cast<int>(cols),
+                  static_cast<int>(rows), 1.0f, W + g * kg * rows, static_cast<int>(rows), col.data(),
+                  static_cast<int>(cols), 0.0f, Y + (img * desc.k + g * kg) * cols, static_cast<int>(cols));
+    }
+  }
+}
+
+inline std::vector<float> widened(const void* p, DataType t, int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) out[static_cast<size_t>(i)] = detail::load_as_float(p, t, i);
+  return out;
+}
+
+// The plan's call, emulated as the GPU does it: the convolution in float, then (fused) bias,
+// residual and activation in float and one rounding to the storage type, all in one host
+// callback (one library call); unfused, the callback stores the rounded convolution and
+// conv_epilogue runs as a kernel after it.
+inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bias, const void* z, void* y,
+                       cudaStream_t stream) {
+  const ConvDesc desc = p.d;
+  const bool fused = p.fused;
+  cudaError_t e = sim::enqueue_host(stream, [desc, fused, x, w, bias, z, y] {
+    const int64_t in = desc.n * desc.c * desc.h * desc.w,
+                  wn = desc.k * (desc.c / desc.groups) * desc.r * desc.s;
+    const int64_t inner = desc.out_h() * desc.out_w(), total = desc.n * desc.k * inner;
+    const bool narrow = desc.type != DataType::kF32;
+    std::vector<float> xf, wf, yf;
+    const float* X = static_cast<const float*>(x);
+    const float* W = static_cast<const float*>(w);
+    float* Y = static_cast<float*>(y);
+    if (narrow) {
+      xf = widened(x, desc.type, in);
+      wf = widened(w, desc.type, wn);
+      yf.resize(static_cast<size_t>(total));
+      X = xf.data();
+      W = wf.data();
+      Y = yf.data();
+    }
+    conv_float(desc, X, W, Y);
+    if (fused) {
+      for (int64_t i = 0; i < total; ++i) {
+        float v = Y[i];
+        if (desc.has_bias) v += detail::load_as_float(bias, desc.type, (i / inner) % desc.k);
+        if (desc.has_residual) v += detail::load_as_float(z, desc.type, i);
+        if (desc.relu && !(v >= 0.0f) && v == v) v = 0.0f;
+        Y[i] = v;
       }
     }
+    if (desc.type == DataType::kF16) {
+      for (int64_t i = 0; i < total; ++i) static_cast<f16*>(y)[i] = f16(Y[i]);
+    } else if (desc.type == DataType::kBF16) {
+      for (int64_t i = 0; i < total; ++i) static_cast<bf16*>(y)[i] = bf16(Y[i]);
+    }
   });
-  return e == cudaSuccess ? Status::Ok() : InvalidArgument(std::string("conv2d: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) return InvalidArgument(std::string("conv2d: ") + cudaGetErrorString(e));
+  if (!fused && desc.epilogue()) run_epilogue(desc, y, bias, z, stream);
+  return Status::Ok();
 }
 
 #else
@@ -119,65 +270,158 @@ inline void destroy_conv(ConvHandle* h) {
   *h = ConvHandle{};
 }
 
-// Owns the cuDNN descriptors of one call.
-struct CudnnCall {
-  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+struct ConvPlan {
+  ConvDesc d;
+  cudnnHandle_t cudnn = nullptr;  // the stream's handle and workspace (not owned)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
-  ~CudnnCall() {
-    if (conv) cudnnDestroyConvolutionDescriptor(conv);
-    if (w) cudnnDestroyFilterDescriptor(w);
-    if (y) cudnnDestroyTensorDescriptor(y);
-    if (x) cudnnDestroyTensorDescriptor(x);
-  }
+  cudnnActivationDescriptor_t act = nullptr;
+  cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  bool fused = false;  // the epilogue runs in cudnnConvolutionBiasActivationForward
 };
 
-inline Status conv2d_forward(ConvHandle& h, const ConvDesc& d, const void* x, const void* w, void* y,
-                             cudaStream_t stream) {
-  if (Status s = validate(d); !s.ok()) return s;
-  const cudnnDataType_t t = d.type == DataType::kF16
-                                ? CUDNN_DATA_HALF
-                                : (d.type == DataType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT);
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
-  CudnnCall call;
-  bool ok = cudnnCreateTensorDescriptor(&call.x) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateTensorDescriptor(&call.y) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateFilterDescriptor(&call.w) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateConvolutionDescriptor(&call.conv) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(call.x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
-                 CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetFilter4dDescriptor(call.w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
-                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetConvolution2dDescriptor(call.conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
-                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
-                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetConvolutionGroupCount(call.conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(call.y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
-                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
-  if (!ok) return LibraryError("conv2d: cuDNN rejected a descriptor");
+inline void destroy_plan(ConvPlan* p) {
+  if (p->act) cudnnDestroyActivationDescriptor(p->act);
+  if (p->conv) cudnnDestroyConvolutionDescriptor(p->conv);
+  if (p->w) cudnnDestroyFilterDescriptor(p->w);
+  if (p->bias) cudnnDestroyTensorDescriptor(p->bias);
+  if (p->y) cudnnDestroyTensorDescriptor(p->y);
+  if (p->x) cudnnDestroyTensorDescriptor(p->x);
+  *p = ConvPlan{};
+}
+
+inline cudnnDataType_t cudnn_type(DataType t) {
+  return t == DataType::kF16 ? CUDNN_DATA_HALF
+                             : (t == DataType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT);
+}
+
+// The algorithm (heuristic or timed) that fits the workspace; `tensor_ok`: whether it may use
+// tensor cores (everything but exact fp32).
+inline Status choose_algorithm(ConvPlan* p, bool tensor_ok) {
   cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
   int found = 0;
-  if (cudnnGetConvolutionForwardAlgorithm_v7(h.cudnn, call.x, call.w, call.conv, call.y,
-                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found,
-                                             perf) != CUDNN_STATUS_SUCCESS) {
-    return LibraryError("conv2d: cudnnGetConvolutionForwardAlgorithm_v7 failed");
-  }
-  int pick = -1;
-  for (int a = 0; a < found && pick < 0; ++a) {
-    if (perf[a].status == CUDNN_STATUS_SUCCESS && perf[a].memory <= h.workspace_bytes) pick = a;
-  }
-  if (pick < 0) return NotSupported("conv2d: no cuDNN algorithm fits the workspace");
-  if (cudnnSetStream(h.cudnn, stream) != CUDNN_STATUS_SUCCESS)
-    return LibraryError("conv2d: cudnnSetStream failed");
-  const float alpha = 1.0f, beta = 0.0f;
+  const bool tune = detail::env_flag("FLOWC_TUNE");
   const cudnnStatus_t st =
-      cudnnConvolutionForward(h.cudnn, &alpha, call.x, x, call.w, w, call.conv, perf[pick].algo, h.workspace,
-                              h.workspace_bytes, &beta, call.y, y);
+      tune ? cudnnFindConvolutionForwardAlgorithm(p->cudnn, p->x, p->w, p->conv, p->y,
+                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf)
+           : cudnnGetConvolutionForwardAlgorithm_v7(p->cudnn, p->x, p->w, p->conv, p->y,
+                                                    CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &found, perf);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    return LibraryError(std::string(tune ? "cudnnFindConvolutionForwardAlgorithm: "
+                                         : "cudnnGetConvolutionForwardAlgorithm_v7: ") +
+                        cudnnGetErrorString(st));
+  }
+  for (int a = 0; a < found; ++a) {
+    const bool tensor =
+        perf[a].mathType == CUDNN_TENSOR_OP_MATH || perf[a].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (perf[a].status != CUDNN_STATUS_SUCCESS || perf[a].memory > p->workspace_bytes) continue;
+    if (tensor && !tensor_ok) continue;
+    p->algo = perf[a].algo;
+    return Status::Ok();
+  }
+  return NotSupported("conv2d: no cuDNN algorithm fits the workspace (" + std::to_string(p->workspace_bytes) +
+                      " bytes)");
+}
+
+inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
+  if (Status s = validate(d); !s.ok()) return s;
+  destroy_plan(p);
+  p->d = d;
+  p->cudnn = h.cudnn;
+  p->workspace = h.workspace;
+  p->workspace_bytes = h.workspace_bytes;
+  const cudnnDataType_t t = cudnn_type(d.type);
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  bool ok = cudnnCreateTensorDescriptor(&p->x) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateTensorDescriptor(&p->y) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateTensorDescriptor(&p->bias) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateFilterDescriptor(&p->w) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateConvolutionDescriptor(&p->conv) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateActivationDescriptor(&p->act) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
+                 CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
+                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
+  // Float32 accumulation whatever the storage type (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16).
+  ok = ok && cudnnSetConvolution2dDescriptor(p->conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
+                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetConvolutionGroupCount(p->conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
+                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
+  ok = ok &&
+       cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, i(d.k), 1, 1) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetActivationDescriptor(p->act, d.relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+                                          CUDNN_PROPAGATE_NAN, 0.0) == CUDNN_STATUS_SUCCESS;
+  // Exact fp32 must say so: cuDNN's default math lets float32 convolutions use TF32.
+  const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
+  ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==
+                 CUDNN_STATUS_SUCCESS;
+  if (!ok) {
+    destroy_plan(p);
+    return LibraryError("conv2d: cuDNN rejected a descriptor");
+  }
+  p->fused = d.epilogue() && d.has_bias && !detail::env_flag("FLOWC_CONV_UNFUSED");
+  if (p->fused && !d.relu) {
+    // cuDNN's fused call runs the identity activation only with IMPLICIT_PRECOMP_GEMM.
+    size_t bytes = 0;
+    if (cudnnGetConvolutionForwardWorkspaceSize(p->cudnn, p->x, p->w, p->conv, p->y,
+                                                CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                                                &bytes) == CUDNN_STATUS_SUCCESS &&
+        bytes <= p->workspace_bytes) {
+      p->algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+      return Status::Ok();
+    }
+    p->fused = false;
+  }
+  Status s = choose_algorithm(p, tensor_ok);
+  if (!s.ok()) destroy_plan(p);
+  return s;
+}
+
+inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bias, const void* z, void* y,
+                       cudaStream_t stream) {
+  if (p.conv == nullptr) return InvalidArgument("conv2d: the plan was not made");
+  if (cudnnSetStream(p.cudnn, stream) != CUDNN_STATUS_SUCCESS)
+    return LibraryError("conv2d: cudnnSetStream failed");
+  const float one = 1.0f, zero = 0.0f;
+  if (p.fused) {
+    // Without a residual z is y with scale 0: cuDNN does not read a source whose scale is 0.
+    const float alpha2 = p.d.has_residual ? 1.0f : 0.0f;
+    const cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
+        p.cudnn, &one, p.x, x, p.w, w, p.conv, p.algo, p.workspace, p.workspace_bytes, &alpha2, p.y,
+        p.d.has_residual ? z : y, p.bias, bias, p.act, p.y, y);
+    if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
+    if (CUDNN_STATUS_CATEGORY(st) != CUDNN_STATUS_NOT_SUPPORTED)
+      return LibraryError(std::string("cudnnConvolutionBiasActivationForward: ") + cudnnGetErrorString(st));
+    p.fused = false;  // the fallback from now on (plan_path says so)
+  }
+  const cudnnStatus_t st = cudnnConvolutionForward(p.cudnn, &one, p.x, x, p.w, w, p.conv, p.algo, p.workspace,
+                                                   p.workspace_bytes, &zero, p.y, y);
   if (st != CUDNN_STATUS_SUCCESS)
     return LibraryError(std::string("cudnnConvolutionForward: ") + cudnnGetErrorString(st));
+  if (p.d.epilogue()) run_epilogue(p.d, y, bias, z, stream);
   return Status::Ok();
 }
 
 #endif
+
+// Which path a plan runs: one fused library call, or the fallback.
+inline const char* plan_path(const ConvPlan& p) {
+  return !p.d.epilogue() ? "conv" : (p.fused ? "fused" : "conv+epilogue");
+}
+
+// One call without a plan kept (tests, one-off use): plan, run, destroy.
+inline Status conv2d_forward(ConvHandle& h, const ConvDesc& d, const void* x, const void* w, void* y,
+                             cudaStream_t stream, const void* bias = nullptr, const void* z = nullptr) {
+  ConvPlan p;
+  Status s = plan_conv(h, d, &p);
+  if (s.ok()) s = run_conv(p, x, w, bias, z, y, stream);
+  destroy_plan(&p);
+  return s;
+}
 
 }  // namespace flowc
