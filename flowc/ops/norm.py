@@ -18,12 +18,14 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from flowc.codegen.cpp import c_float
+from flowc.codegen.elementwise import DIVMOD_LIMIT, fast_divmod
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import compute_dtype, float_ctype
+from flowc.ops.reduce import vec_width
 from flowc.ops.registry import (
     InferCtx,
     SbpSignature,
@@ -81,10 +83,12 @@ def _req(xs: list[np.ndarray | None], i: int) -> np.ndarray:
 
 
 # -- code generation (templates/kernels/norm.cu.j2) ----------------------------------------------
-# Normalizations over many elements run one block per row with shared-memory tree sums
-# (`normalize`); BatchNormalization and LRN are one thread per element.
+# Normalizations over many elements run one block per row, Welford statistics merged by warp
+# shuffles (`normalize`); sizes and eps are kernel arguments. BatchNormalization runs per
+# plane (runtime sizes, the channel by a precomputed fast division), LRN one thread per element.
 
 MAX_BLOCKS = 1 << 16  # rows beyond this are strided over by the blocks
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
 
 
 def offset_expr(var: str, dims: Sequence[tuple[int, int]]) -> str:
@@ -112,7 +116,7 @@ def offset_expr(var: str, dims: Sequence[tuple[int, int]]) -> str:
 
 
 def _block_threads(size: int) -> int:
-    """A power of two (the tree sum halves it), one warp at least, 256 at most."""
+    """A power of two (the shuffles halve it), one warp at least, 256 at most."""
     return min(256, max(32, 1 << max(0, size - 1).bit_length()))
 
 
@@ -128,6 +132,8 @@ def _emit_normalize(
     stats: Sequence[Value] = (),
     eps_on_std: bool = False,
 ) -> None:
+    """``row_offset`` and ``elem_offset`` (and the affine indices) are C++ expressions of
+    ``row``, ``j`` and ``size`` (the kernel's runtime row length)."""
     x = node.inputs[0]
     assert x is not None
     y = node.outputs[0]
@@ -137,18 +143,24 @@ def _emit_normalize(
     if size == 0:
         raise prog.fail("cannot normalize over an empty axis")
     scale, scale_index, bias, bias_index = affine
-    block = _block_threads(size)
+    # 16-byte loads for contiguous float rows whose scale and bias (if any) follow j.
+    contiguous = (
+        row_offset == "row * size"
+        and elem_offset == "j"
+        and (scale is None or scale_index == "j")
+        and (bias is None or bias_index == "j")
+        and all(v is None or v.type.dtype == DType.F32 for v in (scale, bias))
+    )
+    vec = vec_width(x.type.dtype, size) if contiguous else 1
+    block = _block_threads(-(-size // vec))
     name = prog.kernel(
         "norm.cu.j2",
         "normalize",
         ctype=t,
         acc_type=t,
-        block=block,
-        rows=rows,
-        size=size,
+        vec=vec,
         row_offset=row_offset,
         elem_offset=elem_offset,
-        eps=c_float(eps, t),
         eps_on_std=eps_on_std,
         scale_t=float_ctype(prog, scale) if scale is not None else "",
         scale_index=scale_index,
@@ -160,7 +172,8 @@ def _emit_normalize(
     args = [prog.cptr(x)]
     args += [prog.cptr(v) for v in (scale, bias) if v is not None]
     args += [prog.ptr(v) for v in stats]
-    prog.launch_blocks(name, min(rows, MAX_BLOCKS), block, 0, [*args, prog.ptr(y)])
+    args += [prog.ptr(y), f"(int64_t){rows}", f"(int64_t){size}", c_float(eps, t)]
+    prog.launch_blocks(name, min(rows, MAX_BLOCKS), block, 0, args)
 
 
 def _layernorm_emit(prog: Program, node: Node) -> None:
@@ -188,7 +201,7 @@ def _layernorm_emit(prog: Program, node: Node) -> None:
         node,
         rows,
         size,
-        f"row * {size}",
+        "row * size",
         "j",
         float(a["epsilon"]),
         (scale, index(scale), bias, index(bias)),
@@ -207,7 +220,7 @@ def _instancenorm_emit(prog: Program, node: Node) -> None:
         node,
         n * c,
         size,
-        f"row * {size}",
+        "row * size",
         "j",
         float(node_attrs(node)["epsilon"]),
         (node.inputs[1], channel, node.inputs[2], channel),
@@ -233,7 +246,7 @@ def _groupnorm_emit(prog: Program, node: Node) -> None:
         node,
         n * groups,
         size,
-        f"row * {size}",
+        "row * size",
         "j",
         float(a["epsilon"]),
         (node.inputs[1], channel, node.inputs[2], channel),
@@ -270,7 +283,14 @@ def _batchnorm_emit(prog: Program, node: Node) -> None:
     for v in params:
         assert v is not None
         types.append(float_ctype(prog, v))
+    if y.type.numel == 0:
+        return
+    channels = x.type.shape[1]
     inner = math.prod(x.type.shape[2:])
+    planes = math.prod(x.type.shape[:2])
+    if planes >= DIVMOD_LIMIT:
+        raise prog.fail(f"{planes} planes (N x C) are more than the 2^31 this kernel indexes")
+    vec = vec_width(x.type.dtype, inner)
     name = prog.kernel(
         "norm.cu.j2",
         "batch_norm",
@@ -280,13 +300,25 @@ def _batchnorm_emit(prog: Program, node: Node) -> None:
         bias_t=types[1],
         mean_t=types[2],
         var_t=types[3],
-        inner=inner,
-        channels=x.type.shape[1],
-        eps=c_float(float(node_attrs(node)["epsilon"]), t),
+        vec=vec,
     )
-    n = y.type.numel
+    # Threads across a plane (a warp at least), planes along y; x-blocks only as many as
+    # one plane needs.
+    items = -(-inner // vec)
+    threads = _block_threads(items)
+    grid_x = min(-(-items // threads), MAX_BLOCKS)
+    grid_y = min(planes, MAX_GRID_Y)
     args = [prog.cptr(x), *(prog.cptr(v) for v in params if v is not None), prog.ptr(y)]
-    prog.launch(name, n, [*args, f"(int64_t){n}"])
+    args += [
+        f"(int64_t){planes}",
+        f"(int64_t){inner}",
+        fast_divmod(channels),
+        c_float(float(node_attrs(node)["epsilon"]), t),
+    ]
+    prog.stmt(
+        f"FLOWC_LAUNCH({name}, dim3({grid_x}, {grid_y}), dim3({threads}), 0, {prog.stream}, "
+        f"{', '.join(args)});"
+    )
 
 
 def _lrn_emit(prog: Program, node: Node) -> None:

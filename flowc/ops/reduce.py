@@ -80,10 +80,12 @@ def _acc(x: np.ndarray) -> np.ndarray:
 # -- code generation --------------------------------------------------------------------------
 # Kernels are in templates/kernels/reduce.cu.j2. A reduction whose reduced axes are the
 # innermost ones (after dropping size-1 axes and merging neighbours) reduces contiguous rows:
-# a block-cooperative kernel, threads of a row meeting in a shared-memory tree. Any other
-# layout gets one thread per output element, walking the reduced axes.
+# a block-cooperative kernel, the threads of a row meeting through warp shuffles (sizes are
+# arguments: one kernel per op, type and vector width). Any other layout gets one thread per
+# output element, walking the reduced axes.
 
 TEMPLATE = "reduce.cu.j2"
+WARP = 32
 
 
 def next_pow2(n: int) -> int:
@@ -93,9 +95,11 @@ def next_pow2(n: int) -> int:
 @dataclass(frozen=True)
 class RowLayout:
     """How a block-cooperative kernel covers ``rows`` rows of ``cols`` elements: ``width``
-    threads per row (a power of two, so the tree halves evenly), ``per_block`` rows per block
-    (short rows share a block instead of leaving most of it idle), ``blocks`` blocks (each
-    loops over further rows when there are more than the grid covers)."""
+    threads per row (a power of two, so the shuffles halve evenly), ``per_block`` rows per
+    block (short rows share a block instead of leaving most of it idle; a block is at least
+    one whole warp, as the full-mask shuffles need), ``blocks`` blocks (each loops over
+    further rows when there are more than the grid covers). The kernels take the width as
+    its log2 at run time, so one kernel serves every layout."""
 
     width: int
     per_block: int
@@ -105,14 +109,26 @@ class RowLayout:
     def threads(self) -> int:
         return self.width * self.per_block
 
+    @property
+    def log2w(self) -> int:
+        return self.width.bit_length() - 1
 
-def row_layout(rows: int, cols: int) -> RowLayout:
+
+def row_layout(rows: int, cols: int, vec: int = 1) -> RowLayout:
+    """``vec``: elements each thread takes per load (4 for the 16-byte loads)."""
     from flowc.codegen.program import BLOCK, MAX_GRID
 
-    width = min(BLOCK, next_pow2(max(cols, 1)))
-    per_block = min(BLOCK // width, next_pow2(max(rows, 1)))
+    width = min(BLOCK, next_pow2(max(-(-cols // vec), 1)))
+    per_block = max(min(BLOCK // width, next_pow2(max(rows, 1))), WARP // width)
     blocks = min(-(-rows // per_block), MAX_GRID)
     return RowLayout(width, per_block, blocks)
+
+
+def vec_width(dtype: DType, cols: int) -> int:
+    """4 when rows of ``cols`` elements of ``dtype`` can be read 16 bytes at a time (float32
+    rows of a multiple of 4 elements; the kernels check the pointers' alignment at run time),
+    else 1. A compile-time choice: the variant without the vector path is smaller."""
+    return 4 if dtype == DType.F32 and cols % 4 == 0 else 1
 
 
 def kernel_ctype(prog: Program, v: Value) -> str:
@@ -149,9 +165,9 @@ def _merged_axes(shape: tuple[int, ...], axes: Axes) -> list[tuple[int, bool]]:
     return groups
 
 
-def _reduce_spec(op: str, dt: DType, count: int) -> dict[str, Any]:
+def _reduce_spec(op: str, dt: DType) -> dict[str, Any]:
     """The template parameters that say what a Reduce* kernel computes for this dtype (see the
-    template's header). Floats accumulate in their own type (as onnxruntime does; the
+    template's header). Mean divides by ``count_``, the finish helper's argument. Floats accumulate in their own type (as onnxruntime does; the
     reference's float64 is too slow on a GPU), integers as the module docstring says, with an
     unsigned accumulator where they wrap so that overflow is well defined in C++."""
     t = ctype(dt)
@@ -173,7 +189,7 @@ def _reduce_spec(op: str, dt: DType, count: int) -> dict[str, Any]:
         zero = f"static_cast<{t}>(0)"
         steps = {
             "Sum": ("a + v", "a"),
-            "Mean": ("a + v", f"a / static_cast<{t}>({count})"),
+            "Mean": ("a + v", f"a / static_cast<{t}>(count_)"),
             "L1": ("a + flowc::ew::abs_(v)", "a"),
             "L2": ("a + v * v", "flowc::ew::sqrt_(a)"),
             "LogSum": ("a + v", "flowc::ew::log_(a)"),
@@ -226,7 +242,7 @@ def _reduce_spec(op: str, dt: DType, count: int) -> dict[str, Any]:
             acc="uint64_t",
             init="static_cast<uint64_t>(0)",
             step="a + static_cast<uint64_t>(static_cast<int64_t>(v))",
-            finish=f"static_cast<{t}>(static_cast<int64_t>(a) / {count})",
+            finish=f"static_cast<{t}>(static_cast<int64_t>(a) / count_)",
         )
     elif kind in ("Max", "Min"):
         cmp = ">" if kind == "Max" else "<"
@@ -291,27 +307,29 @@ def emit_reduce(prog: Program, node: Node) -> None:
     axes = _node_axes(node, len(shape), bool(attrs["noop_with_empty_axes"]))
     # The mean of nothing is onnxruntime's 0: divide the zero sum by 1.
     count = math.prod(shape[k] for k in axes) or 1
-    spec = _reduce_spec(node.op, x.type.dtype, count)
     groups = _merged_axes(shape, axes)
     if groups and groups[-1][1] and not any(red for _, red in groups[:-1]):
+        spec = _reduce_spec(node.op, x.type.dtype)
         cols = groups[-1][0]
-        lay = row_layout(n_out, cols)
-        k = prog.kernel(TEMPLATE, "reduce_rows", **spec, width=lay.width, per_block=lay.per_block)
+        vec = vec_width(x.type.dtype, cols)
+        lay = row_layout(n_out, cols, vec)
+        k = prog.kernel(TEMPLATE, "reduce_rows", **spec, vec=vec)
         prog.launch_blocks(
             k,
             lay.blocks,
             lay.threads,
             0,
-            [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}", f"(int64_t){cols}"],
+            [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}", f"(int64_t){cols}", str(lay.log2w)],
         )
         return
+    spec = _reduce_spec(node.op, x.type.dtype)
     kept: list[dict[str, int]] = []
     reduced: list[dict[str, int]] = []
     stride = 1
     for size, red in reversed(groups):
         (reduced if red else kept).insert(0, {"size": size, "stride": stride})
         stride *= size
-    k = prog.kernel(TEMPLATE, "reduce_strided", **spec, kept=kept, reduced=reduced)
+    k = prog.kernel(TEMPLATE, "reduce_strided", **spec, kept=kept, reduced=reduced, count=count)
     prog.launch(k, n_out, [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}"])
 
 
@@ -334,15 +352,19 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
         }
         if inner == 1:
             lay = row_layout(outer, extent)
-            k = prog.kernel(
-                TEMPLATE, "arg_rows", **params, width=lay.width, per_block=lay.per_block
-            )
+            k = prog.kernel(TEMPLATE, "arg_rows", **params)
             prog.launch_blocks(
                 k,
                 lay.blocks,
                 lay.threads,
                 0,
-                [prog.cptr(x), prog.ptr(y), f"(int64_t){outer}", f"(int64_t){extent}"],
+                [
+                    prog.cptr(x),
+                    prog.ptr(y),
+                    f"(int64_t){outer}",
+                    f"(int64_t){extent}",
+                    str(lay.log2w),
+                ],
             )
         else:
             k = prog.kernel(TEMPLATE, "arg_strided", **params, extent=extent, inner=inner)

@@ -22,7 +22,7 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
-from flowc.ops.reduce import kernel_ctype, outer_inner, row_layout
+from flowc.ops.reduce import kernel_ctype, outer_inner, row_layout, vec_width
 from flowc.ops.registry import (
     EmitFn,
     InferCtx,
@@ -118,7 +118,8 @@ def _coerce_2d(n: OnnxNode) -> list[Value] | None:
 
 def _emitter(mode: str) -> EmitFn:
     """Kernels in templates/kernels/softmax.cu.j2: block-cooperative rows when the axis is
-    the innermost one (the usual case), one thread per line along the axis otherwise."""
+    the innermost one (the usual case), one thread per line along the axis otherwise. Sizes
+    are arguments: one kernel per mode, type and vector width."""
 
     def emit(prog: Program, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -132,28 +133,36 @@ def _emitter(mode: str) -> EmitFn:
         shape = x.type.shape
         outer, extent, inner = outer_inner(shape, int(attrs["axis"]) % len(shape))
         if inner == 1:
-            lay = row_layout(outer, extent)
-            k = prog.kernel(
-                "softmax.cu.j2",
-                "softmax_rows",
-                ctype=t,
-                mode=mode,
-                width=lay.width,
-                per_block=lay.per_block,
-            )
+            vec = vec_width(x.type.dtype, extent) if mode != "hardmax" else 1
+            lay = row_layout(outer, extent, vec)
+            k = prog.kernel("softmax.cu.j2", "softmax_rows", ctype=t, mode=mode, vec=vec)
             prog.launch_blocks(
                 k,
                 lay.blocks,
                 lay.threads,
                 0,
-                [prog.cptr(x), prog.ptr(y), f"(int64_t){outer}", f"(int64_t){extent}"],
+                [
+                    prog.cptr(x),
+                    prog.ptr(y),
+                    f"(int64_t){outer}",
+                    f"(int64_t){extent}",
+                    str(lay.log2w),
+                ],
             )
         else:
-            k = prog.kernel(
-                "softmax.cu.j2", "softmax_strided", ctype=t, mode=mode, extent=extent, inner=inner
-            )
+            k = prog.kernel("softmax.cu.j2", "softmax_strided", ctype=t, mode=mode)
             n = outer * inner
-            prog.launch(k, n, [prog.cptr(x), prog.ptr(y), f"(int64_t){n}"])
+            prog.launch(
+                k,
+                n,
+                [
+                    prog.cptr(x),
+                    prog.ptr(y),
+                    f"(int64_t){n}",
+                    f"(int64_t){extent}",
+                    f"(int64_t){inner}",
+                ],
+            )
 
     return emit
 
