@@ -54,9 +54,11 @@ test: lint typecheck pytest
 demo: setup
 	$(BIN)/python examples/demo.py $(DEMO_MODEL)
 
-# Emulator throughput and barrier rate (figures, not pass/fail); see bench/README.md.
+# Emulator throughput and barrier rate, and the host target beside onnxruntime at equal
+# threads (figures, not pass/fail); see bench/README.md.
 bench: setup
 	$(BIN)/python bench/run_runtime_bench.py
+	$(BIN)/python bench/host_vs_ort.py
 
 clean:
 	rm -rf $(VENV) build dist demo_out .pytest_cache .mypy_cache .ruff_cache
