@@ -22,6 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from flowc.codegen.cpp import CTYPES
+from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
@@ -254,7 +255,8 @@ def _conv_infer(ctx: InferCtx) -> list[TensorType]:
     return [TensorType((x[0], w[0], *geo.out), ctx.dtype(0))]
 
 
-def _conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+def _conv_compute(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    """Conv (bias included) in the compute type, before the one rounding to x's type."""
     x, w, b = xs[0], xs[1], xs[2] if len(xs) > 2 else None
     assert x is not None and w is not None
     geo = _conv_window(x.shape, w.shape, a)
@@ -277,7 +279,13 @@ def _conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     y = y.reshape(m, n, p).transpose(1, 0, 2).reshape(n, m, *geo.out)
     if b is not None:
         y = y + b.astype(ct).reshape(m, *([1] * nd))
-    return np.ascontiguousarray(y, dtype=x.dtype)
+    return y
+
+
+def _conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    return np.ascontiguousarray(_conv_compute(xs, a), dtype=x.dtype)
 
 
 def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
@@ -286,21 +294,29 @@ def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
     return 2 * outs[0].numel * math.prod(w.shape[1:])
 
 
-def _conv_emit(prog: Program, node: Node) -> None:
+# Element types the convolution wrapper (runtime_cpp/flowc/conv.h) takes, as its DataType.
+_LIBRARY_TYPES = {
+    DType.F32: "flowc::DataType::kF32",
+    DType.F16: "flowc::DataType::kF16",
+    DType.BF16: "flowc::DataType::kBF16",
+}
+# What the direct kernels accumulate in, per element type.
+_ACC_TYPES = {DType.F32: "float", DType.F64: "double", DType.F16: "float", DType.BF16: "float"}
+# Float16/bfloat16 convolutions are emitted natively (tensor cores, float32 accumulation).
+NARROW = frozenset({DType.F16, DType.BF16})
+
+
+def library_fields(node: Node) -> dict[str, int] | None:
+    """The flowc::ConvDesc geometry of a Conv/FusedConv node when the convolution wrapper
+    (cuDNN / im2col + CBLAS) runs it: 1-D or 2-D, float32/16 or bfloat16, pads that fit one
+    symmetric pad per axis. None: the direct kernel runs it."""
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
-    b = node.inputs[2] if len(node.inputs) > 2 else None
-    y = node.outputs[0]
-    t = float_ctype(prog, x)
-    a = node_attrs(node)
-    geo = _conv_window(x.type.shape, w.type.shape, a)
-    n, c = x.type.shape[:2]
-    mc = w.type.shape[0]
-    group = int(a["group"])
+    if x.type.dtype not in _LIBRARY_TYPES:
+        return None
+    geo = _conv_window(x.type.shape, w.type.shape, node_attrs(node))
     spatial = x.type.shape[2:]
     nd = len(spatial)
-    if y.type.numel == 0:
-        return
     # The wrapper takes one pad per axis, used at both ends. An uneven pad still fits when the
     # shorter pad gives the same windows: every window starts at o * stride - pad_begin, so
     # only the output extent can differ.
@@ -310,66 +326,105 @@ def _conv_emit(prog: Program, node: Node) -> None:
             spatial, geo.pad_begin, geo.spans, geo.strides, geo.out, strict=True
         )
     )
-    if t == "float" and nd in (1, 2) and fits:
-        two = (1,) * (2 - nd)  # a 1-D convolution is a 2-D one of height 1
-        h, wd = (*two, *spatial)
-        r, s = (*two, *geo.kernel)
-        sh, sw = (*two, *geo.strides)
-        dh, dw = (*two, *geo.dilations)
-        ph, pw = ((0,) * (2 - nd) + geo.pad_begin)[-2:]
-        fields = {
-            "n": n,
-            "c": c,
-            "h": h,
-            "w": wd,
-            "k": mc,
-            "r": r,
-            "s": s,
-            "groups": group,
-            "stride_h": sh,
-            "stride_w": sw,
-            "pad_h": ph,
-            "pad_w": pw,
-            "dil_h": dh,
-            "dil_w": dw,
-        }
-        sets = " ".join(f"d.{k} = {v};" for k, v in fields.items())
-        prog.call(
-            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::conv2d_forward({prog.conv}, d, "
-            f"{prog.cptr(x)}, {prog.cptr(w)}, {prog.ptr(y)}, {prog.stream}); }}()",
-            f"Conv {node.name}",
-        )
-        if b is not None:
-            name = prog.kernel(
-                "conv.cu.j2", "bias_add", ctype=t, inner=math.prod(geo.out), channels=mc
-            )
-            prog.launch(name, y.type.numel, [prog.cptr(b), prog.ptr(y), f"(int64_t){y.type.numel}"])
+    if nd not in (1, 2) or not fits:
+        return None
+    two = (1,) * (2 - nd)  # a 1-D convolution is a 2-D one of height 1
+    h, wd = (*two, *spatial)
+    r, s = (*two, *geo.kernel)
+    sh, sw = (*two, *geo.strides)
+    dh, dw = (*two, *geo.dilations)
+    ph, pw = ((0,) * (2 - nd) + geo.pad_begin)[-2:]
+    return {
+        "n": x.type.shape[0],
+        "c": x.type.shape[1],
+        "h": h,
+        "w": wd,
+        "k": w.type.shape[0],
+        "r": r,
+        "s": s,
+        "groups": int(node_attrs(node)["group"]),
+        "stride_h": sh,
+        "stride_w": sw,
+        "pad_h": ph,
+        "pad_w": pw,
+        "dil_h": dh,
+        "dil_w": dw,
+    }
+
+
+def _emit_conv(prog: Program, node: Node, residual: Value | None, relu: bool) -> None:
+    """Conv or FusedConv: y = act(conv(x, w) + b + z), one library call through a plan made
+    in create() (the wrapper fuses the epilogue, or falls back to one epilogue kernel), or
+    the direct kernel with the epilogue in it."""
+    x, w = node.inputs[0], node.inputs[1]
+    assert x is not None and w is not None
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    y = node.outputs[0]
+    dt = x.type.dtype
+    if dt not in _ACC_TYPES:
+        raise prog.fail(f"element type {dt} has no convolution kernel yet")
+    if y.type.numel == 0:
         return
+    fields = library_fields(node)
+    if fields is not None:
+        desc: dict[str, object] = {
+            **fields,
+            "type": _LIBRARY_TYPES[dt],
+            "math": "flowc::ConvMath::kTF32" if prog.tf32 else "flowc::ConvMath::kExact",
+            "has_bias": "true" if b is not None else "false",
+            "has_residual": "true" if residual is not None else "false",
+            "relu": "true" if relu else "false",
+        }
+        sets = " ".join(f"d.{k} = {v};" for k, v in desc.items())
+        plan = prog.library_plan(
+            "conv",
+            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::plan_conv({prog.conv}, d, {{plan}}); }}()",
+        )
+        args = [
+            prog.cptr(x),
+            prog.cptr(w),
+            prog.cptr(b) if b is not None else "nullptr",
+            prog.cptr(residual) if residual is not None else "nullptr",
+            prog.ptr(y),
+        ]
+        prog.call(
+            f"flowc::run_conv({plan}, {', '.join(args)}, {prog.stream})", f"{node.op} {node.name}"
+        )
+        return
+    a = node_attrs(node)
+    geo = _conv_window(x.type.shape, w.type.shape, a)
     _direct(
         prog,
         "conv_direct",
         node,
-        t,
         geo.out,
         geo.kernel,
         geo.strides,
         geo.dilations,
         geo.pad_begin,
-        mc // group,
+        w.type.shape[0] // int(a["group"]),
+        residual=residual,
+        relu=relu,
     )
+
+
+def _conv_emit(prog: Program, node: Node) -> None:
+    _emit_conv(prog, node, None, False)
 
 
 def _direct(
     prog: Program,
     macro: str,
     node: Node,
-    t: str,
     out: tuple[int, ...],
     kernel: tuple[int, ...],
     strides: tuple[int, ...],
     dilations: tuple[int, ...],
     pads: tuple[int, ...],
     mg: int,
+    *,
+    residual: Value | None = None,
+    relu: bool = False,
 ) -> None:
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
@@ -382,8 +437,8 @@ def _direct(
     name = prog.kernel(
         "conv.cu.j2",
         macro,
-        ctype=t,
-        acc_type=t,
+        ctype=prog.ctype(x),
+        acc_type=_ACC_TYPES[x.type.dtype],
         out=list(out),
         spatial=list(spatial),
         kernel=list(kernel),
@@ -395,31 +450,116 @@ def _direct(
         mc=y.type.shape[1],
         mg=mg,
         has_bias=b is not None,
+        has_residual=residual is not None,
+        relu=relu,
         x_index=flat_index([f"i{d}" for d in range(nd)], spatial),
         w_index=flat_index([f"k{d}" for d in range(nd)], kernel),
     )
-    args = [prog.cptr(x), prog.cptr(w), *([prog.cptr(b)] if b is not None else []), prog.ptr(y)]
+    args = [
+        prog.cptr(x),
+        prog.cptr(w),
+        *([prog.cptr(b)] if b is not None else []),
+        *([prog.cptr(residual)] if residual is not None else []),
+        prog.ptr(y),
+    ]
     prog.launch(name, y.type.numel, [*args, f"(int64_t){y.type.numel}"])
 
+
+_CONV_ATTRS = {
+    "auto_pad": "NOTSET",
+    "group": 1,
+    "dilations": None,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
 
 defop(
     "Conv",
     FAMILY,
     infer=_conv_infer,
     reference=_conv_ref,
-    attrs={
-        "auto_pad": "NOTSET",
-        "group": 1,
-        "dilations": None,
-        "kernel_shape": None,
-        "pads": None,
-        "strides": None,
-    },
+    attrs=_CONV_ATTRS,
     inputs=(2, 3),
     flops=_conv_flops,
     sbp=_conv_sbp(w_out=0, w_in=1),
     emit=_conv_emit,
     library="conv",
+    narrow=NARROW,
+)
+
+
+# -- FusedConv ------------------------------------------------------------------------------
+# What passes/fuse_conv.py makes of a Conv and the Add (a residual) and Relu after it:
+# y = act(conv(x, w) + b + z), inputs (X, W, B?, Z?), computed in float and rounded once.
+
+ACTIVATIONS = ("", "Relu")
+
+
+def _fused_conv_infer(ctx: InferCtx) -> list[TensorType]:
+    act = ctx.attr("activation")
+    if act not in ACTIVATIONS:
+        raise ctx.fail(f"activation {act!r} is not one of {', '.join(map(repr, ACTIVATIONS))}")
+    base = InferCtx(
+        ctx.op,
+        ctx.node_name,
+        list(ctx.types[:3]),
+        list(ctx.consts[:3]),
+        ctx.attrs,
+        1,
+    )
+    (y,) = _conv_infer(base)
+    if ctx.has(3) and (ctx.shape(3) != y.shape or ctx.dtype(3) != y.dtype):
+        raise ctx.fail(
+            f"the residual must be {y.dtype}{list(y.shape)} like the result, got "
+            f"{ctx.dtype(3)}{list(ctx.shape(3))}"
+        )
+    return [y]
+
+
+def _fused_conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = xs[0]
+    assert x is not None
+    y = _conv_compute(xs[:3], a)
+    z = xs[3] if len(xs) > 3 else None
+    if z is not None:
+        y = y + z.astype(y.dtype)
+    if a["activation"] == "Relu":
+        y = np.where(y < 0, np.zeros((), y.dtype), y)  # NaN stays NaN
+    return np.ascontiguousarray(y, dtype=x.dtype)
+
+
+def _fused_conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    extra = (ins[3] is not None if len(ins) > 3 else False) + (a["activation"] != "")
+    return _conv_flops(ins, outs, a) + extra * outs[0].numel
+
+
+def _fused_conv_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """Conv's batch and output-channel splits, the residual laid out like the result. The
+    activation is not linear, so no partial sums."""
+    sigs = [sr.sig(ctx, {0: sr.S(0), 3: sr.S(0)}, sr.S(0), 1)]
+    if ctx.attr("group") == 1:
+        sigs.append(sr.sig(ctx, {1: sr.S(0), 2: sr.S(0), 3: sr.S(1)}, sr.S(1), 1))
+    return sigs
+
+
+def _fused_conv_emit(prog: Program, node: Node) -> None:
+    z = node.inputs[3] if len(node.inputs) > 3 else None
+    _emit_conv(prog, node, z, node_attrs(node)["activation"] == "Relu")
+
+
+defop(
+    "FusedConv",
+    FAMILY,
+    infer=_fused_conv_infer,
+    reference=_fused_conv_ref,
+    attrs={**_CONV_ATTRS, "activation": ""},
+    inputs=(2, 4),
+    flops=_fused_conv_flops,
+    sbp=_fused_conv_sbp,
+    emit=_fused_conv_emit,
+    library="conv",
+    narrow=NARROW,
 )
 
 
@@ -559,7 +699,7 @@ def _conv_transpose_flops(ins: list[TensorType | None], outs: list[TensorType], 
 def _conv_transpose_emit(prog: Program, node: Node) -> None:
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
-    t = float_ctype(prog, x)
+    float_ctype(prog, x)
     geo = _transpose_geometry(x.type.shape, w.type.shape, node_attrs(node))
     if node.outputs[0].type.numel == 0:
         return
@@ -568,7 +708,6 @@ def _conv_transpose_emit(prog: Program, node: Node) -> None:
         prog,
         "conv_transpose_direct",
         node,
-        t,
         geo.out,
         kernel,
         geo.strides,
