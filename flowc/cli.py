@@ -145,7 +145,23 @@ def parse_bytes(text: str, what: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
+# flowc verify's default tolerance per --precision (max|got-ref| / max|ref| against the
+# float32 reference): the error of the precision's rounding on the shared models, with room
+# (docs/performance.md gives the measured figures).
+VERIFY_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
+
+
 def schedule_options(fn: F) -> F:
+    fn = click.option(
+        "--precision",
+        type=click.Choice(["fp32", "tf32", "bf16", "fp16"]),
+        default="fp32",
+        show_default=True,
+        help="fp32: exact float32 GEMMs and convolutions; tf32: those on tensor cores with "
+        "TF32 inputs; bf16/fp16: weights and activations stored narrow, GEMMs and "
+        "convolutions on tensor cores accumulating in float32, softmax, norms and "
+        "reductions in float32 (inputs and outputs stay float32). docs/performance.md.",
+    )(fn)
     fn = click.option(
         "--no-cuda-graph",
         is_flag=True,
@@ -391,12 +407,13 @@ def load(
     *,
     for_compile: bool = False,
     times: Any = None,
+    precision: str = "fp32",
 ) -> Any:
     """Import and run the passes. With ``times`` (a StageTimes), the import and each pass
     are added to it for the caller to print with the later stages; otherwise
     --print-pass-times prints them here."""
     from flowc.frontend import ImportOptions, load_graph
-    from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
+    from flowc.passes.manager import DEFAULT_PIPELINE, PassManager, compile_pipeline
 
     opts = ImportOptions(
         shapes=parse_shapes(shapes), dims=parse_dim_values(dims), weights=_pass_switches["weights"]
@@ -405,7 +422,7 @@ def load(
     graph = load_graph(model, opts)
     import_seconds = time.perf_counter() - t0
     pm = PassManager(
-        COMPILE_PIPELINE if for_compile else DEFAULT_PIPELINE,
+        compile_pipeline(precision) if for_compile else DEFAULT_PIPELINE,
         dump_after=set(_pass_switches["dump_after"]),
     )
     graph = pm.run(graph)
@@ -489,6 +506,7 @@ def inspect(
     gantt: Path | None,
     streams: int | None,
     no_cuda_graph: bool,  # the schedule printed is the same either way
+    precision: str,
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
@@ -534,7 +552,7 @@ def inspect(
 
     # With --memory or --schedule the graph is the one code generation uses: after fusion.
     compiled = memory or show_schedule
-    graph = load(model, shapes, dims, for_compile=compiled)
+    graph = load(model, shapes, dims, for_compile=compiled, precision=precision)
     console = err if print_ir else out
     if print_ir:
         sys.stdout.write(str(graph))
@@ -1111,6 +1129,7 @@ def compile_cmd(
     cost_profile: Path | None,
     streams: int | None,
     no_cuda_graph: bool,
+    precision: str,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
@@ -1143,6 +1162,7 @@ def compile_cmd(
         force=force,
         streams=streams,
         cuda_graph=not no_cuda_graph,
+        precision=precision,
     )
     shown = shlex.quote(str(project))
     out.print(
@@ -1162,6 +1182,7 @@ def compile_model(
     force: bool = False,
     streams: int | None = None,
     cuda_graph: bool = True,
+    precision: str = "fp32",
 ) -> None:
     """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
     verify share. --print-pass-times prints every stage's time at the end."""
@@ -1170,7 +1191,7 @@ def compile_model(
 
     times = StageTimes()
     if isinstance(popts, PipelineSpec):
-        graph = load(model, shapes, dims, for_compile=True, times=times)
+        graph = load(model, shapes, dims, for_compile=True, times=times, precision=precision)
         spec = popts
         _progress(
             f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "
@@ -1187,10 +1208,11 @@ def compile_model(
             force=force,
             streams=streams,
             times=times,
+            precision=precision,
         )
         _progress(compiled.partition.summary().splitlines()[0])
     elif popts is None:
-        graph = load(model, shapes, dims, for_compile=True, times=times)
+        graph = load(model, shapes, dims, for_compile=True, times=times, precision=precision)
         _progress(f"generating {project}/")
         compile_graph(
             graph,
@@ -1202,9 +1224,17 @@ def compile_model(
             streams=streams,
             times=times,
             cuda_graph=cuda_graph,
+            precision=precision,
         )
     else:
         import dataclasses
+
+        if precision in ("bf16", "fp16"):
+            raise InputError(
+                f"--precision {precision} with --mesh: narrow storage is not placed over a "
+                "mesh yet",
+                hint="use --precision fp32 or tf32 with --mesh, or --pipeline P",
+            )
 
         # The memory limit counts the arena of the program as compiled: the same streams.
         popts = dataclasses.replace(popts, streams=streams)
@@ -1226,6 +1256,7 @@ def compile_model(
             times=times,
             cuda_graph=cuda_graph,
             profile=result.profile,  # the one the memory limit was measured with
+            precision=precision,
         )
     if _pass_switches["times"]:
         err.print("stage times:", markup=False)
@@ -1456,7 +1487,11 @@ def run_cmd(
 )
 @click.option("--seed", default=0, show_default=True, help="Seed for the random inputs.")
 @click.option(
-    "--tol", default=1e-4, show_default=True, help="Largest error allowed: max|got-ref| / max|ref|."
+    "--tol",
+    type=float,
+    default=None,
+    help="Largest error allowed: max|got-ref| / max|ref| (default: by --precision, "
+    "fp32 1e-4, tf32 1e-2, fp16 1e-2, bf16 5e-2).",
 )
 @click.option(
     "-o",
@@ -1475,7 +1510,7 @@ def verify(
     target: str | None,
     inputs: tuple[str, ...],
     seed: int,
-    tol: float,
+    tol: float | None,
     out_dir: Path | None,
     mesh: str | None,
     parallel: str,
@@ -1484,6 +1519,7 @@ def verify(
     cost_profile: Path | None,
     streams: int | None,
     no_cuda_graph: bool,
+    precision: str,
 ) -> None:
     """Compile MODEL, build, run, and compare every output with onnxruntime (the NumPy
     reference for a .flow program)."""
@@ -1522,6 +1558,7 @@ def verify(
             popts,
             streams=streams,
             cuda_graph=not no_cuda_graph,
+            precision=precision,
         )
         build(project, target, progress=_progress)
         _progress("running")
@@ -1539,6 +1576,8 @@ def verify(
 
         reference = "onnxruntime"
         ref = run_onnxruntime(inference_mode(onnx.load(str(model))), feeds)
+    if tol is None:
+        tol = VERIFY_TOLERANCE[precision]
     table = Table(show_edge=False)
     for col in ("output", "shape", "error", "result"):
         table.add_column(col)

@@ -114,6 +114,7 @@ def generate_program(
     profile: Profile | None = None,
     times: StageTimes | None = None,
     cuda_graph: bool = True,
+    precision: str = "fp32",
 ) -> Compiled:
     """Schedule, plan memory for, and generate the program of ``graph`` (for a multi-rank
     program, its rank graph with ``physical``). ``cuda_graph``: run() replays a CUDA Graph
@@ -134,6 +135,7 @@ def generate_program(
             poison=poison,
             physical=physical,
             cuda_graph=cuda_graph,
+            precision=precision,
         ),
     )
     return Compiled(graph, physical, sched, memory, files, weights, ops)
@@ -152,6 +154,7 @@ def compile_graph(
     times: StageTimes | None = None,
     cuda_graph: bool = True,
     profile: Profile | None = None,
+    precision: str = "fp32",
 ) -> Compiled:
     """Write OUT/ for ``graph``. ``poison`` fills dead arena bytes with NaN between uses and
     lets FLOWC_DROP_EVENT drop an event (debugging aids the tests use). OUT/ keeps what
@@ -170,6 +173,7 @@ def compile_graph(
         times=times,
         cuda_graph=cuda_graph,
         profile=profile,
+        precision=precision,
     )
     times.run("write", lambda: write_project(out, compiled.files, compiled.weights, force=force))
     return compiled
@@ -302,6 +306,7 @@ def compile_pipeline(
     force: bool = False,
     streams: int | None = None,
     times: StageTimes | None = None,
+    precision: str = "fp32",
 ) -> CompiledPipeline:
     """Write OUT/ for ``graph`` run as the pipeline ``spec``: one program for every rank of
     the mesh, which runs its own stage's schedule: the stage's micro-batches unrolled into
@@ -317,7 +322,15 @@ def compile_pipeline(
     files, weights, programs = times.run(
         "code generation",
         lambda: generate_pipeline(
-            pipe, unrolled, scheds, plans, prefix=prefix, source=source, arch=arch, poison=poison
+            pipe,
+            unrolled,
+            scheds,
+            plans,
+            prefix=prefix,
+            source=source,
+            arch=arch,
+            poison=poison,
+            precision=precision,
         ),
     )
     times.run("write", lambda: write_project(out, files, weights, force=force))

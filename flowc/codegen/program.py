@@ -516,12 +516,15 @@ def generate(
     poison: bool = False,
     physical: Physical | None = None,
     cuda_graph: bool = True,
+    precision: str = "fp32",
 ) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
     """The project's text files (name -> content), the weights (one per rank) and the
     emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
     ``plan`` (both computed before: code generation only writes them down). With
     ``physical`` (a multi-rank program), ``graph`` is its rank graph. ``cuda_graph``: run()
-    replays one CUDA Graph of the schedule (not for a mesh; docs/codegen.md)."""
+    replays one CUDA Graph of the schedule (not for a mesh; docs/codegen.md). ``precision``:
+    the --precision the graph was prepared for (its float32 GEMMs' and convolutions' math:
+    exact, or TF32 at "tf32"; bf16/fp16 graphs already hold the narrow types)."""
     prefix = _prefix(prefix, graph)
     mesh = physical.mesh if physical is not None else None
     if physical is None:
@@ -533,7 +536,7 @@ def generate(
             layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
         ]
     weights = all_weights[0]
-    prog = Program(graph, schedule, plan, weights, prefix)
+    prog = Program(graph, schedule, plan, weights, prefix, precision=precision)
     num_events = emit_schedule(prog, poison)
     _output_copies(prog)
     stage = StageCode(0, prog, _fill_statements(prog), num_events)
@@ -687,6 +690,7 @@ def _render(
                 "naive_bytes": plan.naive_bytes,
                 "weights_bytes": weights.stored_bytes,
                 "mesh": list(mesh.shape) if mesh is not None else [],
+                "precision": prog.precision,
             },
             indent=2,
             sort_keys=True,
@@ -737,6 +741,7 @@ def generate_pipeline(
     source: str = "",
     arch: str = "90",
     poison: bool = False,
+    precision: str = "fp32",
 ) -> tuple[dict[str, str], list[WeightsLayout], list[list[StreamOp]]]:
     """The project of a pipeline: one model.cu holding every stage's schedule (each rank
     runs its stage's: the stage's micro-batches unrolled, ``unrolled``), a weights file per
@@ -763,7 +768,9 @@ def generate_pipeline(
     kernels: dict[str, str] = {}
     codes = []
     for s, (u, sched, plan) in enumerate(zip(unrolled, schedules, plans, strict=True)):
-        prog = Program(u.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels)
+        prog = Program(
+            u.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels, precision=precision
+        )
         n_events = emit_schedule(prog, poison)
         _output_copies(prog)
         codes.append(StageCode(s, prog, _fill_statements(prog), n_events, u))
