@@ -24,8 +24,10 @@ def register_pass(name: str) -> Callable[[PassFn], PassFn]:
 
 def _load() -> None:
     from flowc.passes import (  # noqa: F401
+        fold_batchnorm,
         fold_constants,
         fuse_attention,
+        fuse_conv,
         fuse_elementwise,
         lower_ops,
         precision,
@@ -69,6 +71,8 @@ DEFAULT_PIPELINE = ("fold_constants", "simplify")
 COMPILE_PIPELINE = (
     *DEFAULT_PIPELINE,
     "lower_ops",
+    "fold_batchnorm",
+    "fuse_conv",
     "widen_types",
     "fuse_attention",
     "fuse_elementwise",
