@@ -16,7 +16,7 @@ import numpy as np
 from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
-from flowc.ir.types import TensorType
+from flowc.ir.types import Sbp, TensorType
 from flowc.ops import sbp_rules as sr
 from flowc.ops.registry import InferCtx, SbpSignature, broadcast_shapes, defop, get_op
 
@@ -49,9 +49,11 @@ def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 # -- code generation ------------------------------------------------------------------------------
-# float32 products go through flowc::gemm (cuBLASLt on the GPU, CBLAS on the host); double and
-# integer products use a direct kernel (one thread per output element), since the wrapper
-# computes fp32 only. Templates: templates/kernels/matmul.cu.j2.
+# float32, float16 and bfloat16 products go through a GEMM plan (runtime_cpp/flowc/gemm.h:
+# cuBLASLt on the GPU, CBLAS on the host) made once in create(); run() only executes it. The
+# narrow types run on tensor cores with float32 accumulation and one rounding of the result.
+# double and integer products use a direct kernel (one thread per output element).
+# Templates: templates/kernels/matmul.cu.j2.
 
 # C++ element type -> the type a direct product accumulates in. Signed integers accumulate
 # unsigned so that overflow wraps (as NumPy's does) instead of being undefined behaviour.
@@ -63,14 +65,29 @@ _ACC = {
     "uint32_t": "uint32_t",
     "uint64_t": "uint64_t",
 }
+# Element types of the GEMM library path -> flowc::DataType.
+_GEMM_TYPES = {DType.F32: "kF32", DType.F16: "kF16", DType.BF16: "kBF16"}
+NARROW = frozenset({DType.F16, DType.BF16})
+# The alignment flowc guarantees: arena buffers and weights start at multiples of 256 bytes;
+# the caller's input and output pointers must be 16-byte aligned (model.h says so).
+ARENA_ALIGN = 256
+CALLER_ALIGN = 16
+# Epilogue activations (FusedGemm's `activation`) -> flowc::GemmEpilogue, without and with a bias.
+_EPILOGUES = {
+    "none": ("kNone", "kBias"),
+    "relu": ("kRelu", "kReluBias"),
+    "gelu_tanh": ("kGelu", "kGeluBias"),
+}
 
 
 def _elem_type(prog: Program, v: Value) -> str:
+    if v.type.dtype in _GEMM_TYPES:
+        return CTYPES[v.type.dtype]
     t = CTYPES.get(v.type.dtype)
     if t is None or t not in _ACC:
         raise prog.fail(
-            f"element type {v.type.dtype} has no kernel yet (float32, float64, int32, int64, "
-            "uint32 and uint64 do)"
+            f"element type {v.type.dtype} has no kernel yet (float32, float16, bfloat16, "
+            "float64, int32, int64, uint32 and uint64 do)"
         )
     return t
 
@@ -102,75 +119,228 @@ def _batch_axes(
     return axes
 
 
-def _offsets_loop(axes: list[_BatchAxis], indent: str) -> list[str]:
+@dataclass(frozen=True)
+class Operand:
+    """How a GEMM reads one operand of logical shape (*batch, rows, cols) from its buffer:
+    element (i...) is at buffer[offset + sum(i * stride)]. A packed tensor has row-major
+    strides; a transpose of the last two axes swaps them; a head split or a Split chunk
+    read in place has the strides of the tensor it is a view of."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def packed(shape: tuple[int, ...]) -> Operand:
+        strides: list[int] = []
+        step = 1
+        for d in reversed(shape):
+            strides.append(step)
+            step *= d
+        return Operand(tuple(shape), tuple(reversed(strides)))
+
+    def transposed(self) -> Operand:
+        """The operand with its last two axes swapped (no data moves)."""
+        s, t = self.shape, self.strides
+        return Operand((*s[:-2], s[-1], s[-2]), (*t[:-2], t[-1], t[-2]), self.offset)
+
+    def matrix(self) -> tuple[bool, int] | None:
+        """(transposed, leading dimension) of the trailing matrix as BLAS reads it, or None
+        when neither axis is contiguous."""
+        rows, cols = self.shape[-2:]
+        s_r, s_c = self.strides[-2:]
+        if s_c == 1 or cols == 1:
+            ld = s_r if rows > 1 else cols
+            if ld >= cols:
+                return False, ld
+        if s_r == 1 or rows == 1:
+            ld = s_c if cols > 1 else rows
+            if ld >= rows:
+                return True, ld
+        return None
+
+    def to_attr(self) -> tuple[int, ...]:
+        return (self.offset, *self.strides)
+
+    @staticmethod
+    def from_attr(shape: tuple[int, ...], view: tuple[int, ...]) -> Operand:
+        return Operand(tuple(shape), tuple(view[1:]), view[0])
+
+
+def gemm_expressible(a: Operand, b: Operand) -> bool:
+    """Whether one GEMM (a loop of strided-batched calls) can read these operands."""
+    return a.matrix() is not None and b.matrix() is not None
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One output batch axis (size > 1) and the step along it of A, B and C/D, in elements."""
+
+    size: int
+    steps: tuple[int, int, int]
+
+
+def _strided_batch(
+    a: Operand, b: Operand, out_batch: tuple[int, ...], m: int, n: int
+) -> list[_Axis]:
+    rank = len(out_batch)
+
+    def steps_of(op: Operand) -> list[int]:
+        lead = op.shape[:-2]
+        pad = rank - len(lead)
+        return [0 if j < pad or lead[j - pad] == 1 else op.strides[j - pad] for j in range(rank)]
+
+    sa, sb = steps_of(a), steps_of(b)
+    axes: list[_Axis] = []
+    sc = m * n
+    c_steps = [0] * rank
+    for j in reversed(range(rank)):
+        c_steps[j] = sc
+        sc *= out_batch[j]
+    for j in range(rank):
+        if out_batch[j] > 1:
+            axes.append(_Axis(out_batch[j], (sa[j], sb[j], c_steps[j])))
+    return axes
+
+
+def _alignment(base: int, *elements: int, itemsize: int) -> int:
+    """The largest power of two dividing ``base`` and every byte offset ``elements`` give."""
+    g = base
+    for e in elements:
+        g = math.gcd(g, e * itemsize)
+    return g & -g if g else base
+
+
+def _base_align(prog: Program, v: Value) -> int:
+    root = prog.root(v)
+    if root in prog.graph.inputs or v in prog.graph.outputs or root in prog.graph.outputs:
+        return CALLER_ALIGN
+    return ARENA_ALIGN
+
+
+def _offsets_loop(axes: list[_Axis], indent: str) -> list[str]:
     """C++ lines that turn the outer index `o` into element offsets oa, ob, oc."""
     lines = [f"{indent}int64_t rest = o, oa = 0, ob = 0, oc = 0;"]
     for ax in reversed(axes):
+        sa, sb, sc = ax.steps
         lines.append(
             f"{indent}{{ const int64_t q = rest % {ax.size}; rest /= {ax.size}; "
-            f"oa += q * {ax.sa}; ob += q * {ax.sb}; oc += q * {ax.sc}; }}"
+            f"oa += q * {sa}; ob += q * {sb}; oc += q * {sc}; }}"
         )
     lines.append(f"{indent}(void)rest;")
     return lines
 
 
-def _gemm_call(
-    prog: Program,
-    node: Node,
-    ptrs: tuple[str, str, str],
-    shape: tuple[int, int, int],
-    trans: tuple[bool, bool],
-    axes: list[_BatchAxis],
-    alpha: float,
-    beta: float,
-) -> None:
-    """One flowc::gemm over the trailing batch axes (strided, stride 0 where an operand
-    broadcasts, or folded into M), looping over the leading axes that cannot be strided."""
-    m, n, k = shape
-    # The longest run of trailing axes along which each operand either steps or broadcasts
-    # uniformly is one strided batch; the axes before it are a loop of calls.
+@dataclass
+class GemmCall:
+    """One GEMM node's operands for emit_gemm: values with how they are read, and the
+    epilogue (bias: one value per output column; residual: C, packed like the output)."""
+
+    a: Value
+    a_view: Operand
+    b: Value
+    b_view: Operand
+    out: Value
+    out_batch: tuple[int, ...]  # the output's batch axes (MatMul's 1-D promotions kept)
+    alpha: float = 1.0
+    beta: float = 0.0  # of the residual, or (no residual) of what the output holds already
+    bias: Value | None = None
+    residual: Value | None = None
+    activation: str = "none"
+
+
+def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
+    """A GEMM plan (made in create()) over the trailing batch axes along which every operand
+    steps uniformly (one strided batch; B shared by the batch and A's rows contiguous: one
+    taller product), and a loop of calls over the leading axes that cannot be strided."""
+    dt = g.a.type.dtype
+    a, b = g.a_view, g.b_view
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    ma, mb = a.matrix(), b.matrix()
+    if ma is None or mb is None:
+        raise AssertionError(f"{node.name}: a GEMM operand with no contiguous axis")
+    (trans_a, lda), (trans_b, ldb) = ma, mb
+    axes = _strided_batch(a, b, g.out_batch, m, n)
     split = len(axes)
-    if axes:
-        run = (axes[-1].sa > 0, axes[-1].sb > 0)
-        while split > 0 and (axes[split - 1].sa > 0, axes[split - 1].sb > 0) == run:
-            split -= 1
+    while split > 0:
+        # An axis joins the strided run when every operand's step along it is the next
+        # axis's step times its size (or both are 0: a broadcast along both).
+        if split < len(axes):
+            cur, nxt = axes[split - 1], axes[split]
+            if any(s != t * nxt.size for s, t in zip(cur.steps, nxt.steps, strict=True)):
+                break
+        split -= 1
     inner, outer = axes[split:], axes[:split]
     batch = math.prod(ax.size for ax in inner)
-    stride_a, stride_b = m * k, k * n
-    if inner and inner[-1].sb == 0 and not trans[0]:
-        # B is shared by the whole run and A's rows are contiguous: one taller product.
+    stride_a, stride_b, stride_c = inner[-1].steps if inner else (m * k, k * n, m * n)
+    if batch > 1 and stride_b == 0 and not trans_a and stride_a == m * lda:
+        # B is shared by the whole run and A's rows are evenly spaced across it.
         m, batch = m * batch, 1
-    elif inner:
-        stride_a = stride_a if inner[-1].sa > 0 else 0
-        stride_b = stride_b if inner[-1].sb > 0 else 0
-    lines = [
-        "[&]() -> flowc::Status {",
-        f"    flowc::GemmDesc d = flowc::packed_gemm({m}, {n}, {k}, {str(trans[0]).lower()}, "
-        f"{str(trans[1]).lower()}, {batch});",
+    size = dt.itemsize
+    batched = (stride_a, stride_b, stride_c) if batch > 1 else (0, 0, 0)
+    outer_steps = [ax.steps for ax in outer]
+    align_a = _alignment(
+        _base_align(prog, g.a), a.offset, batched[0], *(s[0] for s in outer_steps), itemsize=size
+    )
+    align_b = _alignment(
+        _base_align(prog, g.b), b.offset, batched[1], *(s[1] for s in outer_steps), itemsize=size
+    )
+    c_bases = [_base_align(prog, g.out)]
+    if g.residual is not None:
+        c_bases.append(_base_align(prog, g.residual))
+    align_c = _alignment(min(c_bases), batched[2], *(s[2] for s in outer_steps), itemsize=size)
+    epilogue = _EPILOGUES[g.activation][g.bias is not None]
+    desc = [
+        f"flowc::GemmDesc d = flowc::packed_gemm({m}, {n}, {k}, {str(trans_a).lower()}, "
+        f"{str(trans_b).lower()}, {batch});",
+        f"d.lda = {lda};",
+        f"d.ldb = {ldb};",
     ]
     if batch > 1:
-        lines.append(f"    d.stride_a = {stride_a};")
-        lines.append(f"    d.stride_b = {stride_b};")
-    if alpha != 1.0:
-        lines.append(f"    d.alpha = {c_float(alpha)};")
-    if beta != 0.0:
-        lines.append(f"    d.beta = {c_float(beta)};")
-    a, b, c = ptrs
+        desc += [f"d.stride_a = {stride_a};", f"d.stride_b = {stride_b};"]
+        desc.append(f"d.stride_c = {stride_c};")
+    if g.alpha != 1.0:
+        desc.append(f"d.alpha = {c_float(g.alpha)};")
+    if g.beta != 0.0:
+        desc.append(f"d.beta = {c_float(g.beta)};")
+    if dt != DType.F32:
+        desc.append(f"d.type = flowc::DataType::{_GEMM_TYPES[dt]};")
+    elif prog.tf32:
+        desc.append("d.tf32 = true;")
+    if epilogue != "kNone":
+        desc.append(f"d.epilogue = flowc::GemmEpilogue::{epilogue};")
+    desc.append(f"d.align_a = {align_a}; d.align_b = {align_b}; d.align_c = {align_c};")
+    make = "[&]() { " + " ".join(desc) + f" return flowc::plan_gemm({prog.blas}, d, {{plan}}); }}()"
+    plan = prog.library_plan("gemm", make)
+    t = CTYPES[dt]
+    pa = f"{prog.cptr(g.a)} + {a.offset}" if a.offset else prog.cptr(g.a)
+    pb = f"{prog.cptr(g.b)} + {b.offset}" if b.offset else prog.cptr(g.b)
+    pc = prog.cptr(g.residual) if g.residual is not None else "nullptr"
+    pd = prog.ptr(g.out)
+    bias = prog.cptr(g.bias) if g.bias is not None else "nullptr"
     if not outer:
-        lines.append(f"    return flowc::gemm({prog.blas}, d, {a}, {b}, {c}, {prog.stream});")
-    else:
-        lines += [
-            f"    const float* pa = {a};",
-            f"    const float* pb = {b};",
-            f"    float* pc = {c};",
-            f"    for (int64_t o = 0; o < {math.prod(ax.size for ax in outer)}; ++o) {{",
-            *_offsets_loop(outer, "      "),
-            f"      const flowc::Status s = flowc::gemm({prog.blas}, d, pa + oa, pb + ob, pc + oc, {prog.stream});",
-            "      if (!s.ok()) return s;",
-            "    }",
-            "    return flowc::Status::Ok();",
-        ]
-    lines.append("  }()")
+        prog.call(
+            f"flowc::run_gemm({plan}, {pa}, {pb}, {pc}, {pd}, {bias}, {prog.stream})",
+            f"{node.op} {node.name}",
+        )
+        return
+    c_loop = "pc + oc" if g.residual is not None else "nullptr"
+    lines = [
+        "[&]() -> flowc::Status {",
+        f"    const {t}* pa = {pa};",
+        f"    const {t}* pb = {pb};",
+        *([f"    const {t}* pc = {pc};"] if g.residual is not None else []),
+        f"    {t}* pd = {pd};",
+        f"    for (int64_t o = 0; o < {math.prod(ax.size for ax in outer)}; ++o) {{",
+        *_offsets_loop(outer, "      "),
+        f"      const flowc::Status s = flowc::run_gemm({plan}, pa + oa, pb + ob, {c_loop}, "
+        f"pd + oc, {bias}, {prog.stream});",
+        "      if (!s.ok()) return s;",
+        "    }",
+        "    return flowc::Status::Ok();",
+        "  }()",
+    ]
     prog.call("\n  ".join(lines), f"{node.op} {node.name}")
 
 
@@ -228,24 +398,30 @@ def _zero(prog: Program, out: Value) -> None:
     prog.stmt(f"cudaMemsetAsync({prog.ptr(out)}, 0, {out.type.nbytes}, {prog.stream});")
 
 
+def _promoted(v: Value, first: bool) -> tuple[int, ...]:
+    """MatMul's 1-D operand promoted to a row (first) or a column (second)."""
+    if v.type.rank != 1:
+        return v.type.shape
+    return (1, *v.type.shape) if first else (*v.type.shape, 1)
+
+
 def _matmul_emit(prog: Program, node: Node) -> None:
     a, b = node.inputs[0], node.inputs[1]
     assert a is not None and b is not None
     out = node.outputs[0]
     _elem_type(prog, a)
-    a2 = (1, *a.type.shape) if a.type.rank == 1 else a.type.shape
-    b2 = (*b.type.shape, 1) if b.type.rank == 1 else b.type.shape
+    a2, b2 = _promoted(a, True), _promoted(b, False)
     m, k, n = a2[-2], a2[-1], b2[-1]
     if out.type.numel == 0:
         return
     if k == 0:
         _zero(prog, out)
         return
-    axes = _batch_axes(a2[:-2], b2[:-2], m, n, k)
-    if a.type.dtype == DType.F32:
-        ptrs = (prog.cptr(a), prog.cptr(b), prog.ptr(out))
-        _gemm_call(prog, node, ptrs, (m, n, k), (False, False), axes, 1.0, 0.0)
+    if a.type.dtype in _GEMM_TYPES:
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+        emit_gemm(prog, node, GemmCall(a, Operand.packed(a2), b, Operand.packed(b2), out, batch))
     else:
+        axes = _batch_axes(a2[:-2], b2[:-2], m, n, k)
         _direct(prog, (a, b, None), out, (m, n, k), (False, False), axes)
 
 
@@ -277,31 +453,71 @@ def _gemm_emit(prog: Program, node: Node) -> None:
         c = None  # beta * C adds nothing (onnxruntime does not read C either)
     if out.type.numel == 0:
         return
-    if a.type.dtype != DType.F32:
+    if a.type.dtype not in _GEMM_TYPES:
         index = _c_index(c, "row", "col")
         _direct(prog, (a, b, c), out, (m, n, k), trans, [], alpha, beta, index)
         return
-    if c is not None:
-        # The GEMM reads C from the output: put C (broadcast) there first.
-        if c.type.shape == out.type.shape and k > 0:
-            prog.copy(out, c)
-        else:
-            scale = c_float(beta) if k == 0 else ""
-            name = prog.kernel(
-                "matmul.cu.j2",
-                "broadcast_copy",
-                ctype="float",
-                cols=n,
-                index=_c_index(c, "r", "c"),
-                scale=scale,
-            )
-            prog.launch(name, m * n, [prog.cptr(c), prog.ptr(out), f"(int64_t){m * n}"])
+    av, bv = Operand.packed(a.type.shape), Operand.packed(b.type.shape)
+    g = GemmCall(
+        a, av.transposed() if trans[0] else av, b, bv.transposed() if trans[1] else bv, out, ()
+    )
+    g.alpha = alpha
+    if c is not None and k > 0 and c.type.shape == out.type.shape:
+        g.residual, g.beta = c, beta  # read in place: C and D are different buffers
+    elif c is not None and k > 0 and beta == 1.0 and c.type.numel == n and c.type.rank >= 1:
+        g.bias = c  # (N,) or (1, N): the library's bias epilogue
+    elif c is not None:
+        # A C broadcast along columns (or a scalar): put it, broadcast, into the output
+        # first; the GEMM then reads C from there.
+        scale = c_float(beta) if k == 0 else ""
+        name = prog.kernel(
+            "matmul.cu.j2",
+            "broadcast_copy",
+            ctype=CTYPES[a.type.dtype],
+            cols=n,
+            index=_c_index(c, "r", "c"),
+            scale=scale,
+        )
+        prog.launch(name, m * n, [prog.cptr(c), prog.ptr(out), f"(int64_t){m * n}"])
+        g.beta = beta
     if k == 0:
         if c is None:
             _zero(prog, out)
         return
-    ptrs = (prog.cptr(a), prog.cptr(b), prog.ptr(out))
-    _gemm_call(prog, node, ptrs, (m, n, k), trans, [], alpha, beta if c is not None else 0.0)
+    emit_gemm(prog, node, g)
+
+
+def fused_operands(node: Node) -> tuple[Operand, Operand]:
+    """FusedGemm's A and B as the GEMM reads them from its first two inputs."""
+    a, b = node.inputs[0], node.inputs[1]
+    assert a is not None and b is not None
+    at = node.attrs.merged(get_op(node.op).attrs)
+    views = []
+    for v, shape, view in ((a, at["a_shape"], at["a_view"]), (b, at["b_shape"], at["b_view"])):
+        assert isinstance(shape, tuple) and isinstance(view, tuple)
+        if view:
+            views.append(
+                Operand.from_attr(tuple(int(d) for d in shape), tuple(int(s) for s in view))
+            )
+        else:
+            views.append(Operand.packed(v.type.shape))
+    return views[0], views[1]
+
+
+def _fused_emit(prog: Program, node: Node) -> None:
+    at = node.attrs.merged(get_op(node.op).attrs)
+    a, b, bias, res = (*node.inputs, None, None)[:4]
+    assert a is not None and b is not None
+    out = node.outputs[0]
+    av, bv = fused_operands(node)
+    if out.type.numel == 0:
+        return
+    g = GemmCall(a, av, b, bv, out, out.type.shape[:-2], alpha=float(at["alpha"]))
+    g.bias = bias
+    g.activation = str(at["activation"])
+    if res is not None:
+        g.residual, g.beta = res, float(at["beta"])
+    emit_gemm(prog, node, g)
 
 
 # -- MatMul -------------------------------------------------------------------------------------
@@ -368,6 +584,7 @@ defop(
     sbp=_matmul_sbp,
     emit=_matmul_emit,
     library="blas",
+    narrow=NARROW,
 )
 
 
@@ -453,4 +670,158 @@ defop(
     sbp=_gemm_sbp,
     emit=_gemm_emit,
     library="blas",
+    narrow=NARROW,
+)
+
+
+# -- FusedGemm: a GEMM with its epilogue, made by the fuse_gemm pass ---------------------------
+# act(alpha * A @ B + beta * residual + bias), in one library call (cuBLASLt's epilogues; the
+# host emulates them exactly). Inputs: A, B, bias (optional; one value per output column, the
+# bias of a Linear), residual (optional; C, of the output's shape, read in place). A and B
+# are read through views when a_view / b_view are given: (offset, *strides) in elements of
+# the input's buffer for a logical operand of shape a_shape / b_shape (a transpose of the
+# last two axes, a head split, a Split chunk, without a copy). activation: none, relu, or
+# gelu_tanh (the tanh approximation of GELU, which is what cuBLASLt computes).
+
+ACTIVATIONS = ("none", "relu", "gelu_tanh")
+
+
+def _fused_shapes(ctx: InferCtx) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    shapes = []
+    for i, which in ((0, "a"), (1, "b")):
+        shape, view = ctx.attr(f"{which}_shape"), ctx.attr(f"{which}_view")
+        assert isinstance(shape, tuple) and isinstance(view, tuple)
+        if not view:
+            shapes.append(ctx.shape(i))
+            continue
+        shape = tuple(int(d) for d in shape)
+        if len(view) != len(shape) + 1 or len(shape) < 2:
+            raise ctx.fail(f"{which}_view needs an offset and one stride per axis of {which}_shape")
+        offset, strides = int(view[0]), [int(s) for s in view[1:]]
+        last = offset + sum((d - 1) * s for d, s in zip(shape, strides, strict=True))
+        if offset < 0 or min(strides) < 0 or (math.prod(shape) and last >= math.prod(ctx.shape(i))):
+            raise ctx.fail(
+                f"{which}_view reads outside its input ({math.prod(ctx.shape(i))} elements)"
+            )
+        shapes.append(shape)
+    return shapes[0], shapes[1]
+
+
+def _fused_infer(ctx: InferCtx) -> list[TensorType]:
+    dt = _check_dtypes(ctx, 0, 1, 2, 3)
+    if dt not in _GEMM_TYPES:
+        raise ctx.fail(f"computes float32, float16 and bfloat16, not {dt}")
+    a, b = _fused_shapes(ctx)
+    if len(a) < 2 or len(b) < 2:
+        raise ctx.fail(f"operands must have rank >= 2, got {list(a)} and {list(b)}")
+    if a[-1] != b[-2]:
+        raise ctx.fail(f"inner dimensions differ: {list(a)} @ {list(b)}")
+    out = (*broadcast_shapes(ctx, a[:-2], b[:-2]), a[-2], b[-1])
+    if ctx.has(2) and math.prod(ctx.shape(2)) != b[-1]:
+        raise ctx.fail(f"the bias of shape {list(ctx.shape(2))} must have {b[-1]} elements")
+    if ctx.has(3) and ctx.shape(3) != out:
+        raise ctx.fail(f"the residual of shape {list(ctx.shape(3))} must be {list(out)}")
+    if ctx.attr("activation") not in ACTIVATIONS:
+        raise ctx.fail(f"activation must be one of {', '.join(ACTIVATIONS)}")
+    return [TensorType(out, dt)]
+
+
+def _view_array(x: np.ndarray, op: Operand) -> np.ndarray:
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return np.lib.stride_tricks.as_strided(
+        flat[op.offset :], op.shape, tuple(s * flat.itemsize for s in op.strides), writeable=False
+    )
+
+
+def gelu_tanh(y: np.ndarray) -> np.ndarray:
+    return 0.5 * y * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (y + 0.044715 * y**3)))
+
+
+def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
+    a, b, bias, res = (*xs, None, None)[:4]
+    assert a is not None and b is not None
+    ops = []
+    for x, which in ((a, "a"), (b, "b")):
+        view = at[f"{which}_view"]
+        assert isinstance(view, tuple)
+        if view:
+            shape = at[f"{which}_shape"]
+            assert isinstance(shape, tuple)
+            ops.append(_view_array(x, Operand.from_attr(shape, view)))
+        else:
+            ops.append(x)
+    y = _product(ops[0], ops[1])
+    if at["alpha"] != 1.0:
+        y = y * at["alpha"]
+    if res is not None:
+        y = y + res.astype(y.dtype) * at["beta"]
+    if bias is not None:
+        y = y + bias.astype(y.dtype).reshape(-1)
+    if at["activation"] == "relu":
+        y = np.maximum(y, 0)
+    elif at["activation"] == "gelu_tanh":
+        y = gelu_tanh(y)
+    return np.asarray(y).astype(a.dtype, copy=False)
+
+
+def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    # Only plain operands split: a view's offsets and strides are the whole tensor's.
+    if ctx.attr("a_view") or ctx.attr("b_view"):
+        return []
+    ra, rb, ro = len(ctx.shape(0)), len(ctx.shape(1)), len(outs[0].shape)
+    bias_n = sr.S(len(ctx.shape(2)) - 1) if ctx.has(2) else None
+    res = 3 if ctx.has(3) else None
+
+    def with_res(given: dict[int, Sbp], out: Sbp) -> SbpSignature:
+        if res is not None:
+            given[res] = out
+        return sr.sig(ctx, given, out, 1)
+
+    sigs = [with_res({0: sr.S(ra - 2)}, sr.S(ro - 2))]
+    n_split: dict[int, Sbp] = {1: sr.S(rb - 1)}
+    if bias_n is not None:
+        n_split[2] = bias_n
+    sigs.append(with_res(n_split, sr.S(ro - 1)))
+    if ctx.attr("activation") == "none" and not ctx.has(2) and res is None:
+        sigs += [
+            sr.sig(ctx, {0: sr.S(ra - 1), 1: sr.S(rb - 2)}, sr.P, 1),
+            sr.partial(ctx, outs, (0,)),
+            sr.partial(ctx, outs, (1,)),
+        ]
+    for j in range(ro - 2):
+        if outs[0].shape[j] != 1:
+            given = {i: sr.aligned(ctx.shape(i)[:-2], ro - 2, j) for i in (0, 1)}
+            sigs.append(with_res(given, sr.S(j)))
+    return sigs
+
+
+def _fused_flops(ins: list[TensorType | None], outs: list[TensorType], at: Attrs) -> int:
+    a = ins[0]
+    assert a is not None
+    shape = at["a_shape"] if at["a_view"] else a.shape
+    assert isinstance(shape, tuple)
+    extra = sum(1 for t in ins[2:] if t is not None) + (at["activation"] != "none")
+    return 2 * outs[0].numel * int(shape[-1]) + extra * outs[0].numel
+
+
+defop(
+    "FusedGemm",
+    FAMILY,
+    infer=_fused_infer,
+    reference=_fused_ref,
+    attrs={
+        "alpha": 1.0,
+        "beta": 1.0,
+        "activation": "none",
+        "a_shape": (),
+        "a_view": (),
+        "b_shape": (),
+        "b_view": (),
+    },
+    inputs=(2, 4),
+    flops=_fused_flops,
+    sbp=_fused_sbp,
+    emit=_fused_emit,
+    library="blas",
+    narrow=NARROW,
 )

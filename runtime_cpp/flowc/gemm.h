@@ -1,14 +1,30 @@
-// GEMM through one call descriptor: cuBLASLt on the GPU, CBLAS (OpenBLAS) on the host.
+// GEMM through plans made once: cuBLASLt on the GPU, CBLAS (OpenBLAS) on the host.
 //
-// Row-major throughout: C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C, with leading
-// dimensions counted in elements between rows, and `batch` problems `stride_*` elements apart.
-// The call is ordered on `stream` like a kernel launch.
+// Row-major throughout: D[m x n] = act(alpha * op(A)[m x k] * op(B)[k x n] + beta * C + bias),
+// with leading dimensions counted in elements between rows, and `batch` problems `stride_*`
+// elements apart. C and D share one layout and may be different buffers (C = nullptr: D is C,
+// as in BLAS). bias has n elements, one per column, shared by the batch.
+//
+// plan_gemm() makes a call's descriptors, layouts, preference and algorithm once (a program's
+// create()); run_gemm() only executes it, ordered on `stream` like a kernel launch. A plan is
+// tied to the handle (and so the workspace) it was made with: one stream's.
+//
+// Precision: fp32 A/B/C computes exactly in fp32 (CUBLAS_COMPUTE_32F) unless the desc asks for
+// tf32 (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to TF32 on tensor cores). float16 and
+// bfloat16 A/B/C run on tensor cores with fp32 accumulation and fp32 alpha/beta; the result is
+// rounded to the narrow type once. The host build does the same: narrow operands are read as
+// float, sgemm accumulates, the epilogue is applied in float, and D is rounded once.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "flowc/device.h"
+#include "flowc/narrow.h"
 #include "flowc/status.h"
 
 #if defined(FLOWC_HOST)
@@ -19,6 +35,14 @@
 
 namespace flowc {
 
+// What happens to alpha * A B + beta * C before it is stored; bias is one value per column of D.
+// The GELU is the tanh approximation (cuBLASLt's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class GemmEpilogue { kNone, kBias, kReluBias, kGeluBias, kRelu, kGelu };
+
+inline bool epilogue_has_bias(GemmEpilogue e) {
+  return e == GemmEpilogue::kBias || e == GemmEpilogue::kReluBias || e == GemmEpilogue::kGeluBias;
+}
+
 struct GemmDesc {
   bool trans_a = false;
   bool trans_b = false;
@@ -28,7 +52,12 @@ struct GemmDesc {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   float alpha = 1.0f;
   float beta = 0.0f;
-  DataType type = DataType::kF32;  // of A, B and C; accumulation is fp32
+  DataType type = DataType::kF32;  // of A, B, C, D and bias; accumulation is fp32
+  bool tf32 = false;               // fp32 only: let the library round inputs to TF32
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  // The alignment (bytes) every pointer run_gemm gets for A, B, C/D is known to have: the
+  // library may pick algorithms that need it.
+  int align_a = 16, align_b = 16, align_c = 16;
 };
 
 // A packed row-major problem: leading dimensions and batch strides follow from the shapes.
@@ -63,6 +92,14 @@ inline Status validate(const GemmDesc& d) {
         "gemm: a leading dimension is smaller than its row (lda >= " + std::to_string(min_lda) +
         ", ldb >= " + std::to_string(min_ldb) + ", ldc >= " + std::to_string(d.n) + ")");
   }
+  if (d.tf32 && d.type != DataType::kF32)
+    return InvalidArgument("gemm: tf32 applies to float32 operands only");
+  return Status::Ok();
+}
+
+inline Status check_bias(const GemmDesc& d, const void* bias) {
+  if (epilogue_has_bias(d.epilogue) && bias == nullptr)
+    return InvalidArgument("gemm: the epilogue needs a bias");
   return Status::Ok();
 }
 
@@ -73,25 +110,141 @@ struct BlasHandle {};
 inline Status create_blas(BlasHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
 inline void destroy_blas(BlasHandle*) {}
 
-inline Status gemm(BlasHandle&, const GemmDesc& d, const void* a, const void* b, void* c,
-                   cudaStream_t stream) {
+// The host's plan is the problem itself: CBLAS has nothing to prepare.
+struct GemmPlan {
+  GemmDesc desc;
+  bool made = false;
+};
+
+inline Status plan_gemm(BlasHandle&, const GemmDesc& d, GemmPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
-  if (d.type != DataType::kF32) return NotSupported("gemm: the host build computes fp32 only");
-  if (d.m == 0 || d.n == 0) return Status::Ok();
-  const GemmDesc desc = d;
-  const float* A = static_cast<const float*>(a);
-  const float* B = static_cast<const float*>(b);
-  float* C = static_cast<float*>(c);
-  cudaError_t e = sim::enqueue_host(stream, [desc, A, B, C] {
-    for (int64_t i = 0; i < desc.batch; ++i) {
-      cblas_sgemm(CblasRowMajor, desc.trans_a ? CblasTrans : CblasNoTrans,
-                  desc.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(desc.m),
-                  static_cast<int>(desc.n), static_cast<int>(desc.k), desc.alpha, A + i * desc.stride_a,
-                  static_cast<int>(desc.lda), B + i * desc.stride_b, static_cast<int>(desc.ldb), desc.beta,
-                  C + i * desc.stride_c, static_cast<int>(desc.ldc));
+  p->desc = d;
+  p->made = true;
+  return Status::Ok();
+}
+
+inline void destroy_plan(GemmPlan* p) { *p = GemmPlan{}; }
+
+namespace detail {
+
+inline float gelu_tanh(float x) {
+  const float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+inline float epilogue(GemmEpilogue e, float x, float b) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return x;
+    case GemmEpilogue::kBias:
+      return x + b;
+    case GemmEpilogue::kReluBias:
+      return std::fmax(x + b, 0.0f);
+    case GemmEpilogue::kGeluBias:
+      return gelu_tanh(x + b);
+    case GemmEpilogue::kRelu:
+      return std::fmax(x, 0.0f);
+    case GemmEpilogue::kGelu:
+      return gelu_tanh(x);
+  }
+  return x;
+}
+
+// A rows x cols matrix of T (leading dimension ld) read as packed float.
+template <class T>
+void to_float(const T* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<float>(src[r * ld + c]);
+}
+
+// One batch of the problem, element type T; float needs no conversion, so A and B are read in place.
+template <class T>
+void host_gemm(const GemmDesc& d, const T* A, const T* B, const T* C, T* D, const T* bias) {
+  const int64_t a_rows = d.trans_a ? d.k : d.m, a_cols = d.trans_a ? d.m : d.k;
+  const int64_t b_rows = d.trans_b ? d.n : d.k, b_cols = d.trans_b ? d.k : d.n;
+  const bool wide = std::is_same<T, float>::value;
+  std::vector<float> af, bf, df;
+  for (int64_t i = 0; i < d.batch; ++i) {
+    const T* a = A + i * d.stride_a;
+    const T* b = B + i * d.stride_b;
+    T* out = D + i * d.stride_c;
+    const T* c = C ? C + i * d.stride_c : out;
+    const float* pa;
+    const float* pb;
+    int64_t lda = d.lda, ldb = d.ldb;
+    float* pd;
+    int64_t ldd;
+    if constexpr (std::is_same<T, float>::value) {
+      pa = a;
+      pb = b;
+      pd = out;
+      ldd = d.ldc;
+      if (d.beta != 0.0f && c != out) {
+        for (int64_t r = 0; r < d.m; ++r) std::memcpy(out + r * d.ldc, c + r * d.ldc, d.n * sizeof(float));
+      }
+    } else {
+      af.resize(a_rows * a_cols);
+      bf.resize(b_rows * b_cols);
+      df.assign(d.m * d.n, 0.0f);
+      to_float(a, a_rows, a_cols, d.lda, af.data());
+      to_float(b, b_rows, b_cols, d.ldb, bf.data());
+      if (d.beta != 0.0f) to_float(c, d.m, d.n, d.ldc, df.data());
+      pa = af.data();
+      pb = bf.data();
+      pd = df.data();
+      lda = a_cols;
+      ldb = b_cols;
+      ldd = d.n;
     }
-  });
+    cblas_sgemm(CblasRowMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), d.alpha, pa,
+                static_cast<int>(lda), pb, static_cast<int>(ldb), d.beta, pd, static_cast<int>(ldd));
+    if (d.epilogue != GemmEpilogue::kNone || !wide) {
+      const bool has_bias = epilogue_has_bias(d.epilogue);
+      for (int64_t r = 0; r < d.m; ++r) {
+        for (int64_t col = 0; col < d.n; ++col) {
+          const float bv = has_bias ? static_cast<float>(bias[col]) : 0.0f;
+          // The one rounding of a narrow result.
+          out[r * d.ldc + col] = T(epilogue(d.epilogue, pd[r * ldd + col], bv));
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+Status enqueue_gemm(const GemmDesc& d, const void* a, const void* b, const void* c, void* out,
+                    const void* bias, cudaStream_t stream) {
+  const T* A = static_cast<const T*>(a);
+  const T* B = static_cast<const T*>(b);
+  const T* C = static_cast<const T*>(c);
+  T* D = static_cast<T*>(out);
+  const T* bias_t = static_cast<const T*>(bias);
+  const GemmDesc desc = d;
+  // One library call, one queued host operation (the emulator counts it as a launch).
+  cudaError_t e =
+      sim::enqueue_host(stream, [desc, A, B, C, D, bias_t] { host_gemm(desc, A, B, C, D, bias_t); });
   return e == cudaSuccess ? Status::Ok() : InvalidArgument(std::string("gemm: ") + cudaGetErrorString(e));
+}
+
+}  // namespace detail
+
+// D = act(alpha op(A) op(B) + beta C + bias); c = nullptr reads C from d.
+inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* d,
+                       const void* bias, cudaStream_t stream) {
+  if (!p.made) return InvalidArgument("gemm: the plan was not made");
+  const GemmDesc& desc = p.desc;
+  if (Status s = check_bias(desc, bias); !s.ok()) return s;
+  if (desc.m == 0 || desc.n == 0) return Status::Ok();
+  switch (desc.type) {
+    case DataType::kF32:
+      return detail::enqueue_gemm<float>(desc, a, b, c, d, bias, stream);
+    case DataType::kF16:
+      return detail::enqueue_gemm<f16>(desc, a, b, c, d, bias, stream);
+    case DataType::kBF16:
+      return detail::enqueue_gemm<bf16>(desc, a, b, c, d, bias, stream);
+  }
+  return NotSupported("gemm: unknown element type");
 }
 
 #else
@@ -128,19 +281,46 @@ inline cudaDataType_t cuda_type(DataType t) {
   return CUDA_R_32F;
 }
 
-// Owns the cuBLASLt descriptors of one call.
-struct LtCall {
+inline cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      break;
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kReluBias:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case GemmEpilogue::kGeluBias:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::kRelu:
+      return CUBLASLT_EPILOGUE_RELU;
+    case GemmEpilogue::kGelu:
+      return CUBLASLT_EPILOGUE_GELU;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// One call's descriptors and chosen algorithm, made by plan_gemm, freed by destroy_plan.
+struct GemmPlan {
+  GemmDesc desc;
+  cublasLtHandle_t lt = nullptr;
   cublasLtMatmulDesc_t op = nullptr;
+  // cuBLASLt's A is flowc's B (see plan_gemm); C and D share `c`.
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  ~LtCall() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
+  cublasLtMatmulAlgo_t algo{};
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool made = false;
 };
+
+inline void destroy_plan(GemmPlan* p) {
+  if (p->pref) cublasLtMatmulPreferenceDestroy(p->pref);
+  if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+  if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+  if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+  if (p->op) cublasLtMatmulDescDestroy(p->op);
+  *p = GemmPlan{};
+}
 
 inline bool lt_layout(cublasLtMatrixLayout_t* out, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                       int64_t batch, int64_t stride) {
@@ -155,43 +335,108 @@ inline bool lt_layout(cublasLtMatrixLayout_t* out, cudaDataType_t t, int64_t row
                                           sizeof(stride)) == CUBLAS_STATUS_SUCCESS;
 }
 
-inline Status gemm(BlasHandle& h, const GemmDesc& d, const void* a, const void* b, void* c,
-                   cudaStream_t stream) {
+template <class V>
+inline bool lt_set(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const V& value) {
+  return cublasLtMatmulDescSetAttribute(op, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+}
+
+template <class V>
+inline bool lt_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                    const V& value) {
+  return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)) == CUBLAS_STATUS_SUCCESS;
+}
+
+inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
-  if (d.m == 0 || d.n == 0) return Status::Ok();
+  destroy_plan(p);
+  p->desc = d;
+  p->lt = h.lt;
+  p->workspace = h.workspace;
+  p->workspace_bytes = h.workspace_bytes;
+  if (d.m == 0 || d.n == 0) {
+    p->made = true;  // nothing to compute, nothing to ask the library
+    return Status::Ok();
+  }
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: hand cuBLASLt the B
   // buffer first. A row-major buffer read column-major is its transpose.
   const cudaDataType_t t = cuda_type(d.type);
-  LtCall call;
-  if (cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+  const cublasComputeType_t compute = d.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+    destroy_plan(p);
     return LibraryError("cublasLtMatmulDescCreate failed");
   }
   const cublasOperation_t op_first = d.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = d.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first));
-  cublasLtMatmulDescSetAttribute(call.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second));
-  const bool ok =
-      lt_layout(&call.a, t, d.trans_b ? d.k : d.n, d.trans_b ? d.n : d.k, d.ldb, d.batch, d.stride_b) &&
-      lt_layout(&call.b, t, d.trans_a ? d.m : d.k, d.trans_a ? d.k : d.m, d.lda, d.batch, d.stride_a) &&
-      lt_layout(&call.c, t, d.n, d.m, d.ldc, d.batch, d.stride_c);
-  if (!ok) return LibraryError("gemm: cuBLASLt rejected a matrix layout");
-  cublasLtMatmulPreferenceCreate(&call.pref);
-  cublasLtMatmulPreferenceSetAttribute(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                       &h.workspace_bytes, sizeof(h.workspace_bytes));
+  const uint32_t epilogue = lt_epilogue(d.epilogue);
+  bool ok = lt_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, op_first) &&
+            lt_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, op_second) &&
+            lt_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  ok = ok && lt_layout(&p->a, t, d.trans_b ? d.k : d.n, d.trans_b ? d.n : d.k, d.ldb, d.batch, d.stride_b) &&
+       lt_layout(&p->b, t, d.trans_a ? d.m : d.k, d.trans_a ? d.k : d.m, d.lda, d.batch, d.stride_a) &&
+       lt_layout(&p->c, t, d.n, d.m, d.ldc, d.batch, d.stride_c);
+  if (!ok) {
+    destroy_plan(p);
+    return LibraryError("gemm: cuBLASLt rejected a matrix layout or an attribute");
+  }
+  const uint32_t align_first = static_cast<uint32_t>(d.align_b),
+                 align_second = static_cast<uint32_t>(d.align_a), align_c = static_cast<uint32_t>(d.align_c);
+  ok = cublasLtMatmulPreferenceCreate(&p->pref) == CUBLAS_STATUS_SUCCESS &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, p->workspace_bytes) &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first) &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second) &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c) &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  if (!ok) {
+    destroy_plan(p);
+    return LibraryError("gemm: cuBLASLt rejected a preference");
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(h.lt, call.op, call.a, call.b, call.c, call.c, call.pref, 1, &result,
-                                     &found) != CUBLAS_STATUS_SUCCESS ||
+  if (cublasLtMatmulAlgoGetHeuristic(h.lt, p->op, p->a, p->b, p->c, p->c, p->pref, 1, &result, &found) !=
+          CUBLAS_STATUS_SUCCESS ||
       found == 0) {
+    destroy_plan(p);
     return NotSupported("gemm: cuBLASLt has no algorithm for this problem");
   }
-  const cublasStatus_t st = cublasLtMatmul(h.lt, call.op, &d.alpha, b, call.a, a, call.b, &d.beta, c, call.c,
-                                           c, call.c, &result.algo, h.workspace, h.workspace_bytes, stream);
+  p->algo = result.algo;
+  p->made = true;
+  return Status::Ok();
+}
+
+// D = act(alpha op(A) op(B) + beta C + bias); c = nullptr reads C from d.
+inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* d,
+                       const void* bias, cudaStream_t stream) {
+  if (!p.made) return InvalidArgument("gemm: the plan was not made");
+  if (Status s = check_bias(p.desc, bias); !s.ok()) return s;
+  if (p.desc.m == 0 || p.desc.n == 0) return Status::Ok();
+  // The bias address is a call's, not the plan's (plans are shared by identical calls); setting
+  // it is a host-side store into the descriptor, read when the call is queued.
+  if (bias != nullptr && !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) {
+    return LibraryError("gemm: cuBLASLt rejected the bias pointer");
+  }
+  const cublasStatus_t st = cublasLtMatmul(p.lt, p.op, &p.desc.alpha, b, p.a, a, p.b, &p.desc.beta, c ? c : d,
+                                           p.c, d, p.c, &p.algo, p.workspace, p.workspace_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     return LibraryError("cublasLtMatmul failed with status " + std::to_string(st));
   return Status::Ok();
 }
 
 #endif
+
+// C = op(A) op(B) into C's buffer.
+inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, void* c, cudaStream_t stream) {
+  return run_gemm(p, a, b, nullptr, c, nullptr, stream);
+}
+
+// One call planned and run at once (tests and tools; flowc's programs plan in create()). The
+// plan is freed right after queueing: cuBLASLt reads the descriptors when the call is queued.
+inline Status gemm(BlasHandle& h, const GemmDesc& d, const void* a, const void* b, void* c,
+                   cudaStream_t stream) {
+  GemmPlan p;
+  Status s = plan_gemm(h, d, &p);
+  if (s.ok()) s = run_gemm(p, a, b, c, stream);
+  destroy_plan(&p);
+  return s;
+}
 
 }  // namespace flowc
