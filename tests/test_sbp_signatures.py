@@ -252,6 +252,15 @@ CASES += [
         lacks=["(B, S(0), S(0)) -> (S(1))", "(S(1), S(1), P) -> (P)"],
     ),
     Case("Conv-no-bias", "Conv", [f32(2, 4, 6), f32(4, 4, 3)], has=["(B, P) -> (P)"]),
+    # Relu after the sum: no partial sums; the residual is laid out like the result.
+    Case(
+        "FusedConv",
+        "FusedConv",
+        [f32(4, 4, 5, 5), f32(8, 4, 3, 3), f32(8), f32(4, 8, 5, 5)],
+        {**_CONV, "activation": "Relu"},
+        has=["(S(0), B, B, S(0)) -> (S(0))", "(B, S(0), S(0), S(1)) -> (S(1))"],
+        lacks=["(S(1), S(1), P, P) -> (P)", "(P, B, P, P) -> (P)"],
+    ),
     Case(
         "ConvTranspose",
         "ConvTranspose",
