@@ -86,9 +86,9 @@ class Operand:
 
 
 def _global_letters(a: Attrs, which: str) -> dict[str, int]:
-    b, h, sq, sk, d, dv = (int(x) for x in a["sizes"])  # type: ignore[union-attr]
+    b, h, sq, sk, d, dv = (int(x) for x in a["sizes"])
     chunk = a[f"{which}_chunk"]
-    count = int(chunk[1])  # type: ignore[index]
+    count = int(chunk[1])
     if which == "q":
         return {"b": b, "h": h, "s": sq, "d": d, "c": count}
     if which == "k":
@@ -178,7 +178,7 @@ def geometry(a: Attrs, shapes: dict[str, tuple[int, ...]]) -> Geometry:
             str(a[f"{w}_layout"]),
             shapes[w],
             lets[w],
-            int(a[f"{w}_chunk"][0]),  # type: ignore[index]
+            int(a[f"{w}_chunk"][0]),
         )
         for w in OPERANDS
     }
@@ -252,28 +252,28 @@ def _reference(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     kl = _logical(k, g.views["k"], (g.b, g.h, g.sk, g.d)).astype(wide)
     vl = _logical(v, g.views["v"], (g.b, g.h, g.sk, g.dv)).astype(wide)
     with np.errstate(all="ignore"):
-        s = np.matmul(ql, np.swapaxes(kl, -1, -2)) * wide.type(float(a["scale"]))  # type: ignore[arg-type]
+        s = np.matmul(ql, np.swapaxes(kl, -1, -2)) * wide.type(float(a["scale"]))
 
         def add(s: np.ndarray) -> np.ndarray:
-            m = xs[3]
+            m = xs[3] if len(xs) > 3 else None
             return s if m is None else s + m.astype(wide)
 
         def where(s: np.ndarray) -> np.ndarray:
-            c = xs[4]
+            c = xs[4] if len(xs) > 4 else None
             if c is None:
                 return s
-            fill = wide.type(float(a["where_fill"]))  # type: ignore[arg-type]
+            fill = wide.type(float(a["where_fill"]))
             keep = c.astype(bool) if a["where"] == "keep_true" else ~c.astype(bool)
             return np.where(keep, s, fill)
 
-        s = where(add(s)) if int(a["mask_first"]) else add(where(s))  # type: ignore[call-overload]
-        if int(a["causal"]):  # type: ignore[call-overload]
+        s = where(add(s)) if int(a["mask_first"]) else add(where(s))
+        if int(a["causal"]):
             i = np.arange(g.sq)[:, None]
             j = np.arange(g.sk)[None, :]
             s = np.where(j > i + (g.sk - g.sq), -np.inf, s)
         e = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = e / np.sum(e, axis=-1, keepdims=True)
-        if int(a["nan_zero"]):  # type: ignore[call-overload]
+        if int(a["nan_zero"]):
             p = np.where(np.isnan(p), 0, p)
         o = np.matmul(p, vl)
     out = np.zeros(g.out_shape, q.dtype)
@@ -370,9 +370,9 @@ def _emit(prog: Program, node: Node) -> None:
         tpr=TPR,
         has_mask=mask is not None,
         where=where,
-        mask_first=bool(int(a["mask_first"])),  # type: ignore[call-overload]
-        causal=bool(int(a["causal"])),  # type: ignore[call-overload]
-        nan_zero=bool(int(a["nan_zero"])),  # type: ignore[call-overload]
+        mask_first=bool(int(a["mask_first"])),
+        causal=bool(int(a["causal"])),
+        nan_zero=bool(int(a["nan_zero"])),
     )
 
     def strided(expr: str, view: Operand) -> list[str]:
@@ -393,10 +393,10 @@ def _emit(prog: Program, node: Node) -> None:
         str(g.h),
         f"(int64_t){g.sq}",
         f"(int64_t){g.sk}",
-        c_float(float(a["scale"])),  # type: ignore[arg-type]
+        c_float(float(a["scale"])),
     ]
     if where != "none":
-        args.append(c_float(float(a["where_fill"])))  # type: ignore[arg-type]
+        args.append(c_float(float(a["where_fill"])))
     blocks = g.b * g.h * ((g.sq + bm - 1) // bm)
     prog.launch_blocks(kern, blocks, bm * TPR, 0, args)
 
