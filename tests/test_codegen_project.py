@@ -111,9 +111,18 @@ def test_c_api_runs_through_ctypes(odd_project: Path) -> None:
     ins = (ctypes.c_void_p * 1)(x.ctypes.data)
     outs = (ctypes.c_void_p * 1)(y.ctypes.data)
     assert lib.odd_run(model, ins, outs, None) == 0
-    lib.odd_destroy(model)  # waits for the queued work
+    assert lib.odd_synchronize(model) == 0
     want = evaluate(_graph(_model(ODD, ODD_OUT)), {ODD: x})[ODD_OUT]
     assert np.abs(y - want).max() <= 1e-6
+    # model.h promises 16-byte alignment to the kernels' vector loads and the GEMM plans:
+    # run() refuses an input 4 bytes off, saying which.
+    shifted = np.zeros(13, np.float32)
+    addr = shifted.ctypes.data
+    addr += 4 if addr % 16 == 0 else 0
+    off = (ctypes.c_void_p * 1)(addr)
+    assert lib.odd_run(model, off, outs, None) != 0
+    assert b"-byte aligned" in lib.odd_last_error(model)
+    lib.odd_destroy(model)  # waits for the queued work
     bad = ctypes.c_void_p()
     assert lib.odd_create(b"/nonexistent/weights.bin", ctypes.byref(bad)) != 0
     assert b"cannot open" in lib.odd_last_error(None)

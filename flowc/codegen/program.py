@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from flowc.schedule.unroll import Unrolled
 
 BLOCK = 256
+# The alignment run() requires of the caller's input and output pointers (model.h): what
+# 128-bit loads and the GEMM plans' CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES assume.
+POINTER_ALIGNMENT = 16
 # Library plan kinds (Program.library_plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
 PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
 MAX_GRID = 1 << 20
@@ -663,6 +666,7 @@ def _render(
             if any(st.prog.plans.get(kind) for st in stages)
         ],
         "precision": prog.precision,
+        "pointer_alignment": POINTER_ALIGNMENT,
         "rank_weight_bytes": [w.stored_bytes for w in all_weights],
         "rank_device_weight_bytes": [w.device_bytes for w in all_weights],
         # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
