@@ -208,3 +208,34 @@ def test_gpt2_small_size_graph_has_no_head_copies(tmp_path: Path) -> None:
         if n.op == "FusedAttention":
             assert n.attrs["causal"] == 1 and len(n.inputs) == 3
             assert {i.name for i in n.inputs if i is not None} == {n.inputs[0].name}
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "batch"),
+    [("bert_tiny", "tensor", 2), ("gpt2_tiny", "tensor", 2), ("bert_tiny", "data", 4)],
+)
+def test_fused_attention_splits_heads_and_batches_on_a_mesh(
+    name: str, method: str, batch: int
+) -> None:
+    """The op's SBP signatures: heads (or batches) split over 2 ranks, each rank's
+    FusedAttention reading its own share, checked by the multi-rank simulator."""
+    from test_parallel_models import check_outputs, logical, reference, tensor_parallel
+
+    from flowc.ir.types import Mesh
+    from flowc.parallel import ParallelOptions, parallelize
+    from flowc.parallel.simulate import simulate
+
+    g = PassManager(("lower_ops", "widen_types", "fuse_attention")).run(logical(name, batch))
+    assert _fused_count(g) == 2
+    mesh = Mesh("gpus", (2,))
+    if method == "tensor":
+        opts = ParallelOptions(mesh, "auto", sbp=tensor_parallel(g, mesh))
+    else:
+        opts = ParallelOptions(mesh, "data")
+    result = parallelize(g, opts)
+    fused = [n for n in result.plan.node_strategy if n.op == "FusedAttention"]
+    assert all(result.plan.value_sbp[n.outputs[0]].parts[0].kind == "S" for n in fused)
+    local = [n for n in result.physical.graph.nodes if n.op == "FusedAttention"]
+    assert all(n.outputs[0].type.numel * 2 == fused[0].outputs[0].type.numel for n in local)
+    feeds, ref = reference(name, batch)
+    check_outputs(name, simulate(result.physical, feeds), ref, batch)
