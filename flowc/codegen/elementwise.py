@@ -62,6 +62,106 @@ def substitute(expr: str, operands: list[str], out_t: str, in_t: str) -> str:
     return text.replace("$T", out_t).replace("$I", in_t)
 
 
+def _strides(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[int]:
+    """The operand's stride (in elements) along each output dim; 0 where it broadcasts."""
+    if len(in_shape) > len(out_shape):
+        raise CodegenError(
+            f"operand of shape {list(in_shape)} does not broadcast to {list(out_shape)}"
+        )
+    padded = (1,) * (len(out_shape) - len(in_shape)) + tuple(in_shape)
+    strides = [0] * len(out_shape)
+    step = 1
+    for k in range(len(out_shape) - 1, -1, -1):
+        if padded[k] != 1:
+            strides[k] = step
+        step *= padded[k]
+    return strides
+
+
+def broadcast_plan(
+    shapes: list[tuple[int, ...]], out_shape: tuple[int, ...]
+) -> tuple[list[int], list[list[int] | None]]:
+    """The output's dims merged as far as every operand allows (size-1 dims dropped, two
+    neighbours merged when each operand is contiguous across them or broadcasts along both),
+    innermost first, and per operand its strides along them, innermost first, or None when it
+    is read at the flat output index (it has the output's elements in the output's order)."""
+    kept = [k for k, d in enumerate(out_shape) if d != 1]
+    per_op = [[_strides(sh, out_shape)[k] for k in kept] for sh in shapes]
+    dims: list[int] = []
+    merged: list[list[int]] = [[] for _ in shapes]
+    for pos, k in enumerate(kept):
+        size = out_shape[k]
+        if dims and all(merged[j][-1] == per_op[j][pos] * size for j in range(len(shapes))):
+            dims[-1] *= size
+            for j in range(len(shapes)):
+                merged[j][-1] = per_op[j][pos]
+            continue
+        dims.append(size)
+        for j in range(len(shapes)):
+            merged[j].append(per_op[j][pos])
+    dense = [math.prod(dims[k + 1 :]) for k in range(len(dims))]
+    strides: list[list[int] | None] = [None if m == dense else list(reversed(m)) for m in merged]
+    return list(reversed(dims)), strides
+
+
+def _pointwise(prog: Program, macro: str, values: list[Value], out: Value, **body: object) -> None:
+    """Render and launch the shared kernel (elementwise.cu.j2: pointwise) for operands
+    ``values`` writing ``out``; ``body`` is the macro's expression part."""
+    shape = out.type.shape
+    n = math.prod(shape)
+    dims, strides = broadcast_plan([v.type.shape for v in values], shape)
+    wide = n >= DIVMOD_LIMIT
+    operands: list[dict[str, object]] = []
+    slots = 0
+    for k, (v, st) in enumerate(zip(values, strides, strict=True)):
+        # A scalar (one element for all) needs no offset: in[0].
+        scalar = st is not None and not any(st)
+        op: dict[str, object] = {
+            "ctype": ctype(v.type.dtype),
+            "at": k,
+            "same": st is None,
+            "scalar": scalar,
+            "inner": 0,
+        }
+        if st is not None and not scalar:
+            op.update(slot=slots, inner=int(st[0] == 1), index=broadcast_index(v.type.shape, shape))
+            slots += 1
+        operands.append(op)
+    strides = [st if st is not None and any(st) else None for st in strides]
+    # With a broadcast operand that is no scalar, at least two dims stay after merging.
+    rank = len(dims) if slots else 0
+    # Four at a time: always without broadcasting (the tail goes one by one); with it, when
+    # the innermost merged dim holds whole Vec4s and every broadcast operand runs along it or
+    # is constant along it.
+    vec = (
+        4
+        if rank == 0
+        or (not wide and dims[0] % 4 == 0 and all(st is None or st[0] in (0, 1) for st in strides))
+        else 1
+    )
+    coords = [{"axis": a, "size": d} for a, d in enumerate(shape)] if wide and slots else []
+    name = prog.kernel(
+        "elementwise.cu.j2",
+        macro,
+        operands=operands,
+        out_type=ctype(out.type.dtype),
+        rank=rank,
+        nb=slots,
+        vec=vec,
+        wide=wide,
+        dims=coords,
+        **body,
+    )
+    args = [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"]
+    if rank and not wide:
+        divs = ", ".join(fast_divmod(d) for d in dims)
+        rows = ", ".join(
+            "{" + ", ".join(f"{x}u" for x in st) + "}" for st in strides if st is not None
+        )
+        args.append(f"FlowcBroadcast<{rank}, {slots}>{{{{{divs}}}, {{{rows}}}}}")
+    prog.launch(name, n, args)
+
+
 def emit_elementwise(prog: Program, node: Node) -> None:
     from flowc.ops.registry import get_op  # the op modules import this one as they load
 
@@ -82,17 +182,7 @@ def emit_elementwise(prog: Program, node: Node) -> None:
     out_t = ctype(out.type.dtype)
     in_t = ctype(values[0].type.dtype) if values else out_t
     body = substitute(expr, names, out_t, in_t)
-    operands = [
-        {"ctype": ctype(v.type.dtype), "index": broadcast_index(v.type.shape, out.type.shape)}
-        for v in values
-    ]
-    needs_coords = any(o["index"] != "i" for o in operands)
-    dims = [{"axis": a, "size": s} for a, s in enumerate(out.type.shape)] if needs_coords else []
-    name = prog.kernel(
-        "elementwise.cu.j2", "elementwise", operands=operands, out_type=out_t, dims=dims, expr=body
-    )
-    n = math.prod(out.type.shape)
-    prog.launch(name, n, [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"])
+    _pointwise(prog, "elementwise", values, out, expr=body)
 
 
 def emit_fused(prog: Program, node: Node) -> None:
@@ -122,21 +212,4 @@ def emit_fused(prog: Program, node: Node) -> None:
             opdef.cexpr(Attrs(step["attrs"]).merged(opdef.attrs), present), names, step_t, in_t
         )
         lines.append(f"const {step_t} t{k} = static_cast<{step_t}>({expr});")
-    out_t = ctype(out.type.dtype)
-    operands = [
-        {"ctype": ctype(v.type.dtype), "index": broadcast_index(v.type.shape, out.type.shape)}
-        for v in values
-    ]
-    needs_coords = any(o["index"] != "i" for o in operands)
-    dims = [{"axis": a, "size": s} for a, s in enumerate(out.type.shape)] if needs_coords else []
-    name = prog.kernel(
-        "elementwise.cu.j2",
-        "fused",
-        operands=operands,
-        out_type=out_t,
-        dims=dims,
-        lines=lines,
-        result=f"t{len(steps) - 1}",
-    )
-    n = math.prod(out.type.shape)
-    prog.launch(name, n, [*(prog.cptr(v) for v in values), prog.ptr(out), f"(int64_t){n}"])
+    _pointwise(prog, "fused", values, out, lines=lines, result=f"t{len(steps) - 1}")
