@@ -102,16 +102,22 @@ def _build(name: str, root: Path) -> Built:
     for lib in ("cublasLt", "cudnn"):
         includes += ["-I", str(tk.libs[lib].include_dir)]
     ptx_path, cubin = out / "model.ptx", out / "model.cubin"
+    flags = ["-std=c++17", f"-arch=sm_{ARCH}", "-O3", "-DNDEBUG", *includes]
     nvcc = subprocess.run(
-        [str(tk.nvcc), "-std=c++17", f"-arch=sm_{ARCH}", "-O3", "-DNDEBUG", *includes]
-        + ["-ptx", str(out / "model.cu"), "-o", str(ptx_path)],
+        [str(tk.nvcc), *flags, "-ptx", str(out / "model.cu"), "-o", str(ptx_path)],
         capture_output=True,
         text=True,
     )
     assert nvcc.returncode == 0, f"{name}: nvcc -ptx failed:\n{nvcc.stderr[-3000:]}"
     ptxas = subprocess.run(
-        [str(Path(tk.nvcc).parent / "ptxas"), f"-arch=sm_{ARCH}", "-v", str(ptx_path)]
-        + ["-o", str(cubin)],
+        [
+            str(Path(tk.nvcc).parent / "ptxas"),
+            f"-arch=sm_{ARCH}",
+            "-v",
+            str(ptx_path),
+            "-o",
+            str(cubin),
+        ],
         capture_output=True,
         text=True,
     )
