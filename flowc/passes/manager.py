@@ -29,6 +29,7 @@ def _load() -> None:
         fuse_attention,
         fuse_conv,
         fuse_elementwise,
+        fuse_gemm,
         lower_ops,
         precision,
         simplify,
@@ -75,6 +76,7 @@ COMPILE_PIPELINE = (
     "fuse_conv",
     "widen_types",
     "fuse_attention",
+    "fuse_gemm",
     "fuse_elementwise",
 )
 

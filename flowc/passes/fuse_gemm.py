@@ -1,0 +1,467 @@
+"""fuse_gemm: a MatMul or Gemm with what follows it, as exporters spell it, becomes one
+FusedGemm node (flowc/ops/matmul.py): one cuBLASLt call with an epilogue instead of a GEMM
+and separate element-wise kernels.
+
+Forwards from the product, each step the only use of the value before it:
+
+- a bias: ``Add`` of a constant with one value per output column (a Linear's bias; Gemm's
+  own C of shape [N] or [1, N] is one too);
+- a residual: ``Add`` of a tensor of the output's shape (read in place as the GEMM's C,
+  beta = 1; C and D are different buffers);
+- then an activation: ``Relu``, or a GELU in its tanh spelling
+  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) with Pow(x, 3) or x*x*x, in any operand
+  order. cuBLASLt's GELU epilogue is that approximation, so only it fuses; the erf GELU
+  (TorchScript's x * 0.5 * (1 + erf(x / sqrt 2)), ONNX Gelu) stays exact and becomes one
+  element-wise kernel in fuse_elementwise.
+
+An activation is recognized by what it computes, not by its node list: the element-wise
+nodes that read only the product (and scalar constants) are evaluated on sample points
+with flowc's references and compared with ReLU and the tanh GELU (and told apart from the
+erf GELU, which differs by up to 2e-4 there).
+
+Backwards from the product, each operand is followed through Transpose, Reshape and a Split
+along an axis as long as its elements keep a fixed stride per logical axis and one of its
+last two axes is contiguous: K^T becomes the GEMM's transpose flag, a head split or a Split
+chunk of a fused projection is read in place through leading dimensions and batch strides
+(what a strided-batched call cannot step over becomes a loop of calls).
+
+In float16/bfloat16 programs widen_types has put float32 casts around every element-wise
+op; casts between the GEMM's type and float32 are looked through (the fused GEMM rounds once,
+at its end, as a tensor-core GEMM with float32 accumulation does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Graph, Node, Value
+from flowc.ops.matmul import NARROW, Operand, gelu_tanh
+from flowc.ops.registry import get_op, node_attrs
+from flowc.passes.manager import register_pass
+
+FUSED = "FusedGemm"
+FLOATS = (DType.F32, DType.F16, DType.BF16)
+# Sample points of the activation check: where the tanh and erf GELUs differ most (|x| ~ 2)
+# and the tails.
+_SAMPLES = np.concatenate([np.linspace(-6.0, 6.0, 97), [-2.2, -1.9, 1.9, 2.2, 0.3, -0.3]])
+# The tanh and erf GELUs differ by up to 2e-4 at these points; a spelling matches within this.
+_MATCH_TOL = 2e-6
+_ACTIVATION_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Tanh", "Relu", "Max", "Cast", "Identity"}
+)
+
+
+def _erf_gelu(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return np.array([0.5 * v * (1.0 + erf(v / np.sqrt(2.0))) for v in x.reshape(-1)])
+
+
+def _transparent(node: Node, dt: DType) -> bool:
+    """A cast between a narrow GEMM's type and float32 (widen_types' work), looked through."""
+    if node.op != "Cast" or dt not in NARROW or node.inputs[0] is None:
+        return False
+    pair = {node.inputs[0].type.dtype, node.outputs[0].type.dtype}
+    return pair <= {dt, DType.F32}
+
+
+@dataclass
+class _Chain:
+    """The product's epilogue found so far."""
+
+    dt: DType
+    members: list[Node] = field(default_factory=list)
+    bias: Value | None = None
+    residual: Value | None = None
+    activation: str = "none"
+    # The last point whose value has the GEMM's type, where the fused node can end.
+    done: _Done | None = None
+
+    def mark(self, cur: Value) -> None:
+        if cur.type.dtype == self.dt:
+            self.done = _Done(list(self.members), cur, self.bias, self.residual, self.activation)
+
+
+@dataclass
+class _Done:
+    members: list[Node]
+    result: Value
+    bias: Value | None
+    residual: Value | None
+    activation: str
+
+
+class _Fuser:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.users = graph.users()
+        self.outs = set(graph.outputs)
+
+    def only_user(self, v: Value) -> Node | None:
+        us = self.users.get(v, [])
+        if len(us) != 1 or v in self.outs:
+            return None
+        return us[0]
+
+    # -- forwards: the epilogue ------------------------------------------------------------
+
+    def _bias_of(self, c: Value, n: int, rank: int, dt: DType) -> Value | None:
+        if c.const is None or c.type.numel != n or c.type.rank > rank:
+            return None
+        if c.type.rank and c.type.shape[-1] != n:
+            return None
+        if c.type.dtype != dt:
+            if not c.type.dtype.is_float:
+                return None
+            return self.graph.add_constant(f"{c.name}.{dt}", np.asarray(c.const).astype(dt.np))
+        return c
+
+    def _residual_of(self, r: Value, shape: tuple[int, ...], dt: DType) -> Value | None:
+        if r.type.shape != shape:
+            return None
+        if r.type.dtype == dt:
+            return r
+        p = r.producer
+        if (
+            p is not None
+            and _transparent(p, dt)
+            and p.inputs[0] is not None
+            and p.inputs[0].type.dtype == dt
+        ):
+            return p.inputs[0]
+        return None
+
+    def _activation(self, x: Value) -> tuple[str, list[Node], Value] | None:
+        """The activation computed by element-wise nodes that read only ``x`` (and scalar
+        constants): its name, its nodes and its result."""
+        if x in self.outs:
+            return None
+        region: set[Node] = set()
+        inside: set[Value] = {x}
+        frontier = [x]
+        while frontier:
+            v = frontier.pop()
+            for u in self.users.get(v, []):
+                if u in region or u.op not in _ACTIVATION_OPS or len(u.outputs) != 1:
+                    continue
+                if u.outputs[0].type.shape != x.type.shape or not all(
+                    i is None or i in inside or (i.const is not None and i.type.numel == 1)
+                    for i in u.inputs
+                ):
+                    continue
+                region.add(u)
+                inside.add(u.outputs[0])
+                frontier.append(u.outputs[0])
+        order = [n for n in self.graph.nodes if n in region]  # topological
+        # The longest prefix whose values other than its last are used only inside it.
+        for k in range(len(order), 0, -1):
+            sub = order[:k]
+            inner = set(sub)
+            if any(u not in inner for u in self.users.get(x, [])):
+                return None
+            last = sub[-1].outputs[0]
+            if any(
+                n.outputs[0] in self.outs
+                or any(u not in inner for u in self.users.get(n.outputs[0], []))
+                for n in sub[:-1]
+            ):
+                continue
+            name = _classify(x, sub, last)
+            if name is not None:
+                return name, sub, last
+        return None
+
+    def epilogue(self, out: Value, dt: DType) -> _Chain:
+        ch = _Chain(dt)
+        cur = out
+        ch.mark(cur)
+        n = out.type.shape[-1]
+        while True:
+            u = self.only_user(cur)
+            if u is None:
+                # Several users: only an activation (which reads x more than once) fits.
+                act = self._activation(cur) if ch.activation == "none" else None
+                if act is None:
+                    break
+                ch.activation, nodes, cur = act
+                ch.members.extend(nodes)
+                ch.mark(cur)
+                continue
+            if _transparent(u, dt) or (
+                # A Reshape keeping the last axis (PyTorch's Linear on 3-D input: a 2-D
+                # Gemm between two views): columns and elements stay where they were.
+                u.op == "Reshape"
+                and u.inputs[0] is cur
+                and u.outputs[0].type.rank >= 1
+                and u.outputs[0].type.shape[-1] == n
+            ):
+                ch.members.append(u)
+            elif u.op == "Add" and ch.activation == "none" and len(u.inputs) == 2:
+                other = u.inputs[1] if u.inputs[0] is cur else u.inputs[0]
+                if other is None or other is cur or u.outputs[0].type.shape != cur.type.shape:
+                    break
+                bias = self._bias_of(other, n, cur.type.rank, dt) if ch.bias is None else None
+                if bias is not None:
+                    ch.bias = bias
+                else:
+                    res = self._residual_of(other, cur.type.shape, dt)
+                    if res is None or ch.residual is not None:
+                        break
+                    ch.residual = res
+                ch.members.append(u)
+            elif ch.activation == "none":
+                act = self._activation(cur)
+                if act is None:
+                    break
+                ch.activation, nodes, result = act
+                ch.members.extend(nodes)
+                cur = result
+                ch.mark(cur)
+                continue
+            else:
+                break
+            cur = u.outputs[0]
+            ch.mark(cur)
+        return ch
+
+    # -- backwards: operand views ----------------------------------------------------------
+
+    def view_of(self, v: Value, dt: DType) -> tuple[Value, Operand]:
+        """The buffer to read ``v`` from and how (v itself, packed, when nothing better)."""
+        best: tuple[Value, Operand] = (v, Operand.packed(v.type.shape))
+        steps: list[Node] = []
+        cur = v
+        while cur.producer is not None and len(steps) < 16:
+            p = cur.producer
+            src = p.inputs[0] if p.inputs else None
+            if src is None or p.op not in ("Transpose", "Reshape", "Split", "Cast"):
+                break
+            if p.op == "Cast" and not _transparent(p, dt):
+                break
+            steps.append(p)
+            cur = src
+            if cur.type.dtype != dt:
+                continue
+            view = _apply(Operand.packed(cur.type.shape), list(reversed(steps)), v)
+            if view is not None and view.matrix() is not None:
+                best = (cur, view)
+        return best
+
+
+def _classify(x: Value, nodes: list[Node], result: Value) -> str | None:
+    """Evaluate ``nodes`` (casts as identities) on sample points; the activation they are."""
+    env: dict[Value, np.ndarray] = {x: _SAMPLES}
+    for n in nodes:
+        opdef = get_op(n.op)
+        ins: list[np.ndarray | None] = []
+        for i in n.inputs:
+            if i is None:
+                ins.append(None)
+            elif i in env:
+                ins.append(env[i])
+            else:
+                assert i.const is not None
+                ins.append(np.asarray(i.const, dtype=np.float64).reshape(()))
+        if n.op in ("Cast", "Identity"):
+            env[n.outputs[0]] = np.asarray(ins[0], dtype=np.float64)
+            continue
+        try:
+            with np.errstate(all="ignore"):
+                (y,) = opdef.evaluate(ins, n.attrs)
+        except Exception:  # an op that does not take these operands: not an activation
+            return None
+        env[n.outputs[0]] = np.asarray(y, dtype=np.float64).reshape(-1)
+    got = env.get(result)
+    if got is None or got.shape != _SAMPLES.shape:
+        return None
+    if np.allclose(got, np.maximum(_SAMPLES, 0.0), rtol=0, atol=_MATCH_TOL):
+        return "relu"
+    if np.allclose(got, gelu_tanh(_SAMPLES), rtol=0, atol=_MATCH_TOL) and not np.allclose(
+        got, _erf_gelu(_SAMPLES), rtol=0, atol=_MATCH_TOL
+    ):
+        return "gelu_tanh"
+    return None
+
+
+def _apply(op: Operand, steps: list[Node], target: Value) -> Operand | None:
+    """``op`` (a view of the first step's input) through ``steps``; None when a step has no
+    fixed stride per axis."""
+    for p in steps:
+        out = next((o for o in p.outputs if o is not None), None)
+        if p.op == "Cast":
+            continue
+        if p.op == "Transpose":
+            perm = node_attrs(p).get("perm")
+            rank = len(op.shape)
+            order = [int(a) for a in perm] if perm else list(reversed(range(rank)))
+            op = Operand(
+                tuple(op.shape[a] for a in order), tuple(op.strides[a] for a in order), op.offset
+            )
+        elif p.op == "Reshape":
+            assert out is not None
+            r = _reshaped(op, p.outputs[0].type.shape)
+            if r is None:
+                return None
+            op = r
+        elif p.op == "Split":
+            axis = int(node_attrs(p)["axis"]) % len(op.shape)
+            # Which chunk is on the path: the output that the next step (or target) reads.
+            nxt = steps[steps.index(p) + 1] if p is not steps[-1] else None
+            want = nxt.inputs[0] if nxt is not None else target
+            start = 0
+            for o in p.outputs:
+                if o is want:
+                    break
+                start += o.type.shape[axis]
+            else:
+                return None
+            assert want is not None
+            shape = list(op.shape)
+            shape[axis] = want.type.shape[axis]
+            op = Operand(tuple(shape), op.strides, op.offset + start * op.strides[axis])
+    return op if op.shape == target.type.shape else None
+
+
+def _reshaped(op: Operand, shape: tuple[int, ...]) -> Operand | None:
+    """``op`` reshaped (row-major order of its logical elements) as a strided view, or None."""
+    # Group the old axes (size-1 ones dropped) into runs that each merge to one stride.
+    old = [(d, s) for d, s in zip(op.shape, op.strides, strict=True) if d != 1]
+    new_strides: list[int] = []
+    i = 0
+    for d in shape:
+        if d == 1:
+            new_strides.append(0)
+            continue
+        # Take old axes until their product reaches d; the run must be contiguous in memory.
+        if i >= len(old):
+            return None
+        size, stride = old[i]
+        if size % d == 0 and size != d:
+            # Split an old axis: d outer, size / d inner.
+            old[i] = (size // d, stride)
+            new_strides.append(stride * (size // d))
+            continue
+        prod = size
+        inner_stride = stride
+        j = i + 1
+        while prod < d and j < len(old):
+            nsize, nstride = old[j]
+            if inner_stride != nstride * nsize:
+                return None
+            prod *= nsize
+            inner_stride = nstride
+            j += 1
+        if prod != d:
+            return None
+        new_strides.append(inner_stride)
+        i = j
+    if i != len(old):
+        return None
+    return Operand(tuple(shape), tuple(new_strides), op.offset)
+
+
+def _fuse(fz: _Fuser, node: Node) -> bool:
+    out = node.outputs[0]
+    dt = out.type.dtype
+    if dt not in FLOATS or len(node.outputs) != 1:
+        return False
+    a, b = node.inputs[0], node.inputs[1]
+    if a is None or b is None or a.type.dtype != dt or b.type.dtype != dt:
+        return False
+    alpha, beta = 1.0, 1.0
+    bias = residual = None
+    if node.op == "MatMul":
+        if a.type.rank < 2 or b.type.rank < 2:
+            return False
+        av, bv = Operand.packed(a.type.shape), Operand.packed(b.type.shape)
+        abase, bbase = a, b
+        if out.type.numel:
+            abase, av = fz.view_of(a, dt)
+            bbase, bv = fz.view_of(b, dt)
+    else:
+        at = node_attrs(node)
+        alpha, beta = float(at["alpha"]), float(at["beta"])
+        abase, bbase = a, b
+        av, bv = Operand.packed(a.type.shape), Operand.packed(b.type.shape)
+        if int(at["transA"]):
+            av = av.transposed()
+        if int(at["transB"]):
+            bv = bv.transposed()
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is not None and beta != 0.0:
+            n = out.type.shape[-1]
+            if c.type.shape == out.type.shape:
+                residual = c
+            elif c.type.numel == n and c.type.rank >= 1 and c.type.shape[-1] == n:
+                if beta != 1.0:
+                    if c.const is None:
+                        return False
+                    c = fz.graph.add_constant(
+                        f"{c.name}.scaled", (np.asarray(c.const) * beta).astype(dt.np)
+                    )
+                bias = c
+            else:
+                return False  # a C broadcast along columns: Gemm's own path
+        beta = 1.0
+    if a.type.numel == 0 or b.type.numel == 0:
+        return False
+    k = av.shape[-1]
+    if k == 0:
+        return False
+    done = fz.epilogue(out, dt).done
+    assert done is not None
+    if (bias is not None and done.bias is not None) or (
+        residual is not None and done.residual is not None
+    ):
+        return False
+    bias = bias or done.bias
+    residual = residual or done.residual
+    result = done.result
+    changed_views = abase is not a or bbase is not b
+    if not done.members and not changed_views and node.op == "MatMul":
+        return False
+    if node.op == "Gemm" and not done.members and bias is None and residual is None:
+        return False
+    activation = done.activation
+    attrs: dict[str, object] = {"alpha": alpha, "beta": beta, "activation": activation}
+    if abase is not a or av != Operand.packed(a.type.shape):
+        attrs["a_shape"], attrs["a_view"] = av.shape, av.to_attr()
+    if bbase is not b or bv != Operand.packed(b.type.shape):
+        attrs["b_shape"], attrs["b_view"] = bv.shape, bv.to_attr()
+    assert result.producer is not None
+    where = fz.graph.nodes.index(result.producer)  # before Node() makes itself the producer
+    g = fz.graph
+    before: list[Node] = []
+    if residual is not None and residual.type.shape != out.type.shape:
+        # Read as the GEMM's output shape: a Reshape is a view, no kernel.
+        flat = Value(g.claim_name(f"{residual.name}.as_gemm"), out.type)
+        before.append(_reshape(g, residual, flat))
+        residual = flat
+    made = result
+    if result.type.shape != out.type.shape:
+        # The chain went through Reshapes: the GEMM writes its own shape, a view the rest.
+        made = Value(g.claim_name(f"{out.name}.fused"), out.type)
+    fused = Node(FUSED, [abase, bbase, bias, residual], [made], attrs, name=node.name)
+    after = [_reshape(g, made, result)] if made is not result else []
+    g.nodes[where : where + 1] = [*before, fused, *after]
+    return True
+
+
+def _reshape(g: Graph, src: Value, dst: Value) -> Node:
+    """``dst`` = Reshape(``src``) to dst's shape (its producer from now on)."""
+    shape = g.add_constant(f"{dst.name}.shape", np.array(dst.type.shape, dtype=np.int64))
+    return Node("Reshape", [src, shape], [dst], {}, name=g.claim_name(f"{dst.name}.view"))
+
+
+@register_pass("fuse_gemm")
+def fuse_gemm(graph: Graph) -> Graph:
+    fz = _Fuser(graph)
+    for node in list(graph.nodes):
+        if node.op in ("MatMul", "Gemm") and node in graph.nodes and _fuse(fz, node):
+            # The fused members are dead now: drop them before the next match reads uses.
+            graph.remove_unused()
+            fz = _Fuser(graph)
+    return graph
