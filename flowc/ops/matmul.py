@@ -159,6 +159,17 @@ class Operand:
                 return True, ld
         return None
 
+    def same(self, other: Operand) -> bool:
+        """The same elements in the same places (strides of size-1 axes do not matter)."""
+        return (
+            self.shape == other.shape
+            and self.offset == other.offset
+            and all(
+                d == 1 or s == t
+                for d, s, t in zip(self.shape, self.strides, other.strides, strict=True)
+            )
+        )
+
     def to_attr(self) -> tuple[int, ...]:
         return (self.offset, *self.strides)
 
@@ -493,14 +504,16 @@ def fused_operands(node: Node) -> tuple[Operand, Operand]:
     assert a is not None and b is not None
     at = node.attrs.merged(get_op(node.op).attrs)
     views = []
-    for v, shape, view in ((a, at["a_shape"], at["a_view"]), (b, at["b_shape"], at["b_view"])):
+    for v, which in ((a, "a"), (b, "b")):
+        shape, view = at[f"{which}_shape"], at[f"{which}_view"]
         assert isinstance(shape, tuple) and isinstance(view, tuple)
         if view:
             views.append(
                 Operand.from_attr(tuple(int(d) for d in shape), tuple(int(s) for s in view))
             )
         else:
-            views.append(Operand.packed(v.type.shape))
+            packed = Operand.packed(v.type.shape)
+            views.append(packed.transposed() if at[f"trans{which.upper()}"] else packed)
     return views[0], views[1]
 
 
@@ -677,10 +690,10 @@ defop(
 # -- FusedGemm: a GEMM with its epilogue, made by the fuse_gemm pass ---------------------------
 # act(alpha * A @ B + beta * residual + bias), in one library call (cuBLASLt's epilogues; the
 # host emulates them exactly). Inputs: A, B, bias (optional; one value per output column, the
-# bias of a Linear), residual (optional; C, of the output's shape, read in place). A and B
-# are read through views when a_view / b_view are given: (offset, *strides) in elements of
-# the input's buffer for a logical operand of shape a_shape / b_shape (a transpose of the
-# last two axes, a head split, a Split chunk, without a copy). activation: none, relu, or
+# bias of a Linear), residual (optional; C, of the output's shape, read in place). transA /
+# transB read an input with its last two axes swapped; a_view / b_view, when given, read it
+# as (offset, *strides) in elements of its buffer for a logical operand of shape a_shape /
+# b_shape (a head split, a Split chunk, without a copy). activation: none, relu, or
 # gelu_tanh (the tanh approximation of GELU, which is what cuBLASLt computes).
 
 ACTIVATIONS = ("none", "relu", "gelu_tanh")
@@ -692,7 +705,10 @@ def _fused_shapes(ctx: InferCtx) -> tuple[tuple[int, ...], tuple[int, ...]]:
         shape, view = ctx.attr(f"{which}_shape"), ctx.attr(f"{which}_view")
         assert isinstance(shape, tuple) and isinstance(view, tuple)
         if not view:
-            shapes.append(ctx.shape(i))
+            x = ctx.shape(i)
+            if ctx.attr(f"trans{which.upper()}") and len(x) >= 2:
+                x = (*x[:-2], x[-1], x[-2])
+            shapes.append(x)
             continue
         shape = tuple(int(d) for d in shape)
         if len(view) != len(shape) + 1 or len(shape) < 2:
@@ -749,7 +765,7 @@ def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
             assert isinstance(shape, tuple)
             ops.append(_view_array(x, Operand.from_attr(shape, view)))
         else:
-            ops.append(x)
+            ops.append(np.swapaxes(x, -1, -2) if at[f"trans{which.upper()}"] else x)
     y = _product(ops[0], ops[1])
     if at["alpha"] != 1.0:
         y = y * at["alpha"]
@@ -765,11 +781,14 @@ def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
 
 
 def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
-    # Only plain operands split: a view's offsets and strides are the whole tensor's.
+    # Splits of the inputs as they are or transposed (transA/transB); a view's offsets and
+    # strides are the whole tensor's, so a node with one stays broadcast.
     if ctx.attr("a_view") or ctx.attr("b_view"):
         return []
+    ta, tb = bool(ctx.attr("transA")), bool(ctx.attr("transB"))
     ra, rb, ro = len(ctx.shape(0)), len(ctx.shape(1)), len(outs[0].shape)
-    bias_n = sr.S(len(ctx.shape(2)) - 1) if ctx.has(2) else None
+    a_m, a_k = (ra - 1, ra - 2) if ta else (ra - 2, ra - 1)
+    b_k, b_n = (rb - 1, rb - 2) if tb else (rb - 2, rb - 1)
     res = 3 if ctx.has(3) else None
 
     def with_res(given: dict[int, Sbp], out: Sbp) -> SbpSignature:
@@ -777,14 +796,15 @@ def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
             given[res] = out
         return sr.sig(ctx, given, out, 1)
 
-    sigs = [with_res({0: sr.S(ra - 2)}, sr.S(ro - 2))]
-    n_split: dict[int, Sbp] = {1: sr.S(rb - 1)}
-    if bias_n is not None:
-        n_split[2] = bias_n
+    sigs = [with_res({0: sr.S(a_m)}, sr.S(ro - 2))]
+    n_split: dict[int, Sbp] = {1: sr.S(b_n)}
+    if ctx.has(2):
+        n_split[2] = sr.S(len(ctx.shape(2)) - 1)
     sigs.append(with_res(n_split, sr.S(ro - 1)))
     if ctx.attr("activation") == "none" and not ctx.has(2) and res is None:
+        # A k split sums partial products: linear only without an epilogue.
         sigs += [
-            sr.sig(ctx, {0: sr.S(ra - 1), 1: sr.S(rb - 2)}, sr.P, 1),
+            sr.sig(ctx, {0: sr.S(a_k), 1: sr.S(b_k)}, sr.P, 1),
             sr.partial(ctx, outs, (0,)),
             sr.partial(ctx, outs, (1,)),
         ]
@@ -798,7 +818,7 @@ def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
 def _fused_flops(ins: list[TensorType | None], outs: list[TensorType], at: Attrs) -> int:
     a = ins[0]
     assert a is not None
-    shape = at["a_shape"] if at["a_view"] else a.shape
+    shape = at["a_shape"] if at["a_view"] else a.shape[::-1] if at["transA"] else a.shape
     assert isinstance(shape, tuple)
     extra = sum(1 for t in ins[2:] if t is not None) + (at["activation"] != "none")
     return 2 * outs[0].numel * int(shape[-1]) + extra * outs[0].numel
@@ -813,6 +833,8 @@ defop(
         "alpha": 1.0,
         "beta": 1.0,
         "activation": "none",
+        "transA": 0,
+        "transB": 0,
         "a_shape": (),
         "a_view": (),
         "b_shape": (),

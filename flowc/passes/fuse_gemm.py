@@ -246,7 +246,8 @@ class _Fuser:
             if cur.type.dtype != dt:
                 continue
             view = _apply(Operand.packed(cur.type.shape), list(reversed(steps)), v)
-            if view is not None and view.matrix() is not None:
+            # A view laid out as v itself gains nothing (its Reshapes are free).
+            if view is not None and view.matrix() is not None and not view.same(best[1]):
                 best = (cur, view)
         return best
 
@@ -427,10 +428,14 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
         return False
     activation = done.activation
     attrs: dict[str, object] = {"alpha": alpha, "beta": beta, "activation": activation}
-    if abase is not a or av != Operand.packed(a.type.shape):
-        attrs["a_shape"], attrs["a_view"] = av.shape, av.to_attr()
-    if bbase is not b or bv != Operand.packed(b.type.shape):
-        attrs["b_shape"], attrs["b_view"] = bv.shape, bv.to_attr()
+    for which, base, view in (("a", abase, av), ("b", bbase, bv)):
+        packed = Operand.packed(base.type.shape)
+        if view.same(packed):
+            continue
+        if base.type.rank >= 2 and view.same(packed.transposed()):
+            attrs[f"trans{which.upper()}"] = 1  # shape-free: splits across devices keep it
+        else:
+            attrs[f"{which}_shape"], attrs[f"{which}_view"] = view.shape, view.to_attr()
     assert result.producer is not None
     where = fz.graph.nodes.index(result.producer)  # before Node() makes itself the producer
     g = fz.graph
