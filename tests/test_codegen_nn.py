@@ -238,6 +238,13 @@ def test_norm_compiled(tmp_path) -> None:  # type: ignore[no-untyped-def]
             [rand(2, 4, 3, 2, 2), rand(4), rand(4), rand(4), var(4)],
             const_inputs=(1, 2, 3, 4),
         ),
+        # Planes of a multiple of 4 elements (four at a time), and more planes than a grid's
+        # y dimension holds (the blocks stride over them).
+        Case("BatchNormalization", [rand(2, 3, 4, 6), rand(3), rand(3), rand(3), var(3)]),
+        Case(
+            "BatchNormalization",
+            [rand(2, 33000, 1), rand(33000), rand(33000), rand(33000), var(33000)],
+        ),
         # Rows shorter and longer than a block, Scale/B broadcast inside the normalized shape,
         # the optional Mean and InvStdDev outputs.
         Case("LayerNormalization", [rand(4, 7, 33), rand(33), rand(33)]),

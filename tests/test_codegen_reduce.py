@@ -1,8 +1,10 @@
 """Reduction, ArgMax/ArgMin, CumSum and softmax kernels in the compiled host build against
 onnxruntime (one build for all cases).
 
-Rows longer than a block (256 threads) make the threads of a row loop before the tree; short
-rows share a block; reductions over non-innermost axes take the strided kernels."""
+Rows longer than a block (256 threads) make the threads of a row loop before the shuffles;
+short rows share a block (and a warp); rows wider than a warp add the cross-warp step;
+float rows of a multiple of 4 elements are read four at a time; reductions over
+non-innermost axes take the strided kernels."""
 
 from __future__ import annotations
 
@@ -170,6 +172,17 @@ def softmax_cases() -> list[Case]:
             cases.append(Case(op, [rand(4, 6, dtype=np.float64)]))
     ties = RNG.integers(0, 3, (6, 300)).astype(np.float32)
     cases += [Case("Hardmax", [ties]), Case("Hardmax", [ties], {"axis": 0})]
+    # Infinite logits through the online sum (NaN rows for +inf and all -inf, as
+    # onnxruntime gives), in rows read four at a time (8, 200 wide: several threads and
+    # several warps per row) and one by one (7).
+    for cols in (7, 8, 200):
+        x = rand(5, cols)
+        x[0, cols // 2] = np.inf
+        x[1, :] = -np.inf
+        x[2, 1 : cols - 1] = -np.inf
+        x[3, cols - 1] = -np.inf
+        cases += [Case("Softmax", [x]), Case("LogSoftmax", [x])]
+    cases += [Case("Softmax", [rand(7, 8)]), Case("LogSoftmax", [rand(3, 4, 12)], {"axis": 1})]
     return cases
 
 
