@@ -50,7 +50,7 @@ _SAMPLES = np.concatenate([np.linspace(-6.0, 6.0, 97), [-2.2, -1.9, 1.9, 2.2, 0.
 # The tanh and erf GELUs differ by up to 2e-4 at these points; a spelling matches within this.
 _MATCH_TOL = 2e-6
 _ACTIVATION_OPS = frozenset(
-    {"Add", "Sub", "Mul", "Div", "Pow", "Tanh", "Relu", "Max", "Cast", "Identity"}
+    {"Add", "Sub", "Mul", "Div", "Pow", "Tanh", "Erf", "Gelu", "Relu", "Max", "Cast", "Identity"}
 )
 
 
