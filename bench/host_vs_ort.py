@@ -85,7 +85,7 @@ def flowc_project(m: Model, work: Path, rebuild: bool) -> Path:
     cmd += ["--target", "host", "--force", *shapes]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"{m.name}: flowc compile failed:\n{r.stderr}")
+        raise FlowcError(f"flowc compile failed: {r.stderr.strip().splitlines()[-2:]}")
     build(project, "host", jobs=os.cpu_count() or 2)
     return project
 
@@ -139,14 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "host_vs_ort.txt")
     args = ap.parse_args(argv)
     selected = set(args.models.split(",")) if args.models else None
-    rows = []
+    rows: list[tuple[str, float, float, float, int, float]] = []
+    failed: list[tuple[str, str]] = []
     for m in models(selected):
         print(f"{m.name}: building", file=sys.stderr, flush=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # gpt2_tiny's training-mode Dropout, known
-            project = flowc_project(m, args.work, args.rebuild)
-        print(f"{m.name}: timing", file=sys.stderr, flush=True)
-        f_ms, launches, f_out = time_flowc(project, m, args.threads, args.runs)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # gpt2_tiny's training-mode Dropout, known
+                project = flowc_project(m, args.work, args.rebuild)
+            print(f"{m.name}: timing", file=sys.stderr, flush=True)
+            f_ms, launches, f_out = time_flowc(project, m, args.threads, args.runs)
+        except FlowcError as e:  # the other models' figures still count
+            print(f"{m.name}: {e.message}", file=sys.stderr)
+            failed.append((m.name, e.message.splitlines()[0]))
+            continue
         o_ms, o_out = time_onnxruntime(m, args.threads, args.runs)
         err = max(max_rel_error(f_out[k], o_out[k]) for k in o_out)
         rows.append((m.name, f_ms, o_ms, f_ms / o_ms, launches, err))
@@ -172,13 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(
             f"{name:<16} {f_ms:>10.3f} {o_ms:>10.3f} {ratio:>7.2f} {launches:>9d} {err:>9.1e}"
         )
+    lines += [f"{name:<16} failed: {why}" for name, why in failed]
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if selected is None:  # a partial run does not replace the committed table
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
