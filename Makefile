@@ -12,7 +12,7 @@ DEMO_MODEL ?= examples/models/resnet_tiny.onnx
 APT_PKGS := g++ clang-format libopenblas-dev libboost-context-dev libopenmpi-dev openmpi-bin
 CXX_SOURCES = $(shell find runtime_cpp tests/runtime bench -name '*.h' -o -name '*.cu' 2>/dev/null)
 
-.PHONY: setup sysdeps test lint typecheck pytest demo bench clean
+.PHONY: setup sysdeps test lint typecheck pytest demo bench clean gpu-prepare gpu-check gpu-anchors
 
 setup: $(STAMP) sysdeps
 
@@ -59,6 +59,25 @@ demo: setup
 bench: setup
 	$(BIN)/python bench/run_runtime_bench.py
 	$(BIN)/python bench/host_vs_ort.py
+
+# GPU checks (docs/performance.md, "GPU checks"). gpu-prepare, where PyPI is reachable,
+# fills .gpu/ (carried to the GPU machine, which fetches nothing); gpu-check and gpu-anchors
+# run there under its python3 (torch, CuPy), flowc from this tree. DRY=1: the CPU dry run
+# here (flowc from .venv, torch from TORCH_PYTHON, a venv of its own kept out of .venv).
+GPU_PYTHON   ?= python3
+TORCH_PYTHON ?= /tmp/torchvenv/bin/python
+GPU_ARGS     ?=
+GPU_RUN = $(if $(DRY),$(BIN)/python,$(GPU_PYTHON)) bench/gpu/gpu_check.py
+GPU_DRY = $(if $(DRY),--dry-run --torch-python $(TORCH_PYTHON))
+
+gpu-prepare:
+	bash bench/gpu/prepare.sh
+
+gpu-check:
+	$(GPU_RUN) check $(GPU_DRY) $(GPU_ARGS)
+
+gpu-anchors:
+	$(GPU_RUN) anchors $(GPU_DRY) $(GPU_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist demo_out .pytest_cache .mypy_cache .ruff_cache
