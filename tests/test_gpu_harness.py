@@ -66,8 +66,9 @@ def _need_nvcc() -> None:
         pytest.skip("no nvcc here: the cubin is not built")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def need_gpu() -> None:
+    """Module-scoped, so that it runs (and skips) before the module-scoped builds."""
     why = gpu.have_gpu()
     if why is not None:
         pytest.skip(f"{why}: the GPU harnesses run only on a machine with a GPU")
@@ -247,13 +248,9 @@ def test_kernels_on_gpu(need_gpu: None, families: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cuda_mlp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def cuda_mlp(need_gpu: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from flowc.harness.build import build
 
-    # Module-scoped fixtures are set up before the tests' own (need_gpu): skip here first.
-    why = gpu.have_gpu()
-    if why is not None:
-        pytest.skip(f"{why}: the GPU harnesses run only on a machine with a GPU")
     model, feeds = _mlp()
     project = tmp_path_factory.mktemp("mlp") / "p"
     gpu.compile_for_harness(model, project)

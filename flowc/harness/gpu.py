@@ -1009,7 +1009,14 @@ def run_plan(
     symbols = check_cubin(plan, cubin_kernels(cubin))
     functions = {name: module.get_function(sym) for name, sym in symbols.items()}
     info = plan.info
-    inputs = [drv.to_device(_bytes_view(a)) for a in _feed_arrays(info, feeds)]
+
+    def upload(a: np.ndarray) -> Any:
+        buf = drv.mem_alloc(max(a.nbytes, 1))  # no zero-byte allocations
+        if a.nbytes:
+            drv.memcpy_htod(buf, _bytes_view(a))
+        return buf
+
+    inputs = [upload(a) for a in _feed_arrays(info, feeds)]
     specs = _output_specs(info)
     outputs = [drv.mem_alloc(max(int(np.prod(s)) * d.itemsize, 1)) for _, d, s in specs]
     weights = drv.mem_alloc(max(plan.device_weight_bytes, 256))
@@ -1202,6 +1209,8 @@ class CupyBackend(Backend):
 
     def upload(self, a: np.ndarray) -> int:
         buf = self.cp.asarray(_bytes_view(a))
+        # The copy went on CuPy's current stream, not the one run() is given: wait for it.
+        self.cp.cuda.get_current_stream().synchronize()
         self._keep.append(buf)
         return int(buf.data.ptr)
 
