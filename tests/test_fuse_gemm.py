@@ -22,7 +22,7 @@ from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import run_onnxruntime
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Graph, Node
-from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+from flowc.passes.manager import COMPILE_PIPELINE, PassManager, compile_pipeline
 
 RNG = np.random.default_rng(5)
 TOL = 1e-5
@@ -224,7 +224,7 @@ def test_fused_graph_matches_onnxruntime(compiled: tuple[Graph, Path, _Model]) -
         assert max_rel_error(got[name], ref[name]) <= TOL, name
 
 
-def _fused(name: str) -> list[Node]:
+def _fused(name: str, precision: str = "fp32") -> list[Node]:
     feeds, _ = _shared_io(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -232,7 +232,7 @@ def _fused(name: str) -> list[Node]:
             SHARED_MODELS / f"{name}.onnx",
             ImportOptions(shapes={k: v.shape for k, v in feeds.items()}),
         )
-    graph = PassManager(COMPILE_PIPELINE).run(graph)
+    graph = PassManager(compile_pipeline(precision)).run(graph)
     return [n for n in graph.nodes if n.op == "FusedGemm"]
 
 
@@ -256,3 +256,6 @@ def test_shared_models_epilogues() -> None:
         assert c["residual"] == 4 and c["bias"] >= 10 and c["gelu"] == 0, (name, c)
     mlp = _counts(_fused("mlp"))
     assert mlp == {"bias": 2, "residual": 0, "gelu": 0, "relu": 1}, mlp
+    # Stored in bfloat16: through widen_types' casts, with the GELU's constants rounded.
+    gpt2 = _counts(_fused("gpt2_tiny", "bf16"))
+    assert gpt2["gelu"] == 2 and gpt2["residual"] == 4, gpt2

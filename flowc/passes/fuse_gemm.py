@@ -280,7 +280,13 @@ def _classify(x: Value, nodes: list[Node], result: Value) -> str | None:
         return None
     if np.allclose(got, np.maximum(_SAMPLES, 0.0), rtol=0, atol=_MATCH_TOL):
         return "relu"
-    if np.allclose(got, gelu_tanh(_SAMPLES), rtol=0, atol=_MATCH_TOL) and not np.allclose(
+    # The tanh GELU with its constants exact, or rounded to the program's narrow storage type
+    # (--precision bf16/fp16 stores them narrow: a model's 0.044715 becomes 0.04468 in bf16).
+    gelus = [gelu_tanh(_SAMPLES)]
+    for dt in NARROW:
+        c1, c2 = (float(np.asarray(c).astype(dt.np)) for c in (0.044715, np.sqrt(2.0 / np.pi)))
+        gelus.append(0.5 * _SAMPLES * (1.0 + np.tanh(c2 * (_SAMPLES + c1 * _SAMPLES**3))))
+    if any(np.allclose(got, g, rtol=0, atol=_MATCH_TOL) for g in gelus) and not np.allclose(
         got, _erf_gelu(_SAMPLES), rtol=0, atol=_MATCH_TOL
     ):
         return "gelu_tanh"
@@ -422,10 +428,16 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
     residual = residual or done.residual
     result = done.result
     changed_views = abase is not a or bbase is not b
-    if not done.members and not changed_views and node.op == "MatMul":
+    # Reshapes and casts alone fuse nothing: a GEMM with nothing gained stays as it is.
+    gained = any(n.op not in ("Reshape", "Cast") for n in done.members)
+    if (
+        not gained
+        and not changed_views
+        and (node.op == "MatMul" or (bias is None and residual is None))
+    ):
         return False
-    if node.op == "Gemm" and not done.members and bias is None and residual is None:
-        return False
+    if not gained:
+        result = out
     activation = done.activation
     attrs: dict[str, object] = {"alpha": alpha, "beta": beta, "activation": activation}
     for which, base, view in (("a", abase, av), ("b", bbase, bv)):
