@@ -125,6 +125,11 @@ def fusion_model() -> _Model:
     # A head split (S, H*D) -> (H, S, D) read through batch strides.
     heads = m.op("Transpose", m.op("Reshape", h, m.const_i64([4, 2, 4])), perm=[1, 0, 2])
     m.op("MatMul", heads, hb, out="head_split")
+    # (B, S, H*D) -> (B, H, S, D): no one stride steps over both B and H (S > 1), so a loop
+    # over B of strided-batched calls over H.
+    h2, hb2 = m.input("h2", _f(2, 3, 8)), m.input("hb2", _f(2, 2, 4, 3))
+    heads2 = m.op("Transpose", m.op("Reshape", h2, m.const_i64([2, 3, 2, 4])), perm=[0, 2, 1, 3])
+    m.op("MatMul", heads2, hb2, out="head_split_batched")
     for o in [
         "relu",
         "gelu_pow",
@@ -137,6 +142,7 @@ def fusion_model() -> _Model:
         "kt",
         "split_views",
         "head_split",
+        "head_split_batched",
     ]:
         m.output(o)
     return m
@@ -207,6 +213,8 @@ def test_epilogues_fused(compiled: tuple[Graph, Path, _Model]) -> None:
     assert heads.attrs.get("a_view") == (0, 4, 8, 1)
     src = heads.inputs[0]
     assert src is not None and src.producer is not None and src.producer.op == "Reshape"
+    batched = _producer(graph, "head_split_batched")
+    assert batched.attrs.get("a_view") == (0, 24, 4, 8, 1)
     views = [_producer(graph, "split_views")]
     views.append(views[0].inputs[0].producer)  # type: ignore[union-attr]
     assert {n.attrs.get("b_view") for n in views} == {(8, 12, 1), (4, 1, 12)}
