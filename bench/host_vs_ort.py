@@ -8,9 +8,11 @@ to bench/results/host_vs_ort.txt.
 
 Models: ../shared/models/*.onnx (inputs from NAME.io.npz) and the onnx package's light
 ResNet-50 (a seeded random input). Projects are built once into build/host_vs_ort/ (Release
-flags) and reused; --rebuild makes them again.
+flags) and reused; --rebuild makes them again. Only a run of every model at the default
+precision replaces the results file; --models and --precision runs just print.
 
     python bench/host_vs_ort.py [--threads 2] [--runs 20] [--models mlp,light_resnet50]
+                                [--precision bf16]
 """
 
 from __future__ import annotations
@@ -75,14 +77,16 @@ def models(selected: set[str] | None) -> list[Model]:
     return found
 
 
-def flowc_project(m: Model, work: Path, rebuild: bool) -> Path:
+def flowc_project(m: Model, work: Path, rebuild: bool, precision: str | None) -> Path:
     """The model compiled and built for the host (Release), reused when already built."""
-    project = work / m.name
+    project = work / (m.name if precision is None else f"{m.name}-{precision}")
     if not rebuild and (build_dir(project, "host") / "model_main").is_file():
         return project
     shapes = [f"--shape={k}={'x'.join(map(str, a.shape))}" for k, a in m.feeds.items()]
     cmd = [sys.executable, "-m", "flowc", "compile", str(m.path), "-o", str(project)]
     cmd += ["--target", "host", "--force", *shapes]
+    if precision is not None:
+        cmd += ["--precision", precision]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise FlowcError(f"flowc compile failed: {r.stderr.strip().splitlines()[-2:]}")
@@ -136,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated subset (default: all)")
     ap.add_argument("--work", type=Path, default=REPO / "build" / "host_vs_ort")
     ap.add_argument("--rebuild", action="store_true", help="compile and build again")
+    ap.add_argument(
+        "--precision", default=None, help="flowc compile --precision (default: flowc's default)"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results" / "host_vs_ort.txt")
     args = ap.parse_args(argv)
     selected = set(args.models.split(",")) if args.models else None
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # gpt2_tiny's training-mode Dropout, known
-                project = flowc_project(m, args.work, args.rebuild)
+                project = flowc_project(m, args.work, args.rebuild, args.precision)
             print(f"{m.name}: timing", file=sys.stderr, flush=True)
             f_ms, launches, f_out = time_flowc(project, m, args.threads, args.runs)
         except FlowcError as e:  # the other models' figures still count
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, flowc {rev or '?'}, "
         f"{platform.machine()} {os.cpu_count()} cores, load average {load}; "
         f"flowc: OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE')}, "
-        "default precision",
+        f"{'precision ' + args.precision if args.precision else 'default precision'}",
         "# ratio = flowc / onnxruntime (below 1: flowc faster); launches = kernels + library "
         "calls per run (FLOWC_STATS=1); err = max|flowc-ort| / max|ort|",
         f"{'model':<16} {'flowc ms':>10} {'ort ms':>10} {'ratio':>7} {'launches':>9} {'err':>9}",
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"{name:<16} failed: {why}" for name, why in failed]
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    if selected is None:  # a partial run does not replace the committed table
+    if selected is None and args.precision is None:  # only the full default table is kept
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
