@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,10 +235,14 @@ def start_exports(
 
 
 def finish_exports(
-    log: Log, procs: dict[tuple[str, int], subprocess.Popen[str] | None], work: Path, timeout: float
-) -> dict[tuple[str, int], Path]:
-    done = {}
-    end = time.time() + timeout
+    log: Log,
+    procs: dict[tuple[str, int], subprocess.Popen[str] | None],
+    work: Path,
+    deadline: float,
+) -> Iterator[tuple[tuple[str, int], Path]]:
+    """Each export as it ends (in the order started), until ``deadline``."""
+    done = 0
+    end = deadline
     for (model, batch), p in procs.items():
         d = work / "export" / f"{model}_b{batch}"
         if p is not None:
@@ -251,9 +256,10 @@ def finish_exports(
                 tail = (d / "export.log").read_text(errors="replace").strip()[-1500:]
                 log(f"export of {model} b{batch} FAILED (exit {rc}):\n{tail}")
                 continue
-        done[(model, batch)] = d / f"{model}_b{batch}"
-    log(f"exported {len(done)} of {len(procs)} models")
-    return done
+        done += 1
+        log(f"exported {model} b{batch}")
+        yield (model, batch), d / f"{model}_b{batch}"
+    log(f"exported {done} of {len(procs)} models")
 
 
 # -- 2. the PyCUDA harnesses ----------------------------------------------------------------
@@ -306,38 +312,43 @@ def flowc_has_precision(env: dict[str, str]) -> bool:
     return "--precision" in r.stdout
 
 
+def run_limited(cmd: list[str], env: dict[str, str], deadline: float) -> tuple[int, str]:
+    """``cmd`` in a process group of its own, all of it killed at ``deadline`` (a build's
+    cmake, make and nvcc too); returns the exit status (124: killed) and the output."""
+    p = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, _ = p.communicate(timeout=max(deadline - time.time(), 1))
+        return p.returncode, out
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, 9)
+        out, _ = p.communicate()
+        return 124, out + "\n(stopped: the time budget ran out)"
+
+
 def compile_and_build(
-    cell: dict[str, Any], target: str, env: dict[str, str], precision_flag: bool
+    cell: dict[str, Any], target: str, env: dict[str, str], precision_flag: bool, deadline: float
 ) -> dict[str, Any]:
-    """One cell's `flowc compile` and quick build (run in a worker thread; each step is a
+    """One cell's `flowc compile` and quick build (in a worker thread; each step is a
     process of its own)."""
     t0 = time.time()
     proj = Path(cell["project"])
-    cmd = [
-        sys.executable,
-        "-m",
-        "flowc",
-        "compile",
-        str(cell["onnx"]),
-        "-o",
-        str(proj),
-        "--target",
-        target,
-    ]
+    cmd = [sys.executable, "-m", "flowc", "compile", f"{cell['stem']}.onnx", "-o", str(proj),
+           "--target", target]  # fmt: skip
     if precision_flag:
         cmd += ["--precision", cell["precision"]]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        return {"built": False, "why": "compile failed: " + r.stderr.strip()[-1200:]}
+    rc, out = run_limited(cmd, env, deadline)
+    if rc != 0:
+        return {"built": False, "why": "compile failed: " + out.strip()[-1200:]}
     t1 = time.time()
-    r = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "_build", str(proj), target],
-        capture_output=True,
-        text=True,
-        env=env,
+    rc, out = run_limited(
+        [sys.executable, str(Path(__file__).resolve()), "_build", str(proj), target], env, deadline
     )
-    if r.returncode != 0:
-        return {"built": False, "why": "build failed: " + (r.stdout + r.stderr).strip()[-1500:]}
+    if rc != 0:
+        return {"built": False, "why": "build failed: " + out.strip()[-1500:]}
     return {"built": True, "compile_s": round(t1 - t0, 1), "build_s": round(time.time() - t1, 1)}
 
 
@@ -522,6 +533,46 @@ def cmd_check(a: argparse.Namespace) -> int:
     pycuda = None if dry else start_pycuda_build(log, env)
     pairs = [(m, b) for m in models for b in batches]
     exports = start_exports(log, pairs, work, a.torch_python, tiny=dry)
+    # 4. compile and build, in parallel: each model's cells as soon as its export is there
+    # (beside the PyCUDA build and the harnesses; the timings wait for all of it).
+    has_flag = flowc_has_precision(env)
+    if not has_flag:
+        log(
+            "flowc compile has no --precision here: compiling fp32 only (the other "
+            "precisions are timed for PyTorch alone)"
+        )
+    cells = [
+        {
+            "model": model,
+            "batch": batch,
+            "precision": p,
+            "stem": str(work / "export" / f"{model}_b{batch}" / f"{model}_b{batch}"),
+            "project": str(work / "proj" / f"{model}_b{batch}_{p}"),
+            "compiled": has_flag or p == "fp32",
+        }
+        for model, batch in pairs
+        for p in precisions
+    ]
+    # Two compiler processes per build (model.cu and main.cu side by side).
+    workers = max(1, min(len(cells), (os.cpu_count() or 2) // 2))
+    log(
+        f"flowc compile + build ({target}) of {sum(c['compiled'] for c in cells)} projects, "
+        f"{workers} at a time, each as soon as its model is exported"
+    )
+    build_pool = concurrent.futures.ThreadPoolExecutor(workers)
+    exported: dict[tuple[str, int], Path] = {}
+    futures: dict[concurrent.futures.Future[dict[str, Any]], dict[str, Any]] = {}
+
+    def after_export() -> None:
+        for pair, stem in finish_exports(log, exports, work, deadline=end - 60):
+            exported[pair] = stem
+            for c in cells:
+                if (c["model"], c["batch"]) == pair and c["compiled"]:
+                    fut = build_pool.submit(compile_and_build, c, target, env, has_flag, end - 45)
+                    futures[fut] = c
+
+    feeder = concurrent.futures.ThreadPoolExecutor(1)
+    fed = feeder.submit(after_export)
     # 2. the PyCUDA harnesses
     state, src = (
         ("not built (dry run: no GPU)", None)
@@ -533,53 +584,18 @@ def cmd_check(a: argparse.Namespace) -> int:
     record["gpu_tests"] = gpu_tests(
         log, test_env, timeout=max(30, min(200, end - time.time() - 120))
     )
-    # 3. exports
-    exported = finish_exports(log, exports, work, timeout=end - time.time() - 60)
-    # 4. compile and build, in parallel
-    has_flag = flowc_has_precision(env)
-    if not has_flag:
-        log(
-            "flowc compile has no --precision here: compiling fp32 only (the other "
-            "precisions are timed for PyTorch alone)"
-        )
-    cells = []
-    for (model, batch), stem in exported.items():
-        for p in precisions:
-            cells.append(
-                {
-                    "model": model,
-                    "batch": batch,
-                    "precision": p,
-                    "onnx": f"{stem}.onnx",
-                    "stem": str(stem),
-                    "project": str(work / "proj" / f"{model}_b{batch}_{p}"),
-                    "compiled": has_flag or p == "fp32",
-                }
-            )
-    workers = max(1, min(len(cells), (os.cpu_count() or 2) if not dry else 2))
-    log(
-        f"flowc compile + build ({target}) of {sum(c['compiled'] for c in cells)} projects, "
-        f"{workers} at a time"
-    )
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {
-            pool.submit(compile_and_build, c, target, env, has_flag): c
-            for c in cells
-            if c["compiled"]
-        }
-        left = end - time.time() - 45
-        done, pending = concurrent.futures.wait(futures, timeout=max(left, 1))
-        for f in pending:
-            futures[f]["why"] = "not built within the time budget"
-            f.cancel()
-        for f in done:
-            futures[f].update(f.result())
+    # 3. the exports, then 4. the builds they started
+    fed.result()
+    feeder.shutdown()
+    for f in concurrent.futures.as_completed(futures):
+        futures[f].update(f.result())
+    build_pool.shutdown()
     for c in cells:
         if c["compiled"]:
             state_ = (
                 f"built (compile {c['compile_s']} s, build {c['build_s']} s)"
                 if c.get("built")
-                else f"NOT BUILT: {c.get('why', '?')}"
+                else f"NOT BUILT: {c.get('why', 'its model was not exported')}"
             )
             log(f"  {c['model']} b{c['batch']} {c['precision']}: {state_}")
     # 5. PyTorch eager, alone on the GPU
@@ -591,7 +607,7 @@ def cmd_check(a: argparse.Namespace) -> int:
             "modes": ["eager"],
             "reference": f"{stem}.io.npz",
         }
-        for (m, b), stem in exported.items()
+        for (m, b), stem in sorted(exported.items(), key=lambda kv: pairs.index(kv[0]))
     ]
     log("PyTorch eager (one process, the GPU otherwise idle)")
     torch_rows = run_torch_side(
