@@ -155,6 +155,22 @@ CASES += [
         has=["(S(1), S(0)) -> (S(1))", "(S(0), B) -> (S(0))"],
         lacks=["(P, B) -> (P)"],
     ),
+    # Q, K, V read as heads of [B, S, H * D] projections, a [B, 1, 1, S] mask, the output
+    # [B, S, H, D]: batches and heads split (the mask follows the batch, is whole for a head
+    # split), on meshes whose factors divide them; keys never.
+    Case(
+        "FusedAttention",
+        "FusedAttention",
+        [f32(4, 8, 8), f32(4, 8, 8), f32(4, 8, 8), f32(4, 1, 1, 8, lo=-2, hi=0)],
+        {
+            "sizes": (4, 2, 8, 8, 4, 4),
+            **{f"{w}_layout": "b,s,hd" for w in ("q", "k", "v")},
+            "out_layout": "b,s,h,d",
+            "scale": 0.5,
+        },
+        has=["(S(0), S(0), S(0), S(0)) -> (S(0))", "(S(2), S(2), S(2), B) -> (S(2))"],
+        lacks=["(S(1), S(1), S(1), S(3)) -> (S(1))"],
+    ),
 ]
 
 # Integers: sums and products wrap exactly, but a division truncates each part.
@@ -202,6 +218,28 @@ CASES += [
     Case("MatMul-vec-mat", "MatMul", [f32(8), f32(2, 8, 4)], has=["(S(0), S(1)) -> (P)"]),
     Case("MatMul-mat-vec", "MatMul", [f32(2, 4, 8), f32(8)], has=["(S(1), B) -> (S(1))"]),
     Case("MatMul-vec-vec", "MatMul", [f32(8), f32(8)], has=["(S(0), S(0)) -> (P)"]),
+    # fuse_gemm's GEMM + epilogue: row/column/batch splits; a k split only without one.
+    Case(
+        "FusedGemm-bias-relu",
+        "FusedGemm",
+        [f32(2, 4, 8), f32(8, 4), f32(4)],
+        {"activation": "relu"},
+        has=["(S(1), B, B) -> (S(1))", "(B, S(1), S(0)) -> (S(2))", "(S(0), B, B) -> (S(0))"],
+        lacks=["(S(2), S(0), B) -> (P)"],
+    ),
+    Case(
+        "FusedGemm-residual",
+        "FusedGemm",
+        [f32(4, 8), f32(8, 6), None, f32(4, 6)],
+        lacks=["(S(1), S(0), None, P) -> (P)"],
+    ),
+    Case(
+        "FusedGemm-transB",
+        "FusedGemm",
+        [f32(4, 8), f32(6, 8)],
+        {"transB": 1},
+        has=["(S(1), S(1)) -> (P)", "(B, S(0)) -> (S(1))", "(P, B) -> (P)"],
+    ),
     Case(
         "Gemm",
         "Gemm",
