@@ -81,10 +81,13 @@ def _find_lib(name: str, header: str, wheel_dir: str) -> CudaLib | None:
     if inc and lib:
         return CudaLib(name, inc, lib, f"lib{name}.so")
     for root in _wheel_roots():
-        winc, wlib = root / wheel_dir / "include", root / wheel_dir / "lib"
-        versioned = sorted(wlib.glob(f"lib{name}.so*"))
-        if (winc / header).is_file() and versioned:
-            return CudaLib(name, winc, wlib, versioned[0].name)
+        # CUDA 13's toolkit wheels (nvidia-cublas 13, as PyTorch's cu13 builds pull in)
+        # install into nvidia/cu13/ rather than a folder per library.
+        for sub in (wheel_dir, "cu13"):
+            winc, wlib = root / sub / "include", root / sub / "lib"
+            versioned = sorted(wlib.glob(f"lib{name}.so*"))
+            if (winc / header).is_file() and versioned:
+                return CudaLib(name, winc, wlib, versioned[0].name)
     return None
 
 
