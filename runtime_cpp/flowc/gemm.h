@@ -7,7 +7,9 @@
 //
 // plan_gemm() makes a call's descriptors, layouts, preference and algorithm once (a program's
 // create()); run_gemm() only executes it, ordered on `stream` like a kernel launch. A plan is
-// tied to the handle (and so the workspace) it was made with: one stream's.
+// tied to the handle (and so the workspace) it was made with: one stream's. Where cuBLASLt has
+// no algorithm with the epilogue for a problem, the plan runs the product without it and a
+// kernel of this header applies bias and activation after it (GemmPlan::epilogue_kernel).
 //
 // Precision: fp32 A/B/C computes exactly in fp32 (CUBLAS_COMPUTE_32F) unless the desc asks for
 // tf32 (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to TF32 on tensor cores). float16 and
@@ -103,6 +105,35 @@ inline Status check_bias(const GemmDesc& d, const void* bias) {
   return Status::Ok();
 }
 
+namespace detail {
+
+// The epilogue of one element, in float: what cuBLASLt computes, what the host emulates and
+// what the GPU's fallback kernel applies.
+__host__ __device__ inline float gelu_tanh(float x) {
+  const float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+__host__ __device__ inline float epilogue(GemmEpilogue e, float x, float b) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return x;
+    case GemmEpilogue::kBias:
+      return x + b;
+    case GemmEpilogue::kReluBias:
+      return fmaxf(x + b, 0.0f);
+    case GemmEpilogue::kGeluBias:
+      return gelu_tanh(x + b);
+    case GemmEpilogue::kRelu:
+      return fmaxf(x, 0.0f);
+    case GemmEpilogue::kGelu:
+      return gelu_tanh(x);
+  }
+  return x;
+}
+
+}  // namespace detail
+
 #if defined(FLOWC_HOST)
 
 struct BlasHandle {};
@@ -126,29 +157,6 @@ inline Status plan_gemm(BlasHandle&, const GemmDesc& d, GemmPlan* p) {
 inline void destroy_plan(GemmPlan* p) { *p = GemmPlan{}; }
 
 namespace detail {
-
-inline float gelu_tanh(float x) {
-  const float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
-
-inline float epilogue(GemmEpilogue e, float x, float b) {
-  switch (e) {
-    case GemmEpilogue::kNone:
-      return x;
-    case GemmEpilogue::kBias:
-      return x + b;
-    case GemmEpilogue::kReluBias:
-      return std::fmax(x + b, 0.0f);
-    case GemmEpilogue::kGeluBias:
-      return gelu_tanh(x + b);
-    case GemmEpilogue::kRelu:
-      return std::fmax(x, 0.0f);
-    case GemmEpilogue::kGelu:
-      return gelu_tanh(x);
-  }
-  return x;
-}
 
 // A rows x cols matrix of T (leading dimension ld) read as packed float.
 template <class T>
@@ -310,8 +318,38 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // No algorithm had the epilogue: the library computes alpha A B + beta C, a kernel of ours
+  // applies the bias and the activation after it (the named fallback).
+  bool epilogue_kernel = false;
   bool made = false;
 };
+
+namespace detail {
+
+template <class T>
+__global__ void gemm_epilogue(T* d, const T* bias, GemmEpilogue e, int64_t m, int64_t n, int64_t ldc,
+                              int64_t batch, int64_t stride_c) {
+  const int64_t total = batch * m * n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t col = i % n, row = (i / n) % m, b = i / (m * n);
+    T& out = d[b * stride_c + row * ldc + col];
+    const float bv = bias ? static_cast<float>(bias[col]) : 0.0f;
+    out = T(epilogue(e, static_cast<float>(out), bv));
+  }
+}
+
+template <class T>
+cudaError_t launch_epilogue(const GemmDesc& desc, void* d, const void* bias, cudaStream_t stream) {
+  const int64_t total = desc.batch * desc.m * desc.n;
+  const int64_t blocks = (total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096;
+  FLOWC_LAUNCH((gemm_epilogue<T>), dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
+               static_cast<T*>(d), static_cast<const T*>(bias), desc.epilogue, desc.m, desc.n, desc.ldc,
+               desc.batch, desc.stride_c);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
 
 inline void destroy_plan(GemmPlan* p) {
   if (p->pref) cublasLtMatmulPreferenceDestroy(p->pref);
@@ -392,9 +430,18 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (cublasLtMatmulAlgoGetHeuristic(h.lt, p->op, p->a, p->b, p->c, p->c, p->pref, 1, &result, &found) !=
-          CUBLAS_STATUS_SUCCESS ||
-      found == 0) {
+  auto heuristic = [&] {
+    found = 0;
+    return cublasLtMatmulAlgoGetHeuristic(h.lt, p->op, p->a, p->b, p->c, p->c, p->pref, 1, &result, &found) ==
+               CUBLAS_STATUS_SUCCESS &&
+           found > 0;
+  };
+  bool have = heuristic();
+  if (!have && d.epilogue != GemmEpilogue::kNone) {
+    const uint32_t none = CUBLASLT_EPILOGUE_DEFAULT;
+    p->epilogue_kernel = lt_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, none) && (have = heuristic());
+  }
+  if (!have) {
     destroy_plan(p);
     return NotSupported("gemm: cuBLASLt has no algorithm for this problem");
   }
@@ -411,13 +458,29 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
   if (p.desc.m == 0 || p.desc.n == 0) return Status::Ok();
   // The bias address is a call's, not the plan's (plans are shared by identical calls); setting
   // it is a host-side store into the descriptor, read when the call is queued.
-  if (bias != nullptr && !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) {
+  if (bias != nullptr && !p.epilogue_kernel && !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) {
     return LibraryError("gemm: cuBLASLt rejected the bias pointer");
   }
   const cublasStatus_t st = cublasLtMatmul(p.lt, p.op, &p.desc.alpha, b, p.a, a, p.b, &p.desc.beta, c ? c : d,
                                            p.c, d, p.c, &p.algo, p.workspace, p.workspace_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     return LibraryError("cublasLtMatmul failed with status " + std::to_string(st));
+  if (p.epilogue_kernel) {
+    cudaError_t e = cudaSuccess;
+    switch (p.desc.type) {
+      case DataType::kF32:
+        e = detail::launch_epilogue<float>(p.desc, d, bias, stream);
+        break;
+      case DataType::kF16:
+        e = detail::launch_epilogue<f16>(p.desc, d, bias, stream);
+        break;
+      case DataType::kBF16:
+        e = detail::launch_epilogue<bf16>(p.desc, d, bias, stream);
+        break;
+    }
+    if (e != cudaSuccess)
+      return LibraryError(std::string("gemm: the epilogue kernel: ") + cudaGetErrorString(e));
+  }
   return Status::Ok();
 }
 
