@@ -210,7 +210,61 @@ def _shapes(ctx: InferCtx) -> dict[str, tuple[int, ...]]:
     return {w: ctx.shape(i) for i, w in enumerate(OPERANDS)}
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_attrs(ctx: InferCtx) -> None:
+    """The attributes' types and forms (a DSL program may write anything)."""
+    a = ctx.attrs
+    if "sizes" not in a:
+        raise ctx.fail("needs sizes=[B, H, Sq, Sk, D, Dv] (the global letter sizes)")
+    sizes = a["sizes"]
+    if not (
+        isinstance(sizes, tuple) and len(sizes) == 6 and all(_is_int(n) and n >= 1 for n in sizes)
+    ):
+        raise ctx.fail(f"sizes must be 6 positive integers [B, H, Sq, Sk, D, Dv], not {sizes!r}")
+    for w in (*OPERANDS, "out"):
+        text = a[f"{w}_layout"]
+        allowed = "bhsdc" if w != "out" else "bhsd"
+        axes = parse_layout(text) if isinstance(text, str) else None
+        letters = "".join(axes or [])
+        if (
+            axes is None
+            or any(ax != "" and not set(ax) <= set(allowed) for ax in axes)
+            or len(set(letters)) != len(letters)
+            or any(ax == "" for ax in str(text).split(","))
+        ):
+            raise ctx.fail(
+                f"{w}_layout must name each of the letters {allowed} at most once, axes "
+                f"separated by commas ('1': a size-1 axis), not {text!r}"
+            )
+        if w == "out":
+            continue
+        chunk = a[f"{w}_chunk"]
+        if not (
+            isinstance(chunk, tuple)
+            and len(chunk) == 2
+            and all(_is_int(n) for n in chunk)
+            and 0 <= chunk[0] < chunk[1]
+            and (chunk[1] > 1) == ("c" in letters)
+        ):
+            raise ctx.fail(
+                f"{w}_chunk must be [index, count] with 0 <= index < count, count > 1 exactly "
+                f"when {w}_layout has the chunk letter c; got {chunk!r}"
+            )
+    for name in ("scale", "where_fill"):
+        if not isinstance(a[name], (int, float, np.number)) or isinstance(a[name], bool):
+            raise ctx.fail(f"{name} must be a number, not {a[name]!r}")
+    for name in ("mask_first", "causal", "nan_zero"):
+        if a[name] not in (0, 1) or isinstance(a[name], float):
+            raise ctx.fail(f"{name} must be 0 or 1, not {a[name]!r}")
+    if str(a["where"]) not in WHERE_MODES:
+        raise ctx.fail(f"where must be one of {', '.join(WHERE_MODES)}, not {a['where']!r}")
+
+
 def _infer(ctx: InferCtx) -> list[TensorType]:
+    _check_attrs(ctx)
     a = ctx.attrs
     dt = ctx.dtype(0)
     if not dt.is_float:
@@ -218,11 +272,11 @@ def _infer(ctx: InferCtx) -> list[TensorType]:
     for i in (1, 2):
         if ctx.dtype(i) != dt:
             raise ctx.fail(f"operands differ in type: q is {dt}, input {i} {ctx.dtype(i)}")
-    if str(a["where"]) not in WHERE_MODES:
-        raise ctx.fail(f"where must be one of {', '.join(WHERE_MODES)}, not {a['where']!r}")
     try:
         g = geometry(a, _shapes(ctx))
         if ctx.has(3):
+            if not ctx.dtype(3).is_float:
+                raise ctx.fail(f"the additive mask must be floating-point, got {ctx.dtype(3)}")
             mask_strides(ctx.shape(3), g)
         if ctx.has(4):
             if ctx.dtype(4) != DType.BOOL:

@@ -16,8 +16,9 @@ Matched per Softmax over the last axis, backwards from it:
 Every intermediate must feed only the next step (the scores are then never needed). Q, K
 and V are followed back through Transpose, Reshape, one Split with equal chunks and the
 scale Muls as long as their elements keep a fixed stride per logical axis; the output
-forwards through Transpose and Reshape likewise (so the Transpose(0,2,1,3) +
-Reshape(B,S,H*D) after the heads disappears). What cannot be followed stays and is read
+forwards through Transpose and Reshape likewise, up to where batches or heads would
+share an axis with another letter (so the Transpose(0,2,1,3) after the heads disappears;
+the Reshape(B,S,H*D) after it stays, a view). What cannot be followed stays and is read
 as it is. A constant mask that is 0 on and below the diagonal and at most -1e9 above it
 (or a Where of such a condition with such a fill) becomes the ``causal`` flag: exp of
 those scores underflows to 0, so skipping them gives the same result, and the kernel
@@ -108,7 +109,7 @@ def _follow(path: Path, scaled: bool) -> Path:
         x = p.inputs[0]
         a = node_attrs(p)
         if p.op == "Transpose":
-            perm = [int(i) for i in a["perm"]]  # type: ignore[union-attr]
+            perm = [int(i) for i in a["perm"]]
             lay: Layout = [""] * len(perm)
             for k, src in enumerate(perm):
                 lay[src] = path.layout[k]
@@ -119,7 +120,7 @@ def _follow(path: Path, scaled: bool) -> Path:
                 return path
             path.layout = got
         elif p.op == "Split" and path.chunk == (0, 1):
-            axis = int(a["axis"]) % x.type.rank  # type: ignore[call-overload]
+            axis = int(a["axis"]) % x.type.rank
             sizes = {o.type.shape[axis] for o in p.outputs}
             if len(sizes) != 1 or path.value.type.shape[axis] <= 1:
                 return path
@@ -157,13 +158,17 @@ def _forward(
         u = us[0]
         y = u.outputs[0]
         if u.op == "Transpose":
-            perm = [int(i) for i in node_attrs(u)["perm"]]  # type: ignore[union-attr]
+            perm = [int(i) for i in node_attrs(u)["perm"]]
             lay = [layout[src] for src in perm]
         else:
             got = _partition(layout, sizes, y.type.shape)
             if got is None:
                 break
             lay = got
+        # Batches and heads keep axes of their own in the output: a mesh then splits them
+        # only where its factor divides them (the Reshape that merges them stays, a view).
+        if any(len(ax) > 1 and any(c in "bh" for c in ax) for ax in lay):
+            break
         v, layout = y, lay
     return v, layout
 
@@ -247,10 +252,10 @@ def _scores(sm_in: Value, users: dict[Value, list[Node]], outs: set[Value]) -> M
             a, b = p.inputs
             if p.op == "Mul" and _scalar(a) is not None:
                 a, b = b, a
-            c = _scalar(b)
-            if a is None or c is None or a.type != v.type or (p.op == "Div" and c == 0):
+            factor = _scalar(b)
+            if a is None or factor is None or a.type != v.type or (p.op == "Div" and factor == 0):
                 return None
-            scale *= c if p.op == "Mul" else 1.0 / c
+            scale *= factor if p.op == "Mul" else 1.0 / factor
             s = a
         else:
             return None
@@ -268,7 +273,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
     x = sm.inputs[0]
     if x is None or x.type.rank not in (2, 3, 4) or x.type.dtype not in FLOATS:
         return False
-    if int(node_attrs(sm)["axis"]) % x.type.rank != x.type.rank - 1:  # type: ignore[call-overload]
+    if int(node_attrs(sm)["axis"]) % x.type.rank != x.type.rank - 1:
         return False
     # Forwards: the NaN guard, then P V.
     p = sm.outputs[0]
@@ -353,10 +358,10 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
                 causal = 1
     mask_first = 1
     if not causal:
-        for k, (kind, _, other) in enumerate(steps):
+        for at, (kind, _, other) in enumerate(steps):
             if kind == "add":
                 mask = other
-                mask_first = int(k == 0)
+                mask_first = int(at == 0)
             else:
                 cond, where = other, kind
         if cond is not None and cond.type.dtype != DType.BOOL:
