@@ -24,8 +24,9 @@ from flowc.harness.build import build, run
 from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import run_onnxruntime
 from flowc.interpreter import evaluate
+from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph
-from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+from flowc.passes.manager import COMPILE_PIPELINE, PassManager, compile_pipeline
 
 TOL = 1e-4
 F32_MIN = float(np.finfo(np.float32).min)
@@ -179,17 +180,26 @@ def _fused_count(graph: Graph) -> int:
     return graph.op_counts().get("FusedAttention", 0)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize(
     ("name", "layers", "dims"),
     [("bert_tiny", 2, {"batch": 2, "seq": 32}), ("gpt2_tiny", 2, {}), ("vit_tiny", 2, {})],
 )
-def test_one_fused_attention_per_layer(name: str, layers: int, dims: dict[str, int]) -> None:
+def test_one_fused_attention_per_layer(
+    name: str, layers: int, dims: dict[str, int], precision: str
+) -> None:
+    """Also in bf16 storage, where Casts surround every step: the kernel reads the narrow
+    values and computes in float32."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g = import_onnx(SHARED_MODELS / f"{name}.onnx", ImportOptions(dims=dims))
-    g = PassManager(COMPILE_PIPELINE).run(g)
+    g = PassManager(compile_pipeline(precision)).run(g)
     assert _fused_count(g) == layers
-    assert "Softmax" not in g.op_counts()
+    counts = g.op_counts()
+    assert "Softmax" not in counts and "Split" not in counts, counts
+    for n in g.nodes:
+        if n.op == "FusedAttention" and precision == "bf16":
+            assert {i.type.dtype for i in n.inputs[:3] if i is not None} == {DType.BF16}
 
 
 def test_gpt2_small_size_graph_has_no_head_copies(tmp_path: Path) -> None:

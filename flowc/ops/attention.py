@@ -266,12 +266,18 @@ def _check_attrs(ctx: InferCtx) -> None:
 def _infer(ctx: InferCtx) -> list[TensorType]:
     _check_attrs(ctx)
     a = ctx.attrs
+    for i in (0, 1, 2):
+        if not ctx.dtype(i).is_float:
+            raise ctx.fail(f"needs floating-point operands, got {ctx.dtype(i)} at input {i}")
     dt = ctx.dtype(0)
-    if not dt.is_float:
-        raise ctx.fail(f"needs floating-point operands, got {dt}")
-    for i in (1, 2):
-        if ctx.dtype(i) != dt:
-            raise ctx.fail(f"operands differ in type: q is {dt}, input {i} {ctx.dtype(i)}")
+    code = a["out_dtype"]
+    if code != 0:
+        try:
+            dt = DType.from_onnx(int(code))
+        except (ValueError, KeyError, TypeError):
+            raise ctx.fail(f"out_dtype {code!r} is not an ONNX element type") from None
+        if not dt.is_float:
+            raise ctx.fail(f"out_dtype must be a floating-point type, not {dt}")
     try:
         g = geometry(a, _shapes(ctx))
         if ctx.has(3):
@@ -330,13 +336,14 @@ def _reference(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         if int(a["nan_zero"]):
             p = np.where(np.isnan(p), 0, p)
         o = np.matmul(p, vl)
-    out = np.zeros(g.out_shape, q.dtype)
+    code = int(a["out_dtype"])
+    out = np.zeros(g.out_shape, DType.from_onnx(code).np if code else q.dtype)
     view = g.views["out"]
     item = out.itemsize
     dst = np.lib.stride_tricks.as_strided(
         out.reshape(-1), (g.b, g.h, g.sq, g.dv), tuple(s * item for s in view.strides)
     )
-    dst[...] = o.astype(q.dtype)
+    dst[...] = o.astype(out.dtype)
     return out
 
 
@@ -414,7 +421,9 @@ def _emit(prog: Program, node: Node) -> None:
     kern = prog.kernel(
         "attention.cu.j2",
         "flash_attention",
-        lt=kernel_ctype(prog, q),
+        qt=kernel_ctype(prog, q),
+        kt=kernel_ctype(prog, k),
+        vt=kernel_ctype(prog, v),
         ot=kernel_ctype(prog, y),
         mt=kernel_ctype(prog, mask) if mask is not None else "float",
         d=g.d,
@@ -475,6 +484,8 @@ defop(
         "mask_first": 1,
         "causal": 0,
         "nan_zero": 0,
+        # The output's ONNX element type; 0: q's.
+        "out_dtype": 0,
     },
     inputs=(3, 5),
     flops=_flops,

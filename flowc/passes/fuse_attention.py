@@ -19,7 +19,7 @@ scale Muls as long as their elements keep a fixed stride per logical axis; the o
 forwards through Transpose and Reshape likewise, up to where batches or heads would
 share an axis with another letter (so the Transpose(0,2,1,3) after the heads disappears;
 the Reshape(B,S,H*D) after it stays, a view). What cannot be followed stays and is read
-as it is. A constant mask that is 0 on and below the diagonal and at most -1e9 above it
+as it is. A constant mask that is 0 on and below the diagonal and at most -1e4 above it
 (or a Where of such a condition with such a fill) becomes the ``causal`` flag: exp of
 those scores underflows to 0, so skipping them gives the same result, and the kernel
 skips the key tiles past the diagonal. Float32 (and float16/bfloat16 storage) only; heads
@@ -40,8 +40,9 @@ from flowc.passes.manager import register_pass
 
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 # A fill or mask value at most this is "minus infinity" for the causal flag: exp(x - max)
-# is exactly 0 in float32 for any score within 1e9 of it.
-NEG_LARGE = -1e9
+# is exactly 0 in float32 (it underflows below -104) for any score within 9800 of the row's
+# max. -1e4 takes in the older Hugging Face masks and finfo.min clamped to float16's range.
+NEG_LARGE = -1e4
 
 Layout = list[str]  # one letter string per axis, outer to inner ("" for size 1)
 
@@ -51,6 +52,18 @@ def _scalar(v: Value | None) -> float | None:
     if v is None or v.const is None or v.type.numel != 1 or not v.type.dtype.is_float:
         return None
     return float(np.asarray(v.const).reshape(-1)[0])
+
+
+def _float_cast(node: Node | None) -> bool:
+    """A Cast between float types: the narrow precisions' rounding points, which the fused
+    kernel (computing in float32) reads through."""
+    return (
+        node is not None
+        and node.op == "Cast"
+        and node.inputs[0] is not None
+        and node.inputs[0].type.dtype in FLOATS
+        and node.outputs[0].type.dtype in FLOATS
+    )
 
 
 def _partition(letters: Layout, sizes: dict[str, int], shape: tuple[int, ...]) -> Layout | None:
@@ -129,12 +142,26 @@ def _follow(path: Path, scaled: bool) -> Path:
             path.layout[axis] = "c" + path.layout[axis]
             path.sizes = {**path.sizes, "c": len(p.outputs)}
             path.chunk = (index, len(p.outputs))
+        elif _float_cast(p):
+            # The kernel loads either side of a Cast and computes in float32; a narrowing
+            # one stays where nothing else can be read through before it (the narrow value
+            # is half the bytes, and its Cast joins the producer's element-wise kernel).
+            narrows = x.type.dtype.np.itemsize > path.value.type.dtype.np.itemsize
+            before = x.producer.op if x.producer is not None else ""
+            if narrows and before not in ("Transpose", "Reshape", "Split", "Mul", "Div", "Cast"):
+                return path
         elif scaled and p.op in ("Mul", "Div") and len(p.inputs) == 2:
             other = p.inputs[1]
             if p.op == "Mul" and _scalar(x) is not None and p.inputs[1] is not None:
                 x, other = p.inputs[1], x
             c = _scalar(other)
-            if c is None or x is None or x.type != path.value.type or (p.op == "Div" and c == 0):
+            if (
+                c is None
+                or x is None
+                or x.type.shape != path.value.type.shape
+                or x.type.dtype not in FLOATS
+                or (p.op == "Div" and c == 0)
+            ):
                 return path
             path.scale *= c if p.op == "Mul" else 1.0 / c
         else:
@@ -153,10 +180,15 @@ def _forward(
     """Follow the attention output forward through Transposes and Reshapes it alone feeds."""
     while v not in outs:
         us = users.get(v, [])
-        if len(us) != 1 or us[0].op not in ("Transpose", "Reshape") or us[0].inputs[0] is not v:
+        if len(us) != 1 or us[0].inputs[0] is not v:
+            break
+        if us[0].op not in ("Transpose", "Reshape") and not _float_cast(us[0]):
             break
         u = us[0]
         y = u.outputs[0]
+        if _float_cast(u):
+            v = y  # the kernel writes the Cast's type
+            continue
         if u.op == "Transpose":
             perm = [int(i) for i in node_attrs(u)["perm"]]
             lay = [layout[src] for src in perm]
@@ -171,6 +203,16 @@ def _forward(
             break
         v, layout = y, lay
     return v, layout
+
+
+def _cast_forward(v: Value, users: dict[Value, list[Node]], outs: set[Value]) -> Value:
+    """``v`` after the float Casts that alone read it, one after another."""
+    while v not in outs:
+        us = users.get(v, [])
+        if len(us) != 1 or not _float_cast(us[0]):
+            break
+        v = us[0].outputs[0]
+    return v
 
 
 def _only_use(users: dict[Value, list[Node]], outs: set[Value], v: Value, node: Node) -> bool:
@@ -210,6 +252,12 @@ def _scores(sm_in: Value, users: dict[Value, list[Node]], outs: set[Value]) -> M
     v = sm_in
     while True:
         p = v.producer
+        while _float_cast(p):
+            assert p is not None and p.inputs[0] is not None
+            if not _only_use(users, outs, p.inputs[0], p):
+                return None
+            v = p.inputs[0]
+            p = v.producer
         if p is None:
             return None
         if p.op == "MatMul":
@@ -226,8 +274,13 @@ def _scores(sm_in: Value, users: dict[Value, list[Node]], outs: set[Value]) -> M
                     "Mul",
                     "Div",
                     "Where",
+                    "Cast",
                 )
-                if scores_side and s.type == v.type and _broadcasts_to(m.type.shape, v.type.shape):
+                if (
+                    scores_side
+                    and s.type.shape == v.type.shape
+                    and _broadcasts_to(m.type.shape, v.type.shape)
+                ):
                     pick = (s, m)
                     break
             if pick is None:
@@ -237,9 +290,9 @@ def _scores(sm_in: Value, users: dict[Value, list[Node]], outs: set[Value]) -> M
         elif p.op == "Where" and not steps_have(steps, "keep") and scale == 1.0:
             c, x, y = p.inputs
             assert c is not None and x is not None and y is not None
-            if _scalar(y) is not None and x.type == v.type:
+            if _scalar(y) is not None and x.type.shape == v.type.shape:
                 mode, s, f = "keep_true", x, _scalar(y)
-            elif _scalar(x) is not None and y.type == v.type:
+            elif _scalar(x) is not None and y.type.shape == v.type.shape:
                 mode, s, f = "keep_false", y, _scalar(x)
             else:
                 return None
@@ -253,7 +306,8 @@ def _scores(sm_in: Value, users: dict[Value, list[Node]], outs: set[Value]) -> M
             if p.op == "Mul" and _scalar(a) is not None:
                 a, b = b, a
             factor = _scalar(b)
-            if a is None or factor is None or a.type != v.type or (p.op == "Div" and factor == 0):
+            bad = factor is None or (p.op == "Div" and factor == 0)
+            if a is None or factor is None or bad or a.type.shape != v.type.shape:
                 return None
             scale *= factor if p.op == "Mul" else 1.0 / factor
             s = a
@@ -276,7 +330,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
     if int(node_attrs(sm)["axis"]) % x.type.rank != x.type.rank - 1:
         return False
     # Forwards: the NaN guard, then P V.
-    p = sm.outputs[0]
+    p = _cast_forward(sm.outputs[0], users, outs)
     nan_zero = False
     us = users.get(p, [])
     if p in outs:
@@ -293,7 +347,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
         ):
             return False
         nan_zero = True
-        p = guard.outputs[0]
+        p = _cast_forward(guard.outputs[0], users, outs)
         us = users.get(p, [])
         if p in outs:
             return False
@@ -313,7 +367,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
     r = scores.type.rank
     if any(o.type.rank != r for o in (qop, ktop, vop, pv.outputs[0])):
         return False
-    if any(o.type.dtype != x.type.dtype for o in (qop, ktop, vop)):
+    if any(o.type.dtype not in FLOATS for o in (qop, ktop, vop)):
         return False
     batch = (1,) * (4 - r) + scores.type.shape[:-2]
     bsz, heads = batch[-2], batch[-1]
@@ -384,6 +438,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
         "mask_first": mask_first,
         "causal": causal,
         "nan_zero": int(nan_zero),
+        "out_dtype": final.type.dtype.onnx,
     }
     inputs: list[Value | None] = [q.value, k.value, v.value, mask, cond]
     while inputs[-1] is None:
