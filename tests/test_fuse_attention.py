@@ -249,3 +249,14 @@ def test_fused_attention_splits_heads_and_batches_on_a_mesh(
     assert all(n.outputs[0].type.numel * 2 == fused[0].outputs[0].type.numel for n in local)
     feeds, ref = reference(name, batch)
     check_outputs(name, simulate(result.physical, feeds), ref, batch)
+
+
+def test_fused_node_keeps_its_pipeline_stage() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the export's training-mode Dropout
+        g = import_onnx(SHARED_MODELS / "gpt2_tiny.onnx")
+    g = PassManager(("fold_constants", "simplify", "lower_ops", "widen_types")).run(g)
+    for k, n in enumerate(n for n in g.nodes if n.op == "Softmax"):
+        n.stage = k
+    g = PassManager(("fuse_attention",)).run(g)
+    assert [n.stage for n in g.nodes if n.op == "FusedAttention"] == [0, 1]

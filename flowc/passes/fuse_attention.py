@@ -444,6 +444,7 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
     while inputs[-1] is None:
         inputs.pop()
     node = Node(OP, inputs, [], attrs, name=sm.name)
+    node.stage = sm.stage  # a DSL stage block's nodes stay in it
     (t,) = get_op(OP).infer_types(node)
     if t != final.type:
         return False
