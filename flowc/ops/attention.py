@@ -163,11 +163,12 @@ def geometry(a: Attrs, shapes: dict[str, tuple[int, ...]]) -> Geometry:
         for c, n in (("b", b), ("h", h)):
             if lets[w].get(c, 1) not in (1, n):
                 raise ValueError(f"{w} has {c} = {lets[w][c]}, another operand {n}")
-    sq, sk = lets["q"]["s"], lets["k"]["s"]
-    d, dv = lets["q"]["d"], lets["v"]["d"]
-    if lets["v"]["s"] != sk or lets["k"]["d"] != d:
+    # A letter of size 1 may be left out of a layout.
+    sq, sk = lets["q"].get("s", 1), lets["k"].get("s", 1)
+    d, dv = lets["q"].get("d", 1), lets["v"].get("d", 1)
+    if lets["v"].get("s", 1) != sk or lets["k"].get("d", 1) != d:
         raise ValueError(
-            f"k ({lets['k']['s']} keys of {lets['k']['d']}) and v ({lets['v']['s']} keys) "
+            f"k ({sk} keys of {lets['k'].get('d', 1)}) and v ({lets['v'].get('s', 1)} keys) "
             f"do not match q's head dim {d}"
         )
     out_letters = {"b": b, "h": h, "s": sq, "d": dv}

@@ -11,10 +11,13 @@ Matched per Softmax over the last axis, backwards from it:
 - the scale: ``Mul``/``Div`` of the scores, of Q or of K by scalar constants (Sqrt of a
   constant has been folded by then);
 - ``MatMul(Q, K^T)``; forwards from the Softmax, PyTorch's NaN guard
-  ``Where(IsNaN(p), 0, p)`` when present, then ``MatMul(p, V)``.
+  ``Where(IsNaN(p), 0, p)`` or ONNX Attention's ``Where(fully_masked_rows, 0, p)`` with a
+  constant condition that masks no row, when present, then ``MatMul(p, V)``;
+- float Casts anywhere on the way (the rounding points of bf16/fp16 storage).
 
 Every intermediate must feed only the next step (the scores are then never needed). Q, K
-and V are followed back through Transpose, Reshape, one Split with equal chunks and the
+and V are followed back through Transpose, Reshape (Unsqueeze, Squeeze, Flatten), an
+Expand over batches or heads (read with stride 0), one Split with equal chunks and the
 scale Muls as long as their elements keep a fixed stride per logical axis; the output
 forwards through Transpose and Reshape likewise, up to where batches or heads would
 share an axis with another letter (so the Transpose(0,2,1,3) after the heads disappears;
@@ -127,11 +130,23 @@ def _follow(path: Path, scaled: bool) -> Path:
             for k, src in enumerate(perm):
                 lay[src] = path.layout[k]
             path.layout = lay
-        elif p.op == "Reshape":
+        elif p.op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
             got = _partition(path.layout, path.sizes, x.type.shape)
             if got is None:
                 return path
             path.layout = got
+        elif p.op == "Expand":
+            # Axes the Expand broadcasts hold no data of their own: their letters (batches,
+            # heads: a key shared by heads) are read with stride 0.
+            y = path.value.type.shape
+            xs = (1,) * (len(y) - x.type.rank) + x.type.shape
+            if x.type.rank > len(y):
+                return path
+            lay = [ax if n == m else "" for ax, n, m in zip(path.layout, xs, y, strict=True)]
+            gone = {c for ax, kept in zip(path.layout, lay, strict=True) if not kept for c in ax}
+            if not gone <= {"b", "h"}:
+                return path
+            path.layout = lay[len(y) - x.type.rank :]
         elif p.op == "Split" and path.chunk == (0, 1):
             axis = int(a["axis"]) % x.type.rank
             sizes = {o.type.shape[axis] for o in p.outputs}
@@ -347,6 +362,19 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
         ):
             return False
         nan_zero = True
+        p = _cast_forward(guard.outputs[0], users, outs)
+        us = users.get(p, [])
+        if p in outs:
+            return False
+    if len(us) == 1 and us[0].op == "Where" and us[0].inputs[2] is p:
+        # ONNX Attention's guard for fully masked rows: Where(cond, 0, p) with a constant
+        # cond; with no row masked it changes nothing.
+        guard = us[0]
+        rows = guard.inputs[0]
+        if rows is None or rows.const is None or bool(np.any(rows.const)):
+            return False
+        if _scalar(guard.inputs[1]) != 0.0 or guard.outputs[0].type.shape != p.type.shape:
+            return False
         p = _cast_forward(guard.outputs[0], users, outs)
         us = users.get(p, [])
         if p in outs:
