@@ -93,9 +93,18 @@ def child_env(extra_paths: list[Path]) -> dict[str, str]:
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cuda_bin = Path("/usr/local/cuda/bin")
-    if shutil.which("nvcc", path=env.get("PATH")) is None and (cuda_bin / "nvcc").is_file():
-        env["PATH"] = f"{cuda_bin}{os.pathsep}{env.get('PATH', '')}"
+    if shutil.which("nvcc", path=env.get("PATH")) is None:
+        # nvcc off PATH: the system toolkit's, or the one NVIDIA's wheels put beside Python.
+        import site
+
+        candidates = [Path("/usr/local/cuda/bin/nvcc")] + [
+            Path(p) / "nvidia" / sub / "bin" / "nvcc"
+            for p in site.getsitepackages()
+            for sub in ("cu13", "cuda_nvcc")
+        ]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is not None:
+            env["PATH"] = f"{found.parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
@@ -528,6 +537,8 @@ def cmd_check(a: argparse.Namespace) -> int:
     # 1. set-up
     site = None if dry else install_wheels(log)
     env = child_env([site] if site else [])
+    # flowc from this tree in this process too (step 6 runs the drivers through it).
+    sys.path[:0] = [str(REPO), *([str(site)] if site else [])]
     record["device"] = device_name(env)
     log(f"device: {record['device']}")
     pycuda = None if dry else start_pycuda_build(log, env)
@@ -587,17 +598,20 @@ def cmd_check(a: argparse.Namespace) -> int:
     # 3. the exports, then 4. the builds they started
     fed.result()
     feeder.shutdown()
+
+    def built(c: dict[str, Any]) -> str:
+        if c.get("built"):
+            return f"built (compile {c['compile_s']} s, build {c['build_s']} s)"
+        return f"NOT BUILT: {c.get('why', 'its model was not exported')}"
+
     for f in concurrent.futures.as_completed(futures):
-        futures[f].update(f.result())
+        c = futures[f]
+        c.update(f.result())
+        log(f"  {c['model']} b{c['batch']} {c['precision']}: {built(c)}")
     build_pool.shutdown()
     for c in cells:
-        if c["compiled"]:
-            state_ = (
-                f"built (compile {c['compile_s']} s, build {c['build_s']} s)"
-                if c.get("built")
-                else f"NOT BUILT: {c.get('why', 'its model was not exported')}"
-            )
-            log(f"  {c['model']} b{c['batch']} {c['precision']}: {state_}")
+        if c["compiled"] and "built" not in c:
+            log(f"  {c['model']} b{c['batch']} {c['precision']}: {built(c)}")
     # 5. PyTorch eager, alone on the GPU
     torch_cells = [
         {
