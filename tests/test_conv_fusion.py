@@ -230,6 +230,20 @@ def test_fold_batchnorm_keeps_fills_splats_and_skips_shared_results() -> None:
         assert max_rel_error(got[k], ref[k]) <= 1e-5, k
 
 
+def test_caffe2_scale_and_shift_after_a_conv_fold() -> None:
+    # Inception v2's spelling: Conv -> BN -> Mul(per-channel) -> Add(per-channel) -> Relu.
+    m = _Model()
+    c = m.op("Conv", ["x", m.const(m.rand(4, 3, 3, 3))], pads=[1] * 4)
+    scaled = m.op("Mul", [m.const(m.rand(4, 1, 1)), m.bn(c, 4)])
+    y = m.op("Relu", [m.op("Add", [scaled, m.const(m.rand(1, 4, 1, 1))])])
+    model = m.model([("x", F32, [2, 3, 5, 5])], [y])
+    graph = _passes(import_model(model))
+    assert graph.op_counts() == {"FusedConv": 1}
+    feeds = {"x": m.rand(2, 3, 5, 5)}
+    got, ref = evaluate(graph, feeds), run_onnxruntime(model, feeds)
+    assert max_rel_error(got[y], ref[y]) <= 1e-5
+
+
 def test_resnet_tiny_fuses_and_matches_onnxruntime() -> None:
     feeds, _ = _shared_io("resnet_tiny")
     path = SHARED_MODELS / "resnet_tiny.onnx"

@@ -1,5 +1,6 @@
 """fold_batchnorm: an inference BatchNormalization right after a Conv (or a Gemm) with constant
-weights becomes part of that op's weights and bias, at compile time.
+weights becomes part of that op's weights and bias, at compile time; so does a Mul of a Conv's
+result by a per-channel constant (Caffe2 exports spell a scale that way after their BN).
 
 BN(y) = (y - mean) * s + beta with s = scale / sqrt(var + eps), per channel (axis 1). For
 y = conv(x, W) + b that is conv(x, W * s) + (b - mean) * s + beta: the output channel k of W is
@@ -76,12 +77,55 @@ def _fold_gemm(graph: Graph, gemm: Node, s: np.ndarray, t: np.ndarray, mean: np.
     return True
 
 
+def channel_vector(v: Value | None, channels: int, rank: int) -> np.ndarray | None:
+    """``v``'s values when it is a per-channel constant broadcasting over a [N, K, ...]
+    result: [K, 1, ...] or [1, K, 1, ...]."""
+    if v is None or v.const is None:
+        return None
+    shape = v.type.shape
+    if len(shape) not in (rank - 1, rank) or len(shape) < 2:
+        return None
+    lead = shape[: len(shape) - (rank - 1)]
+    if any(d != 1 for d in lead) or shape[len(lead)] != channels:
+        return None
+    if any(d != 1 for d in shape[len(lead) + 1 :]):
+        return None
+    return np.asarray(v.const).reshape(channels)
+
+
+def _fold_scale(
+    graph: Graph, mul: Node, users: dict[Value, list[Node]], outputs: set[Value], removed: set[Node]
+) -> None:
+    """A Conv's result times a per-channel constant (Caffe2's BN spelled Mul + Add after a
+    SpatialBN, as in Inception v2): the scale goes into the weights and the bias."""
+    for k in (0, 1):
+        x, other = mul.inputs[k], mul.inputs[1 - k]
+        prod = x.producer if x is not None else None
+        if x is None or prod is None or prod.op != "Conv" or prod in removed:
+            continue
+        if x in outputs or len(users.get(x, [])) != 1 or prod.stage != mul.stage:
+            continue
+        s = channel_vector(other, x.type.shape[1], x.type.rank)
+        if s is None or mul.outputs[0].type != x.type or not x.type.dtype.is_float:
+            continue
+        s64 = s.astype(np.float64)
+        zero = np.zeros(s64.shape)
+        if _fold_conv(graph, prod, s64, zero, zero):
+            prod.outputs = [mul.outputs[0]]
+            mul.outputs[0].producer = prod
+            removed.add(mul)
+        return
+
+
 @register_pass("fold_batchnorm")
 def fold_batchnorm(graph: Graph) -> Graph:
     users = graph.users()
     outputs = set(graph.outputs)
     removed: set[Node] = set()
     for bn in graph.nodes:
+        if bn.op == "Mul":
+            _fold_scale(graph, bn, users, outputs, removed)
+            continue
         if bn.op != "BatchNormalization" or len(bn.outputs) != 1:
             continue
         x = bn.inputs[0]

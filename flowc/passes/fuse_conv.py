@@ -22,23 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from flowc.ir.graph import Graph, Node, Value, make_splat
+from flowc.passes.fold_batchnorm import channel_vector
 from flowc.passes.manager import register_pass
-
-
-def _channel_bias(v: Value | None, channels: int, rank: int) -> np.ndarray | None:
-    """``v``'s values when it is a per-channel constant broadcasting over a [N, K, ...]
-    result: [K, 1, ...] or [1, K, 1, ...]."""
-    if v is None or v.const is None:
-        return None
-    shape = v.type.shape
-    if len(shape) not in (rank - 1, rank) or len(shape) < 2:
-        return None
-    lead = shape[: len(shape) - (rank - 1)]
-    if any(d != 1 for d in lead) or shape[len(lead)] != channels:
-        return None
-    if any(d != 1 for d in shape[len(lead) + 1 :]):
-        return None
-    return np.asarray(v.const).reshape(channels)
 
 
 @register_pass("fuse_conv")
@@ -67,7 +52,7 @@ def fuse_conv(graph: Graph) -> Graph:
         extra: np.ndarray | None = None
         if nxt is not None and nxt.op == "Add" and (bias is None or bias.const is not None):
             other = nxt.inputs[1] if nxt.inputs[0] is cur else nxt.inputs[0]
-            extra = _channel_bias(other, k, rank)
+            extra = channel_vector(other, k, rank)
             if extra is not None and nxt.outputs[0].type == cur.type:
                 members.append(nxt)
                 cur = nxt.outputs[0]
