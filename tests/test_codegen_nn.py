@@ -273,6 +273,9 @@ def test_norm_compiled(tmp_path) -> None:  # type: ignore[no-untyped-def]
         Case("MeanVarianceNormalization", [x], {"axes": [2, 3]}),
         Case("MeanVarianceNormalization", [rand(3, 4, 5)], {"axes": [1]}),
         Case("MeanVarianceNormalization", [rand(3, 4, 5)], {"axes": [0, 2]}),
+        # Rows within a warp and wider than one (the cross-warp step), along an inner axis.
+        Case("LpNormalization", [rand(3, 40)]),
+        Case("LpNormalization", [rand(2, 300, 3)], {"axis": 1, "p": 1}),
     ]
     check_compiled(cases, tmp_path)
 

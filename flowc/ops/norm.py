@@ -748,7 +748,6 @@ def _lpnorm_emit(prog: Program, node: Node) -> None:
         "lp_normalize",
         ctype=t,
         acc_type=t,
-        block=block,
         rows=rows,
         size=size,
         row_offset=offset_expr("row", [(outer, size * inner), (inner, 1)]),
