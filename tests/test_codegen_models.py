@@ -102,6 +102,13 @@ def test_bert_kernels_cross_barriers(tmp_path: Path) -> None:
     assert any("norm" in k and v > 0 for k, v in warp_syncs.items()), warp_syncs
 
 
+# Light models whose fill weights make the shipped output a softmax of equal logits of about
+# 1e9: float32 rounding that differs by channel (OpenBLAS's sgemm sums the rows at a tile
+# edge in another order; which rows depends on the CPU's kernel) decides that softmax
+# entirely, so the comparison says nothing about flowc. Their random-weight half runs.
+ILL_CONDITIONED = {"light_squeezenet"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) -> None:
@@ -122,6 +129,8 @@ def test_light_model_compiled_with_two_weight_sets(name: str, tmp_path: Path) ->
     got, _ = run(out, feeds)
     for k, r in ref.items():
         assert max_rel_error(got[k], r) <= TOL, k
+    if name in ILL_CONDITIONED:
+        return
     # The model's own weights, placed by name into the build's layout (folded constants such
     # as Unsqueeze'd BN scales carry the same names in both imports).
     own = {

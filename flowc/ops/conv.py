@@ -275,7 +275,13 @@ def _conv_compute(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     # result already in N x C x spatial order.
     order = (1, 2, *range(3 + nd, 3 + 2 * nd), 0, *range(3, 3 + nd))
     cols = win.transpose(order).reshape(g, cg * k, n * p)
-    y = np.matmul(w.astype(ct, copy=False).reshape(g, mg, cg * k), cols)  # (G, Mg, N*P)
+    # The product accumulates in float64: a BLAS's float32 kernels sum output rows at tile
+    # edges in another order than inside tiles, so channels with equal weights would differ
+    # in their last bits, and a softmax of large equal logits (the onnx package's light
+    # models) is sensitive to exactly that. Rounded back once, equal channels stay equal.
+    y = np.matmul(
+        w.astype(np.float64).reshape(g, mg, cg * k), cols.astype(np.float64, copy=False)
+    ).astype(ct, copy=False)  # (G, Mg, N*P)
     y = y.reshape(m, n, p).transpose(1, 0, 2).reshape(n, m, *geo.out)
     if b is not None:
         y = y + b.astype(ct).reshape(m, *([1] * nd))

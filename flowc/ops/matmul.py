@@ -42,10 +42,13 @@ def _check_dtypes(ctx: InferCtx, *idx: int) -> DType:
 
 
 def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b in a type NumPy multiplies well: narrow floats go through float32 (BLAS)."""
+    """a @ b in a type NumPy multiplies well, accumulating float32 and narrower floats in
+    float64 and rounding once to float32: a BLAS's float32 kernels sum the columns at tile
+    edges in another order than inside tiles, so equal columns would differ in their last
+    bits, which a softmax of huge logits (the onnx package's light models) magnifies."""
     if a.dtype.kind in "iu" or a.dtype == np.float64:
         return np.matmul(a, b)
-    return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
 
 
 # -- code generation ------------------------------------------------------------------------------
