@@ -135,7 +135,7 @@ def _emitter(mode: str) -> EmitFn:
         if inner == 1:
             vec = vec_width(x.type.dtype, extent) if mode != "hardmax" else 1
             lay = row_layout(outer, extent, vec)
-            k = prog.kernel("softmax.cu.j2", "softmax_rows", ctype=t, mode=mode, vec=vec)
+            k = prog.kernel("softmax.cu.j2", "softmax_rows", ctype=t, acc=t, mode=mode, vec=vec)
             prog.launch_blocks(
                 k,
                 lay.blocks,
@@ -150,7 +150,7 @@ def _emitter(mode: str) -> EmitFn:
                 ],
             )
         else:
-            k = prog.kernel("softmax.cu.j2", "softmax_strided", ctype=t, mode=mode)
+            k = prog.kernel("softmax.cu.j2", "softmax_strided", ctype=t, acc=t, mode=mode)
             n = outer * inner
             prog.launch(
                 k,
