@@ -412,7 +412,8 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
                 bias = c
             else:
                 return False  # a C broadcast along columns: Gemm's own path
-        beta = 1.0
+        if residual is None:
+            beta = 1.0  # a bias was scaled above; FusedGemm's beta scales the residual only
     if a.type.numel == 0 or b.type.numel == 0:
         return False
     k = av.shape[-1]
@@ -462,7 +463,10 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
         # The chain went through Reshapes: the GEMM writes its own shape, a view the rest.
         made = Value(g.claim_name(f"{out.name}.fused"), out.type)
     fused = Node(FUSED, [abase, bbase, bias, residual], [made], attrs, name=node.name)
+    fused.stage = node.stage  # a DSL stage block's cut stays where it was
     after = [_reshape(g, made, result)] if made is not result else []
+    for extra in [*before, *after]:
+        extra.stage = node.stage
     g.nodes[where : where + 1] = [*before, fused, *after]
     return True
 
