@@ -572,10 +572,10 @@ def inspect(
     for v in graph.outputs:
         io.add_row("output", escape(v.name), str(v.type))
     console.print(io)
-    from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE
+    from flowc.passes.manager import DEFAULT_PIPELINE, compile_pipeline
 
     # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
-    passes = ", ".join(COMPILE_PIPELINE if compiled else DEFAULT_PIPELINE)
+    passes = ", ".join(compile_pipeline(precision) if compiled else DEFAULT_PIPELINE)
     ops = Table(
         title=f"ops ({len(graph.nodes)} nodes after {passes})",
         title_justify="left",

@@ -33,8 +33,9 @@ def divmod_magic(d: int) -> tuple[int, int, int]:
 
 
 def fast_divmod(d: int) -> str:
-    """The C++ FlowcDivmod for divisor ``d``, as a kernel argument."""
-    dd, mul, shr = divmod_magic(d)
+    """The C++ FlowcDivmod for divisor ``d``, as a kernel argument. A zero-size dimension
+    has no element to index (the launch is skipped): it divides by 1."""
+    dd, mul, shr = divmod_magic(max(d, 1))
     return f"FlowcDivmod{{{dd}u, {mul}u, {shr}u}}"
 
 

@@ -334,6 +334,8 @@ def _apply(op: Operand, steps: list[Node], target: Value) -> Operand | None:
 
 def _reshaped(op: Operand, shape: tuple[int, ...]) -> Operand | None:
     """``op`` reshaped (row-major order of its logical elements) as a strided view, or None."""
+    if 0 in op.shape or 0 in shape:
+        return None  # nothing to read: not worth a view
     # Group the old axes (size-1 ones dropped) into runs that each merge to one stride.
     old = [(d, s) for d, s in zip(op.shape, op.strides, strict=True) if d != 1]
     new_strides: list[int] = []

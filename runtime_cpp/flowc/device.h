@@ -19,6 +19,7 @@
   ::flowc::sim::launch<&kernel>(#kernel, (grid), (block), (shared_bytes), (stream), ##__VA_ARGS__)
 #define FLOWC_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::flowc::sim::dynamic_shared())
 #define FLOWC_TARGET_NAME "host"
+#define FLOWC_UNROLL
 
 #else
 
@@ -30,6 +31,13 @@
   extern __shared__ __align__(16) unsigned char flowc_dynamic_smem[]; \
   T* name = reinterpret_cast<T*>(flowc_dynamic_smem)
 #define FLOWC_TARGET_NAME "cuda"
+// `#pragma unroll` for a loop in a kernel (per-lane arrays then stay in registers); only in
+// nvcc's device pass, since the host compiler would warn about an unknown pragma.
+#if defined(__CUDA_ARCH__)
+#define FLOWC_UNROLL _Pragma("unroll")
+#else
+#define FLOWC_UNROLL
+#endif
 
 #endif
 
