@@ -168,6 +168,15 @@ def schedule_options(fn: F) -> F:
         help="Launch the schedule's kernels directly in every run() instead of replaying one "
         "CUDA Graph of it (a mesh's programs always launch directly).",
     )(fn)
+    fn = click.option(
+        "--schedule-for",
+        type=click.Choice(["latency", "memory"]),
+        default="latency",
+        show_default=True,
+        help="latency: order and overlap the nodes for the modeled run time; memory: run them "
+        "in the order of least peak memory (exact search where it is small enough), on one "
+        "compute stream unless --streams asks for more. docs/memory.md.",
+    )(fn)
     return click.option(
         "--streams",
         type=click.IntRange(min=1, max=32),
@@ -507,6 +516,7 @@ def inspect(
     streams: int | None,
     no_cuda_graph: bool,  # the schedule printed is the same either way
     precision: str,
+    schedule_for: str,
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
@@ -533,6 +543,12 @@ def inspect(
             "--pipeline-schedule needs --pipeline P and --schedule",
             hint="e.g. --pipeline 4 --microbatches 8 --schedule --pipeline-schedule 1f1b",
         )
+    if isinstance(popts, PipelineSpec) and schedule_for != "latency":
+        raise InputError(
+            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
+            "latency only",
+            hint="leave out --schedule-for, or inspect without --pipeline",
+        )
     if isinstance(popts, PipelineSpec):
         _inspect_pipeline(
             model, shapes, dims, popts, show_schedule, pipeline_schedule or "gpipe", streams, gantt
@@ -547,6 +563,7 @@ def inspect(
                 streams,
                 gantt,
                 popts.mesh.shape,
+                schedule_for,
             )
         return
 
@@ -600,7 +617,7 @@ def inspect(
     if memory:
         from flowc.compiler import plan_schedule, schedule_graph
 
-        plan = plan_schedule(schedule_graph(graph))
+        plan = plan_schedule(schedule_graph(graph, schedule_for=schedule_for))
         console.print(
             f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
             f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
@@ -616,7 +633,7 @@ def inspect(
                 markup=False,
             )
     if show_schedule:
-        _inspect_schedule(console, graph, streams, gantt, None)
+        _inspect_schedule(console, graph, streams, gantt, None, schedule_for)
 
 
 def _inspect_schedule(
@@ -625,12 +642,13 @@ def _inspect_schedule(
     streams: int | None,
     gantt: Path | None,
     mesh_shape: tuple[int, ...] | None,
+    schedule_for: str = "latency",
 ) -> None:
     """Print the schedule the compiled program runs (one rank's: an SPMD mesh runs the same
     rank graph, so the same schedule, on every rank) and draw it with --gantt."""
     from flowc.compiler import schedule_graph
 
-    sched = schedule_graph(graph, streams=streams)
+    sched = schedule_graph(graph, streams=streams, schedule_for=schedule_for)
     ag = sched.actors
     us = 1e6
     ranks = 1
@@ -654,7 +672,13 @@ def _inspect_schedule(
         f"  {len(ag.actors)} actors on {sched.num_streams} stream(s) ({n_compute} compute"
         + (", 1 communication" if sched.num_streams > n_compute else "")
         + f"), {len(sched.events)} event(s), modeled makespan {sched.makespan_s * us:.3f} us"
-        + ("" if streams is not None else " (stream count: the simulator's choice)"),
+        + (
+            ""
+            if streams is not None
+            else " (stream count: the simulator's choice)"
+            if schedule_for == "latency"
+            else " (the order of least peak memory on one compute stream)"
+        ),
         markup=False,
     )
     for s, order in enumerate(sched.streams):
@@ -1130,6 +1154,7 @@ def compile_cmd(
     streams: int | None,
     no_cuda_graph: bool,
     precision: str,
+    schedule_for: str,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
@@ -1163,6 +1188,7 @@ def compile_cmd(
         streams=streams,
         cuda_graph=not no_cuda_graph,
         precision=precision,
+        schedule_for=schedule_for,
     )
     shown = shlex.quote(str(project))
     out.print(
@@ -1183,6 +1209,7 @@ def compile_model(
     streams: int | None = None,
     cuda_graph: bool = True,
     precision: str = "fp32",
+    schedule_for: str = "latency",
 ) -> None:
     """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
     verify share. --print-pass-times prints every stage's time at the end."""
@@ -1190,6 +1217,12 @@ def compile_model(
     from flowc.compiler import PipelineSpec, StageTimes, compile_graph, compile_pipeline
 
     times = StageTimes()
+    if isinstance(popts, PipelineSpec) and schedule_for != "latency":
+        raise InputError(
+            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
+            "latency only",
+            hint="leave out --schedule-for, or compile without --pipeline",
+        )
     if isinstance(popts, PipelineSpec):
         graph = load(model, shapes, dims, for_compile=True, times=times, precision=precision)
         spec = popts
@@ -1225,6 +1258,7 @@ def compile_model(
             times=times,
             cuda_graph=cuda_graph,
             precision=precision,
+            schedule_for=schedule_for,
         )
     else:
         import dataclasses
@@ -1257,6 +1291,7 @@ def compile_model(
             cuda_graph=cuda_graph,
             profile=result.profile,  # the one the memory limit was measured with
             precision=precision,
+            schedule_for=schedule_for,
         )
     if _pass_switches["times"]:
         err.print("stage times:", markup=False)
@@ -1520,6 +1555,7 @@ def verify(
     streams: int | None,
     no_cuda_graph: bool,
     precision: str,
+    schedule_for: str,
 ) -> None:
     """Compile MODEL, build, run, and compare every output with onnxruntime (the NumPy
     reference for a .flow program)."""
@@ -1559,6 +1595,7 @@ def verify(
             streams=streams,
             cuda_graph=not no_cuda_graph,
             precision=precision,
+            schedule_for=schedule_for,
         )
         build(project, target, progress=_progress)
         _progress("running")

@@ -34,6 +34,7 @@ from flowc.parallel.pipeline import (
     stage_node_costs,
 )
 from flowc.schedule.actors import build_actor_graph
+from flowc.schedule.memory_order import memory_order
 from flowc.schedule.partition import Partition, partition
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
@@ -81,12 +82,28 @@ class Compiled:
 
 
 def schedule_graph(
-    graph: Graph, profile: Profile | None = None, streams: int | None = None
+    graph: Graph,
+    profile: Profile | None = None,
+    streams: int | None = None,
+    schedule_for: str = "latency",
 ) -> Schedule:
     """A rank graph's actors, simulated on ``streams`` compute streams (None: the
-    simulator's choice)."""
+    simulator's choice). ``schedule_for="memory"``: the actors in the order of least peak
+    memory (flowc.schedule.memory_order), on one compute stream unless ``streams`` asks for
+    more -- a second stream overlaps branches, whose buffers are then live together, which
+    is what the order avoids; with more, the list scheduler takes the order as its
+    priority, and the plan follows the simulated happens-before order as always."""
+    if schedule_for not in ("latency", "memory"):
+        raise ValueError(f"schedule_for must be 'latency' or 'memory', not {schedule_for!r}")
     profile = load_profile() if profile is None else profile
-    return schedule_actors(build_actor_graph(graph, profile), profile, streams)
+    ag = build_actor_graph(graph, profile)
+    if schedule_for == "latency":
+        return schedule_actors(ag, profile, streams)
+    order = memory_order(graph, workspace_bytes=profile.workspace)
+    position = {id(node): k for k, node in enumerate(order.nodes)}
+    # Earliest in the order first: on one stream, the order itself.
+    rank = [-float(position[id(a.node)]) for a in ag.actors]
+    return schedule_actors(ag, profile, 1 if streams is None else streams, rank)
 
 
 def plan_schedule(schedule: Schedule) -> MemoryPlan:
@@ -115,13 +132,15 @@ def generate_program(
     times: StageTimes | None = None,
     cuda_graph: bool = True,
     precision: str = "fp32",
+    schedule_for: str = "latency",
 ) -> Compiled:
     """Schedule, plan memory for, and generate the program of ``graph`` (for a multi-rank
     program, its rank graph with ``physical``). ``cuda_graph``: run() replays a CUDA Graph
-    of the schedule (False: --no-cuda-graph, direct launches)."""
+    of the schedule (False: --no-cuda-graph, direct launches). ``schedule_for``: as in
+    schedule_graph."""
     times = StageTimes() if times is None else times
     profile = load_profile() if profile is None else profile
-    sched = times.run("schedule", lambda: schedule_graph(graph, profile, streams))
+    sched = times.run("schedule", lambda: schedule_graph(graph, profile, streams, schedule_for))
     memory = times.run("memory plan", lambda: plan_schedule(sched))
     files, weights, ops = times.run(
         "code generation",
@@ -155,6 +174,7 @@ def compile_graph(
     cuda_graph: bool = True,
     profile: Profile | None = None,
     precision: str = "fp32",
+    schedule_for: str = "latency",
 ) -> Compiled:
     """Write OUT/ for ``graph``. ``poison`` fills dead arena bytes with NaN between uses and
     lets FLOWC_DROP_EVENT drop an event (debugging aids the tests use). OUT/ keeps what
@@ -174,6 +194,7 @@ def compile_graph(
         cuda_graph=cuda_graph,
         profile=profile,
         precision=precision,
+        schedule_for=schedule_for,
     )
     times.run("write", lambda: write_project(out, compiled.files, compiled.weights, force=force))
     return compiled

@@ -33,17 +33,18 @@ def upward_rank(ag: ActorGraph) -> list[float]:
 
 
 def assign(
-    ag: ActorGraph, compute_streams: int, profile: Profile
+    ag: ActorGraph, compute_streams: int, profile: Profile, rank: list[float] | None = None
 ) -> tuple[list[int], list[list[int]]]:
     """Stream of each actor and each stream's firing order (compute streams first, then the
-    communication stream when there is communication)."""
+    communication stream when there is communication). ``rank``: the ready actors'
+    priority, highest first (default: the upward rank)."""
     has_comm = any(a.kind in COMM_KINDS for a in ag.actors)
     comm = compute_streams
     orders: list[list[int]] = [[] for _ in range(compute_streams + (1 if has_comm else 0))]
     stream_of = [-1] * len(ag.actors)
     end = [0.0] * len(ag.actors)
     free = [0.0] * len(orders)
-    rank = upward_rank(ag)
+    rank = upward_rank(ag) if rank is None else rank
     users = ag.users()
     waiting = [len(a.deps) for a in ag.actors]
     ready = [(-rank[a.id], a.id) for a in ag.actors if not a.deps]
@@ -89,15 +90,18 @@ def assign(
     return stream_of, orders
 
 
-def schedule_actors(ag: ActorGraph, profile: Profile, streams: int | None = None) -> Schedule:
+def schedule_actors(
+    ag: ActorGraph, profile: Profile, streams: int | None = None, rank: list[float] | None = None
+) -> Schedule:
     """The rank's schedule on ``streams`` compute streams (at most; unused ones are dropped),
-    or on the number the simulator prefers (1 to MAX_AUTO_STREAMS)."""
+    or on the number the simulator prefers (1 to MAX_AUTO_STREAMS); ``rank`` as in
+    assign."""
     if streams is not None and streams < 1:
         raise ValueError("streams must be at least 1")
     candidates = [streams] if streams is not None else list(range(1, MAX_AUTO_STREAMS + 1))
     best: Schedule | None = None
     for n in candidates:
-        stream_of, orders = assign(ag, n, profile)
+        stream_of, orders = assign(ag, n, profile, rank)
         stream_of, orders, n_used = _drop_empty(stream_of, orders, n)
         timing = simulate(ag, stream_of, orders, profile)
         sched = make_schedule(ag, stream_of, orders, n_used, timing)
