@@ -622,7 +622,8 @@ def inspect(
             f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
             f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
             f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
-            f"{plan.inplace} outputs written in place"
+            f"{plan.inplace} outputs written in place; {plan.concat_inplace} Concat inputs "
+            f"written into their slice, {plan.views_inplace} Split/Slice outputs as views"
         )
         if plan.workspaces:
             streams_ = ", ".join(str(s) for s in sorted(plan.workspaces))

@@ -151,3 +151,117 @@ def test_random_dags_plan_and_check(spec: list[tuple[str, int, int]], n_outputs:
     plan = plan_memory(g)
     check_memory_plan(g, plan)
     assert plan.lower_bound <= plan.arena_bytes <= max(plan.naive_bytes, 0)
+
+
+# -- In place: Concat inputs in their slice, Split/Slice views ----------------------------------
+
+
+def _conv(nodes: list, inits: list, rng, x: str, cin: int, cout: int, name: str, k: int = 1) -> str:  # type: ignore[no-untyped-def]
+    from onnx import helper, numpy_helper
+
+    w = rng.standard_normal((cout, cin, k, k)).astype(np.float32) * 0.3
+    inits.append(numpy_helper.from_array(w, f"{name}_w"))
+    nodes.append(
+        helper.make_node("Conv", [x, f"{name}_w"], [f"{name}_c"], pads=[k // 2] * 4, name=name)
+    )
+    nodes.append(helper.make_node("Relu", [f"{name}_c"], [name], name=f"{name}_relu"))
+    return name
+
+
+def _inplace_model():  # type: ignore[no-untyped-def]
+    """DenseNet-style (each layer's output concatenated with what came before) and
+    Inception-style (four branches into one Concat) blocks, a Split and a Slice of channels,
+    and a Concat whose slices are not 256-byte aligned (it stays a copy)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes: list = []
+    inits: list = []
+    c = 8  # 8x8 float32 channels: 256 bytes each, every channel offset aligned
+    c1 = _conv(nodes, inits, rng, "x", c, c, "d1")
+    nodes.append(helper.make_node("Concat", ["x", c1], ["cat1"], axis=1, name="cat1"))
+    c2 = _conv(nodes, inits, rng, "cat1", 2 * c, c, "d2")
+    nodes.append(helper.make_node("Concat", ["cat1", c2], ["cat2"], axis=1, name="cat2"))
+    c3 = _conv(nodes, inits, rng, "cat2", 3 * c, c, "d3")
+    nodes.append(helper.make_node("Concat", [c1, c2, c3], ["dense"], axis=1, name="cat3"))
+    b1 = _conv(nodes, inits, rng, "dense", 3 * c, c, "i1")
+    b2 = _conv(nodes, inits, rng, _conv(nodes, inits, rng, "dense", 3 * c, c, "i2a"), c, c, "i2", 3)
+    nodes.append(
+        helper.make_node("MaxPool", ["dense"], ["pool"], kernel_shape=[3, 3], pads=[1] * 4)
+    )
+    b3 = _conv(nodes, inits, rng, "pool", 3 * c, c, "i3")
+    b4 = _conv(nodes, inits, rng, "dense", 3 * c, 2 * c, "i4", 3)
+    nodes.append(helper.make_node("Concat", [b1, b2, b3, b4], ["inc"], axis=1, name="inc"))
+    inits.append(numpy_helper.from_array(np.array([c, 4 * c], np.int64), "split"))
+    nodes.append(helper.make_node("Split", ["inc", "split"], ["s1", "s2"], axis=1, name="split"))
+    nodes.append(helper.make_node("Sigmoid", ["s1"], ["y1"], name="sig"))
+    _conv(nodes, inits, rng, "s2", 4 * c, c, "y2")
+    for n, v in (("st", [4]), ("en", [12]), ("ax", [1])):
+        inits.append(numpy_helper.from_array(np.array(v, np.int64), n))
+    nodes.append(helper.make_node("Slice", ["dense", "st", "en", "ax"], ["sl"], name="slice"))
+    nodes.append(helper.make_node("Tanh", ["sl"], ["y3"], name="tanh"))
+    # 2x2 channels of 16 bytes: the second input's slice starts at byte 64.
+    nodes.append(helper.make_node("AveragePool", [c3], ["p1"], kernel_shape=[4, 4], strides=[4, 4]))
+    nodes.append(helper.make_node("AveragePool", [b1], ["p2"], kernel_shape=[4, 4], strides=[4, 4]))
+    nodes.append(helper.make_node("Neg", ["p1"], ["p1n"], name="neg"))
+    nodes.append(helper.make_node("Concat", ["p1n", "p2"], ["odd"], axis=1, name="odd"))
+    nodes.append(helper.make_node("Exp", ["odd"], ["y4"], name="exp"))
+    graph = helper.make_graph(
+        nodes,
+        "inplace",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 8, 8])],
+        [helper.make_empty_tensor_value_info(n) for n in ("y1", "y2", "y3", "y4")],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
+def test_concat_split_slice_in_place_match_onnxruntime(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from flowc.compiler import compile_graph
+    from flowc.frontend.onnx import import_model
+    from flowc.harness.build import build, run
+    from flowc.harness.compare import compare
+    from flowc.harness.ort import run_onnxruntime
+    from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+
+    model = _inplace_model()
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 8, 8, 8)).astype(np.float32)}
+    ref = run_onnxruntime(model, feeds)
+    g = PassManager(COMPILE_PIPELINE).run(import_model(model))
+    plan_alone = plan_memory(g)
+    check_memory_plan(g, plan_alone)
+    copied = plan_memory(g, alias=False)
+    check_memory_plan(g, copied)
+    # Two streams when the simulator wants them (Inception's branches): the plan follows
+    # the schedule's happens-before order, the checker replays the emitted program.
+    compiled = compile_graph(g, tmp_path / "project", poison=True, streams=2)
+    plan = compiled.memory
+    check_memory_plan(g, plan, compiled.program)
+    by_name = {n.name: n for n in g.nodes}
+    # cat1/cat2 have the graph input (a copy) and the previous Concat (an alias already);
+    # d1..d3 and the four branches are written in place, one Concat each.
+    assert by_name["inc"] in plan.elided and by_name["cat3"] not in plan.elided
+    assert by_name["split"] in plan.elided and by_name["slice"] in plan.elided
+    assert by_name["odd"] not in plan.elided
+    assert plan.views_inplace == 3
+    # cat1: d1; cat2: d2; cat3: d3 (d1 and d2 live in cat1/cat2 already); inc: 4 branches;
+    # odd: its first input (at byte 0), not the second (at byte 64).
+    assert plan.concat_inplace == 8
+    assert plan.writes_in_place(by_name["odd"], 0) and not plan.writes_in_place(by_name["odd"], 1)
+    for v in (by_name["split"].outputs[0], by_name["slice"].outputs[0]):
+        assert plan.offset(v) % ALIGN == 0
+    same = plan_memory(g, plan.order, compiled.schedule.workspace_bytes, alias=False)
+    check_memory_plan(g, same, compiled.program)
+    assert plan.arena_bytes <= same.arena_bytes and plan.naive_bytes < same.naive_bytes
+    assert plan_alone.arena_bytes < copied.arena_bytes
+    build(tmp_path / "project", "host", quick=True)
+    got, _ = run(tmp_path / "project", feeds, target="host")
+    for name, r in ref.items():
+        c = compare(name, got[name], r, 1e-4)
+        assert c.ok, f"{name}: {c.reason or c.error}"

@@ -452,11 +452,13 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         prog.microbatch = actor.microbatch
         for e in schedule.waits.get(a, []):
             wait(st, e.id)
-        for b in first_write.get(t, []):
-            prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, {prog.stream});")
+        for at, nbytes in first_write.get(t, []):
+            prog.stmt(f"cudaMemsetAsync(arena + {at}, 0xff, {nbytes}, {prog.stream});")
         prog.stmt(f"trace_begin(m, {a}, {prog.stream});")
         opdef = get_op(node.op)
-        if opdef.view:
+        if node in plan.elided:
+            pass  # its results are aliases of its inputs' bytes (the memory plan's): no code
+        elif opdef.view:
             # A view whose result is a graph output: copy the bytes.
             src = node.inputs[0]
             assert src is not None
@@ -714,18 +716,31 @@ def _staging_offsets(sizes: list[int]) -> list[int]:
     return offsets
 
 
-def _poison_points(plan: MemoryPlan) -> tuple[dict[int, list[Buffer]], dict[int, list[Buffer]]]:
-    """Where a debug build poisons each buffer: before the step of its first write, and
-    after the access every other one happens before (when one exists: with accesses on
-    several streams that no event joins, there is none)."""
+def _poison_points(
+    plan: MemoryPlan,
+) -> tuple[dict[int, list[tuple[int, int]]], dict[int, list[Buffer]]]:
+    """Where a debug build poisons each buffer: its bytes (offset, size) before the step of
+    its first write -- a buffer several steps write (a Concat's inputs written in place,
+    maybe on several streams) each value's own bytes before its own write -- and after the
+    access every other one happens before (when one exists: with accesses on several
+    streams that no event joins, there is none)."""
     order = plan.order
     at = {(order.stream[t], order.pos[t]): t for t in range(len(order.steps))}
-    first: dict[int, list[Buffer]] = {}
+    first: dict[int, list[tuple[int, int]]] = {}
     death: dict[int, list[Buffer]] = {}
+    step_of = {id(n): t for t, n in enumerate(order.steps)}
     for b in plan.buffers:
         if b.workspace >= 0:
             continue  # scratch the library writes before it reads: nothing to catch
-        first.setdefault(b.writer, []).append(b)
+        if len(b.writers) <= 1:
+            first.setdefault(b.writer, []).append((b.offset, b.size))
+        else:
+            for node, k in sorted(plan.concat_inputs, key=lambda c: (step_of[id(c[0])], c[1])):
+                v = node.inputs[k]
+                if v is not None and plan.value_buffer.get(v) == b.id and v.producer is not None:
+                    first.setdefault(step_of[id(v.producer)], []).append(
+                        (plan.offset(v), v.type.nbytes)
+                    )
         for s, p in enumerate(b.last):
             if p == 0:
                 continue

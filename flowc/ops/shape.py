@@ -452,11 +452,13 @@ def _concat_emit(prog: Program, node: Node) -> None:
     axis = node_attrs(node)["axis"] % len(shape)
     os = row_major_strides(shape)
     at = 0
-    for x in node.inputs:
+    for k, x in enumerate(node.inputs):
         if x is None:
             continue
         xs = row_major_strides(x.type.shape)
-        emit_box(prog, x, 0, out, at * os[axis], list(zip(x.type.shape, xs, os, strict=True)))
+        # An input the memory plan had written straight into its slice needs no copy.
+        if not prog.plan.writes_in_place(node, k):
+            emit_box(prog, x, 0, out, at * os[axis], list(zip(x.type.shape, xs, os, strict=True)))
         at += x.type.shape[axis]
 
 
