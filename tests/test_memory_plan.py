@@ -14,7 +14,7 @@ from test_models import LIGHT_DIR, LIGHT_MODELS
 from flowc.frontend.onnx import ImportOptions, import_onnx
 from flowc.ir import DType, Graph, TensorType
 from flowc.memory.check import PlanError, check_memory_plan
-from flowc.memory.plan import ALIGN, plan_memory
+from flowc.memory.plan import ALIGN, Order, plan_memory
 
 MODELS = [
     SHARED_MODELS / f"{n}.onnx"
@@ -201,9 +201,13 @@ def _inplace_model():  # type: ignore[no-untyped-def]
         inits.append(numpy_helper.from_array(np.array(v, np.int64), n))
     nodes.append(helper.make_node("Slice", ["dense", "st", "en", "ax"], ["sl"], name="slice"))
     nodes.append(helper.make_node("Tanh", ["sl"], ["y3"], name="tanh"))
-    # 2x2 channels of 16 bytes: the second input's slice starts at byte 64.
-    nodes.append(helper.make_node("AveragePool", [c3], ["p1"], kernel_shape=[4, 4], strides=[4, 4]))
-    nodes.append(helper.make_node("AveragePool", [b1], ["p2"], kernel_shape=[4, 4], strides=[4, 4]))
+    # 2x2 channels of 16 bytes: the second input's slice starts at byte 128.
+    nodes.append(
+        helper.make_node("AveragePool", ["y2"], ["p1"], kernel_shape=[4, 4], strides=[4, 4])
+    )
+    nodes.append(
+        helper.make_node("AveragePool", ["i2a"], ["p2"], kernel_shape=[4, 4], strides=[4, 4])
+    )
     nodes.append(helper.make_node("Neg", ["p1"], ["p1n"], name="neg"))
     nodes.append(helper.make_node("Concat", ["p1n", "p2"], ["odd"], axis=1, name="odd"))
     nodes.append(helper.make_node("Exp", ["odd"], ["y4"], name="exp"))
@@ -223,7 +227,9 @@ def _inplace_model():  # type: ignore[no-untyped-def]
 
 
 def test_concat_split_slice_in_place_match_onnxruntime(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from flowc.compiler import compile_graph
+    from flowc.codegen.program import generate
+    from flowc.codegen.project import write_project
+    from flowc.compiler import schedule_graph
     from flowc.frontend.onnx import import_model
     from flowc.harness.build import build, run
     from flowc.harness.compare import compare
@@ -234,34 +240,148 @@ def test_concat_split_slice_in_place_match_onnxruntime(tmp_path) -> None:  # typ
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 8, 8, 8)).astype(np.float32)}
     ref = run_onnxruntime(model, feeds)
     g = PassManager(COMPILE_PIPELINE).run(import_model(model))
-    plan_alone = plan_memory(g)
+    plan_alone = plan_memory(g, alias=True)
     check_memory_plan(g, plan_alone)
+    check_memory_plan(g, plan_memory(g))  # the default: the smaller of the two
     copied = plan_memory(g, alias=False)
     check_memory_plan(g, copied)
     # Two streams when the simulator wants them (Inception's branches): the plan follows
     # the schedule's happens-before order, the checker replays the emitted program.
-    compiled = compile_graph(g, tmp_path / "project", poison=True, streams=2)
-    plan = compiled.memory
-    check_memory_plan(g, plan, compiled.program)
+    # Aliases forced (the default keeps them only where the arena does not grow): the
+    # build runs every in-place path.
+    sched = schedule_graph(g, streams=2)
+    plan = plan_memory(g, Order.of(sched), sched.workspace_bytes, alias=True)
+    files, weights, program = generate(g, sched, plan, poison=True)
+    write_project(tmp_path / "project", files, weights)
+    check_memory_plan(g, plan, program)
     by_name = {n.name: n for n in g.nodes}
-    # cat1/cat2 have the graph input (a copy) and the previous Concat (an alias already);
-    # d1..d3 and the four branches are written in place, one Concat each.
-    assert by_name["inc"] in plan.elided and by_name["cat3"] not in plan.elided
+    # A value joins a Concat only where that Concat is its last reader: d1 and d2 are read
+    # again by cat3, which holds d1, d2, d3 in place and runs nothing; inc holds its four
+    # branches; cat2 holds cat1 (written by cat1's copies); odd only its first input (at
+    # byte 0), not the second (at byte 128).
+    assert by_name["inc"] in plan.elided and by_name["cat3"] in plan.elided
+    assert by_name["cat1"] not in plan.elided and by_name["cat2"] not in plan.elided
     assert by_name["split"] in plan.elided and by_name["slice"] in plan.elided
     assert by_name["odd"] not in plan.elided
-    assert plan.views_inplace == 3
-    # cat1: d1; cat2: d2; cat3: d3 (d1 and d2 live in cat1/cat2 already); inc: 4 branches;
-    # odd: its first input (at byte 0), not the second (at byte 64).
-    assert plan.concat_inplace == 8
+    assert plan.views_inplace == 3 and plan.concat_inplace == 9
     assert plan.writes_in_place(by_name["odd"], 0) and not plan.writes_in_place(by_name["odd"], 1)
     for v in (by_name["split"].outputs[0], by_name["slice"].outputs[0]):
         assert plan.offset(v) % ALIGN == 0
-    same = plan_memory(g, plan.order, compiled.schedule.workspace_bytes, alias=False)
-    check_memory_plan(g, same, compiled.program)
-    assert plan.arena_bytes <= same.arena_bytes and plan.naive_bytes < same.naive_bytes
-    assert plan_alone.arena_bytes < copied.arena_bytes
+    same = plan_memory(g, plan.order, sched.workspace_bytes, alias=False)
+    check_memory_plan(g, same, program)
+    assert plan.naive_bytes < same.naive_bytes
+    assert plan_memory(g).arena_bytes == min(plan_alone.arena_bytes, copied.arena_bytes)
     build(tmp_path / "project", "host", quick=True)
     got, _ = run(tmp_path / "project", feeds, target="host")
     for name, r in ref.items():
         c = compare(name, got[name], r, 1e-4)
         assert c.ok, f"{name}: {c.reason or c.error}"
+
+
+def _two_concats() -> Graph:
+    """a, b -> Concat -> c (both in place); d, e -> Concat -> f (both in place); c + f."""
+    g = Graph("cats")
+    t = TensorType((1, 4, 8, 8), DType.F32)
+    x = g.add_input("x", t)
+    vals = [
+        g.add_node(op, [x], [t], output_names=[n]).outputs[0]
+        for op, n in (("Relu", "a"), ("Exp", "b"), ("Tanh", "d"), ("Neg", "e"))
+    ]
+    ct = TensorType((1, 8, 8, 8), DType.F32)
+    c = g.add_node("Concat", vals[:2], [ct], {"axis": 1}, output_names=["c"]).outputs[0]
+    f = g.add_node("Concat", vals[2:], [ct], {"axis": 1}, output_names=["f"]).outputs[0]
+    g.outputs = [g.add_node("Add", [c, f], [ct], output_names=["y"]).outputs[0]]
+    return g
+
+
+def test_the_checker_catches_broken_aliases() -> None:
+    g = _two_concats()
+    plan = plan_memory(g, alias=True)
+    check_memory_plan(g, plan)
+    a, b, d = (next(n.outputs[0] for n in g.nodes if n.outputs[0].name == k) for k in "abd")
+    assert plan.concat_inplace == 4 and len(plan.elided) == 2
+    assert plan.offset(b) == plan.offset(a) + 4 * 64 * 4
+    # An alias outside its base: b moved past the end of c's bytes.
+    bad = plan_memory(g, alias=True)
+    bad.value_offset[b] = 8 * 64 * 4
+    with pytest.raises(PlanError, match="'b' is at offset"):
+        check_memory_plan(g, bad)
+    # An alias at the wrong slice: a and b swapped.
+    bad = plan_memory(g, alias=True)
+    bad.value_offset[a], bad.value_offset[b] = 4 * 64 * 4, 0
+    with pytest.raises(PlanError, match="where the op puts it"):
+        check_memory_plan(g, bad)
+    # Two families live together in the same bytes: c's and f's buffers at one offset.
+    bad = plan_memory(g, alias=True)
+    bad.buffers[bad.value_buffer[d]].offset = bad.offset(a)
+    with pytest.raises(PlanError, match="overwrites"):
+        check_memory_plan(g, bad)
+    # Aliasing claimed for a node that cannot alias.
+    bad = plan_memory(g, alias=True)
+    bad.elided.add(g.nodes[-1])
+    with pytest.raises(PlanError, match="only Concat, Split and Slice"):
+        check_memory_plan(g, bad)
+    # Without aliases the same graph needs more bytes (c and f copy a, b, d, e).
+    assert plan_memory(g, alias=False).naive_bytes > plan.naive_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Relu", "Exp", "Add", "Concat", "Split", "Slice"]),
+            st.integers(0, 50),
+            st.integers(0, 50),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_random_aliasing_dags_check(spec: list[tuple[str, int, int]]) -> None:
+    # Channel concats, splits and slices of (1, C, 64) values (256 bytes a channel) among
+    # element-wise nodes: every plan, aliases included, passes the checker.
+    g = Graph("alias")
+    vals = [g.add_input("x", TensorType((1, 2, 64), DType.F32))]
+    for k, (op, i, j) in enumerate(spec):
+        a, b = vals[i % len(vals)], vals[j % len(vals)]
+        ch = a.type.shape[1]
+        if op in ("Relu", "Exp"):
+            vals.append(g.add_node(op, [a], [a.type], output_names=[f"v{k}"]).outputs[0])
+        elif op == "Add" and a.type == b.type:
+            vals.append(g.add_node(op, [a, b], [a.type], output_names=[f"v{k}"]).outputs[0])
+        elif op == "Concat" and ch + b.type.shape[1] <= 16:
+            t = TensorType((1, ch + b.type.shape[1], 64), DType.F32)
+            node = g.add_node("Concat", [a, b], [t], {"axis": 1}, output_names=[f"v{k}"])
+            vals.append(node.outputs[0])
+        elif op == "Split" and ch >= 2:
+            t = [TensorType((1, n, 64), DType.F32) for n in (1, ch - 1)]
+            split = g.add_constant(f"sp{k}", np.array([1, ch - 1], np.int64))
+            node = g.add_node(
+                "Split", [a, split], t, {"axis": 1}, output_names=[f"v{k}a", f"v{k}b"]
+            )
+            vals += node.outputs
+        elif op == "Slice" and ch >= 2:
+            cs = [
+                g.add_constant(f"s{k}{n}", np.array([v], np.int64))
+                for n, v in (("s", 1), ("e", ch), ("a", 1))
+            ]
+            t = TensorType((1, ch - 1, 64), DType.F32)
+            vals.append(g.add_node("Slice", [a, *cs], [t], output_names=[f"v{k}"]).outputs[0])
+    g.outputs = [vals[-1]]
+    g.verify()
+    check_memory_plan(g, plan_memory(g))
+    plan = plan_memory(g, alias=True)
+    check_memory_plan(g, plan)
+    assert plan.lower_bound <= plan.arena_bytes
+    # A two-stream replay of the same plan's order: even steps on stream 0, odd on 1, each
+    # step waiting for the one before (so the order is total but crosses streams).
+    from flowc.schedule.program import StreamOp
+
+    ops: list[StreamOp] = []
+    for t, node in enumerate(plan.steps):
+        if t:
+            ops += [StreamOp("record", (t - 1) % 2, event=t), StreamOp("wait", t % 2, event=t)]
+        ops.append(StreamOp("run", t % 2, node))
+    if len(plan.steps) % 2 == 0 and plan.steps:
+        ops += [StreamOp("record", 1, event=0), StreamOp("wait", 0, event=0)]
+    check_memory_plan(g, plan, ops)

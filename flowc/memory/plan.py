@@ -261,6 +261,12 @@ def find_aliases(
     elided: set[Node] = set()
     concat_inputs: set[tuple[Node, int]] = set()
     running = {id(n) for n in steps}
+    step_of = {id(n): t for t, n in enumerate(steps)}
+    read_at: dict[Value, list[int]] = {}  # reads of each value's storage, views included
+    for t, n in enumerate(steps):
+        for i in n.inputs:
+            if i is not None:
+                read_at.setdefault(root[i], []).append(t)
     tops: set[Value] = set()  # Concat outputs holding inputs in place
 
     def in_arena(v: Value) -> bool:
@@ -290,6 +296,7 @@ def find_aliases(
                     and id(producer) in running
                     and producer not in elided
                     and x not in tops
+                    and all(r <= step_of[id(node)] for r in read_at.get(x, []))
                     and off % ALIGN == 0
                     and x.type.nbytes > 0
                 ):
@@ -330,12 +337,31 @@ def find_aliases(
 
 
 def plan_memory(
-    graph: Graph, order: Order | None = None, workspace_bytes: int = 0, *, alias: bool = True
+    graph: Graph,
+    order: Order | None = None,
+    workspace_bytes: int = 0,
+    *,
+    alias: bool | None = None,
 ) -> MemoryPlan:
     """``workspace_bytes``: the library workspace of each stream that calls one (0: none).
     ``alias``: write Concat inputs in place and make Split/Slice outputs views (module
-    docstring); False keeps every value in bytes of its own (element-wise in place still)."""
+    docstring) -- None: when that does not make the arena larger, True: always; False keeps
+    every value in bytes of its own (element-wise in place still)."""
     order = Order.linear(graph) if order is None else order
+    if alias:
+        return _plan(graph, order, workspace_bytes, True)
+    if alias is None:
+        # In place only where it is free: an alias family holds its whole output from its
+        # first member's write, which can cost more than the copies it saves.
+        with_aliases = _plan(graph, order, workspace_bytes, True)
+        if not with_aliases.elided and not with_aliases.concat_inputs:
+            return with_aliases
+        without = _plan(graph, order, workspace_bytes, False)
+        return with_aliases if with_aliases.arena_bytes <= without.arena_bytes else without
+    return _plan(graph, order, workspace_bytes, False)
+
+
+def _plan(graph: Graph, order: Order, workspace_bytes: int, alias: bool) -> MemoryPlan:
     steps = order.steps
     ns = order.num_streams
     root = storage_roots(graph)
