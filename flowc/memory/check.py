@@ -387,6 +387,10 @@ def _check_aliases(
             x = src
             ins = consts(node)
             ins[0] = np.arange(x.type.numel).reshape(x.type.shape)
+            if node.op == "Split" and (len(ins) < 2 or ins[1] is None):
+                # Sizes from the outputs' own shapes (a graph may leave them implicit).
+                axis = int(node.attrs.get("axis", 0)) % x.type.rank
+                ins[1:] = [np.array([o.type.shape[axis] for o in node.outputs], np.int64)]
             for o, got in zip(node.outputs, _index_positions(node, ins), strict=True):
                 flat = np.asarray(got).reshape(-1)
                 first = _run_of(flat)

@@ -242,6 +242,8 @@ def _slice_first(node: Node) -> int | None:
     if starts is None or ends is None or any(s != 1 for s in steps or []):
         return None
     slices, shape = _slice_plan(ValueError, x.type.shape, starts, ends, axes, steps)
+    if tuple(shape) != tuple(node.outputs[0].type.shape):
+        return None
     cut = [k for k, (d, e) in enumerate(zip(x.type.shape, shape, strict=True)) if d != e]
     if not cut or math.prod(shape) == 0:
         return None if cut else 0
@@ -250,6 +252,18 @@ def _slice_first(node: Node) -> int | None:
         return None
     strides = [math.prod(x.type.shape[k + 1 :]) for k in range(x.type.rank)]
     return int(slices[first].start or 0) * strides[first]
+
+
+def _stacks(whole: Value, parts: list[Value], axis: int) -> bool:
+    """Whether ``parts`` stacked along ``axis`` have exactly ``whole``'s shape and type."""
+    shape = whole.type.shape
+    for p in parts:
+        ps = p.type.shape
+        if p.type.dtype != whole.type.dtype or len(ps) != len(shape):
+            return False
+        if any(d != e for k, (d, e) in enumerate(zip(ps, shape, strict=True)) if k != axis):
+            return False
+    return sum(p.type.shape[axis] for p in parts) == shape[axis]
 
 
 def find_aliases(
@@ -278,6 +292,8 @@ def find_aliases(
             axis = int(node.attrs.get("axis", 0)) % max(out.type.rank, 1)
             if not in_arena(out) or math.prod(out.type.shape[:axis]) != 1:
                 continue
+            if not _stacks(out, [i for i in node.inputs if i is not None], axis):
+                continue  # types that do not add up (a hand-built graph): leave it a copy
             itemsize = out.type.dtype.itemsize
             row = math.prod(out.type.shape[axis + 1 :]) * itemsize
             seen = [i for i in node.inputs if i is not None]
@@ -315,7 +331,7 @@ def find_aliases(
             itemsize = x.type.dtype.itemsize
             if node.op == "Split":
                 axis = int(node.attrs.get("axis", 0)) % max(x.type.rank, 1)
-                if math.prod(x.type.shape[:axis]) != 1:
+                if math.prod(x.type.shape[:axis]) != 1 or not _stacks(x, node.outputs, axis):
                     continue
                 row = math.prod(x.type.shape[axis + 1 :]) * itemsize
                 offs, at = [], 0
