@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 ALIGN = 256
 # Search nodes the interval placer may spend per plan (deterministic; see placement.py).
 PLACEMENT_WORK_LIMIT = 2_000
+# Alias candidates tried one by one per plan (each trial plans without placing).
+MAX_ALIAS_TRIALS = 256
 INPLACE_FAMILIES = frozenset({"elementwise"})
 
 __all__ = ["ALIGN", "Buffer", "MemoryPlan", "Order", "is_view", "plan_memory"]
@@ -267,10 +269,15 @@ def _stacks(whole: Value, parts: list[Value], axis: int) -> bool:
 
 
 def find_aliases(
-    graph: Graph, steps: list[Node], root: dict[Value, Value], external: set[Value]
+    graph: Graph,
+    steps: list[Node],
+    root: dict[Value, Value],
+    external: set[Value],
+    allowed: set[Node] | None = None,
 ) -> tuple[dict[Value, tuple[Value, int]], set[Node], set[tuple[Node, int]]]:
     """Which values live inside another's bytes: value -> (the value it lies in, byte
-    offset), the nodes that then run nothing, and the Concat inputs written in place."""
+    offset), the nodes that then run nothing, and the Concat inputs written in place; only
+    at the nodes of ``allowed`` (None: anywhere)."""
     parent: dict[Value, tuple[Value, int]] = {}
     elided: set[Node] = set()
     concat_inputs: set[tuple[Node, int]] = set()
@@ -287,6 +294,8 @@ def find_aliases(
         return v not in external and root[v] is v and v.producer is not None
 
     for node in steps:
+        if allowed is not None and node not in allowed:
+            continue
         if node.op == "Concat" and len(node.outputs) == 1:
             out = node.outputs[0]
             axis = int(node.attrs.get("axis", 0)) % max(out.type.rank, 1)
@@ -364,27 +373,59 @@ def plan_memory(
     docstring) -- None: when that does not make the arena larger, True: always; False keeps
     every value in bytes of its own (element-wise in place still)."""
     order = Order.linear(graph) if order is None else order
+    if alias is False:
+        return _plan(graph, order, workspace_bytes, set())
     if alias:
-        return _plan(graph, order, workspace_bytes, True)
-    if alias is None:
-        # In place only where it is free: an alias family holds its whole output from its
-        # first member's write, which can cost more than the copies it saves.
-        with_aliases = _plan(graph, order, workspace_bytes, True)
-        if not with_aliases.elided and not with_aliases.concat_inputs:
-            return with_aliases
-        without = _plan(graph, order, workspace_bytes, False)
-        return with_aliases if with_aliases.arena_bytes <= without.arena_bytes else without
-    return _plan(graph, order, workspace_bytes, False)
+        return _plan(graph, order, workspace_bytes, None)
+    # In place only where it is free: an alias family holds its whole output from its first
+    # member's write (and a view its base until the view's last read), which can cost more
+    # than the copies it saves. So each candidate node, in issue order, is kept when the
+    # lower bound (the peak of live bytes) does not rise with it, and the placed result
+    # when its arena is not above the plan without aliases.
+    full = _plan(graph, order, workspace_bytes, None, place=False)
+    candidates = _alias_nodes(full)
+    if not candidates:
+        return _plan(graph, order, workspace_bytes, set())
+    chosen: set[Node] = set()
+    best = _plan(graph, order, workspace_bytes, chosen, place=False).lower_bound
+    for node in candidates[:MAX_ALIAS_TRIALS]:
+        trial = _plan(graph, order, workspace_bytes, chosen | {node}, place=False)
+        if trial.lower_bound <= best and _alias_nodes(trial):
+            chosen.add(node)
+            best = trial.lower_bound
+    without = _plan(graph, order, workspace_bytes, set())
+    if not chosen:
+        return without
+    with_aliases = _plan(graph, order, workspace_bytes, chosen)
+    return with_aliases if with_aliases.arena_bytes <= without.arena_bytes else without
 
 
-def _plan(graph: Graph, order: Order, workspace_bytes: int, alias: bool) -> MemoryPlan:
+def _alias_nodes(plan: MemoryPlan) -> list[Node]:
+    """The nodes whose results alias in ``plan`` (elided, or a Concat with an input in
+    place), in issue order."""
+    concats = {id(n) for n, _ in plan.concat_inputs}
+    return [n for n in plan.steps if n in plan.elided or id(n) in concats]
+
+
+def _plan(
+    graph: Graph,
+    order: Order,
+    workspace_bytes: int,
+    allowed: set[Node] | None,
+    *,
+    place: bool = True,
+) -> MemoryPlan:
+    """The plan with aliases at the nodes of ``allowed`` that qualify (None: at all that
+    do); ``place=False`` leaves offsets unset (for the lower bound alone)."""
     steps = order.steps
     ns = order.num_streams
     root = storage_roots(graph)
     outputs = set(graph.outputs)
     external = set(graph.inputs) | set(graph.constants) | outputs
     parent, elided, concat_inputs = (
-        find_aliases(graph, steps, root, external) if alias else ({}, set(), set())
+        find_aliases(graph, steps, root, external, allowed)
+        if allowed is None or allowed
+        else ({}, set(), set())
     )
 
     def family(v: Value) -> tuple[Value, int]:
@@ -503,7 +544,7 @@ def _plan(graph: Graph, order: Order, workspace_bytes: int, alias: bool) -> Memo
 
     for b in buffers:
         b.join = join_step(b, order)
-    strategy = _place(buffers)
+    strategy = _place(buffers) if place else "none"
     value_buffer = {v: b.id for b in buffers for v in b.values}
     for v, rv in root.items():
         if v is not rv and rv in buffer_of:
