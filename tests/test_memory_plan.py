@@ -385,3 +385,26 @@ def test_random_aliasing_dags_check(spec: list[tuple[str, int, int]]) -> None:
     if len(plan.steps) % 2 == 0 and plan.steps:
         ops += [StreamOp("record", 1, event=0), StreamOp("wait", 0, event=0)]
     check_memory_plan(g, plan, ops)
+
+
+def test_lifetimes_end_at_the_join_across_streams() -> None:
+    # a1 is read by a2 on stream 0, but stream 1 runs b1, b2 unordered with it: a1 lives
+    # until y, whose wait joins stream 1 -- the interval the placement and the bound use.
+    from test_schedule import _chains, _node, _replay
+
+    graph, unordered, ordered = _chains()
+    kb = 16 * 16 * 4
+    apart = plan_memory(graph, _replay(unordered))
+    check_memory_plan(graph, apart, unordered)
+    a1 = apart.buffers[apart.value_buffer[_node(graph, "a1").outputs[0]]]
+    assert (a1.start, a1.end, a1.join) == (0, 1, 4)
+    assert apart.lower_bound == apart.arena_bytes == 4 * kb
+    # With the event ordering a2 before b1, every later step follows a1's last access.
+    along = plan_memory(graph, _replay(ordered))
+    a1 = along.buffers[along.value_buffer[_node(graph, "a1").outputs[0]]]
+    assert (a1.start, a1.end, a1.join) == (0, 1, 2)
+    assert along.lower_bound == along.arena_bytes == 3 * kb
+    # The checker replays the bound with its own clocks: a bound without the join is wrong.
+    apart.lower_bound = 3 * kb
+    with pytest.raises(PlanError, match="lower bound"):
+        check_memory_plan(graph, apart, unordered)
