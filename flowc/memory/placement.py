@@ -1,0 +1,729 @@
+"""Static memory placement over plain intervals: give every buffer a byte offset so that no
+two buffers live at the same time share a byte, with the peak (the arena) as low as the
+work limit allows.
+
+This module stands alone: it imports the standard library and NumPy only (no other flowc
+module), so code generation, the CLI and outside tools can use it without the compiler.
+
+A buffer is an :class:`Interval`: live on the half-open step interval ``[start, end)`` and
+needing ``size`` bytes at an offset that is a multiple of ``align``. Two buffers conflict when
+their step intervals intersect (one ending at ``t`` and one starting at ``t`` do not) and both
+have bytes.
+
+:func:`place` works in two stages:
+
+1. **Greedy.** Buffers are placed one by one, each in a gap between the already placed
+   buffers it conflicts with, for several orderings (size, lifetime length, number of
+   conflicts, area, the fullest time step it lives through) and two gap rules (best fit:
+   the tightest gap that holds it; first fit: the lowest), keeping the lowest peak -- as
+   XLA's heap simulator tries several orderings and keeps the best.
+2. **Search.** A depth-first search over *canonical* placements, after MiniMalloc (Moffitt,
+   ASPLOS 2023): any placement can be pushed down until every buffer rests on one it
+   conflicts with (or on 0) without raising the peak, and then the buffers, taken in order
+   of offset, each sit at the lowest aligned offset above the buffers placed before them.
+   So the search only ever chooses *which* buffer comes next; its offset follows. Offsets
+   never decrease along a branch (buffers at one offset come in a fixed order), a buffer is
+   never placed at or above the top some unplaced buffer would have at its own lowest
+   offset (that buffer could go below it: a needless gap), and a branch dies as soon as
+   some time step's floor plus the bytes still to place there exceeds the target; when
+   the buffer just placed has no unplaced buffer above it, its alternatives are not tried
+   (a failure there is not its fault). Each decision "does everything fit in C bytes?" is
+   searched for a shrinking C (binary search between the lower bound and the best peak
+   found) while the work limit lasts. Buffers whose lifetimes never meet those of the rest
+   (a cut in time that no buffer crosses) are searched apart.
+
+The work limit counts search nodes, never seconds, so the result is the same on every run
+and machine. A placement is ``optimal`` when its peak equals the lower bound, or when the
+search exhausted the next lower target without reaching the limit.
+
+The lower bound is the maximum over time of the summed sizes of the live buffers, sizes as
+given (not rounded up to their alignment): it holds for any placement, aligned or not.
+
+:func:`check_placement` verifies a placement independently of the placer (a sweep over
+time with a pairwise byte-range test of the live buffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_WORK_LIMIT",
+    "Interval",
+    "Placement",
+    "PlacementError",
+    "check_placement",
+    "lower_bound",
+    "place",
+    "read_csv",
+    "write_offsets_csv",
+]
+
+# Search nodes for place()'s default: about 10 s of search in CPython on the largest
+# MiniMalloc instances (455 buffers), far less on typical model graphs (which mostly reach
+# the lower bound greedily and never search).
+DEFAULT_WORK_LIMIT = 30_000
+
+
+class PlacementError(ValueError):
+    """A placement (or its input) is invalid: the message names the buffers and why."""
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A buffer live on the half-open step interval ``[start, end)``, needing ``size`` bytes
+    at an offset that is a multiple of ``align``."""
+
+    id: int
+    start: int
+    end: int
+    size: int
+    align: int = 1
+
+
+@dataclass
+class Placement:
+    offsets: dict[int, int]  # id -> byte offset
+    peak: int  # max(offset + size), 0 for no buffers
+    lower_bound: int  # max over time of the live bytes (sizes as given)
+    strategy: str  # which strategy produced the offsets, for reports
+    optimal: bool  # peak == lower_bound, or the search proved no lower peak exists
+
+
+# -- validation, lower bound, checker --------------------------------------------------------
+
+
+def _validate(intervals: Sequence[Interval]) -> None:
+    seen: set[int] = set()
+    for iv in intervals:
+        if iv.id in seen:
+            raise PlacementError(f"buffer {iv.id}: duplicate id")
+        seen.add(iv.id)
+        if iv.end < iv.start:
+            raise PlacementError(f"buffer {iv.id}: end {iv.end} before start {iv.start}")
+        if iv.size < 0:
+            raise PlacementError(f"buffer {iv.id}: negative size {iv.size}")
+        if iv.align < 1:
+            raise PlacementError(f"buffer {iv.id}: alignment {iv.align} is not positive")
+
+
+def _live(iv: Interval) -> bool:
+    """Whether a buffer can conflict with anything: it has bytes and a non-empty lifetime."""
+    return iv.size > 0 and iv.end > iv.start
+
+
+def lower_bound(intervals: Iterable[Interval]) -> int:
+    """The maximum over time of the summed sizes of the live buffers (half-open lifetimes:
+    a buffer ending at t and one starting at t are never counted together)."""
+    events: list[tuple[int, int]] = []
+    for iv in intervals:
+        if _live(iv):
+            events.append((iv.start, iv.size))
+            events.append((iv.end, -iv.size))
+    # At equal times the ends (negative) sort before the starts.
+    events.sort()
+    best = cur = 0
+    for _, delta in events:
+        cur += delta
+        best = max(best, cur)
+    return best
+
+
+def check_placement(
+    intervals: Iterable[Interval], offsets: dict[int, int], *, capacity: int | None = None
+) -> None:
+    """Raise PlacementError unless every buffer has a non-negative offset that is a multiple
+    of its alignment, fits ``capacity`` (when given), and no two buffers live at the same
+    time share a byte."""
+    ivs = list(intervals)
+    problems: list[str] = []
+    for iv in ivs:
+        if iv.id not in offsets:
+            problems.append(f"buffer {iv.id}: no offset")
+            continue
+        off = offsets[iv.id]
+        if off < 0:
+            problems.append(f"buffer {iv.id}: negative offset {off}")
+        if iv.align > 1 and off % iv.align:
+            problems.append(f"buffer {iv.id}: offset {off} is not a multiple of {iv.align}")
+        if capacity is not None and off + iv.size > capacity:
+            problems.append(
+                f"buffer {iv.id}: bytes [{off}, {off + iv.size}) exceed capacity {capacity}"
+            )
+    # Sweep: at each start, compare the new buffer's bytes with every buffer live then.
+    # Ends at t come before starts at t (half-open lifetimes).
+    events = sorted(
+        ((iv.start, 1, k) for k, iv in enumerate(ivs) if _live(iv) and iv.id in offsets),
+        key=lambda e: e[0],
+    )
+    ends = sorted(
+        ((iv.end, k) for k, iv in enumerate(ivs) if _live(iv) and iv.id in offsets),
+    )
+    live: set[int] = set()
+    ei = 0
+    for t, _, k in events:
+        while ei < len(ends) and ends[ei][0] <= t:
+            live.discard(ends[ei][1])
+            ei += 1
+        a = ivs[k]
+        ao = offsets[a.id]
+        for j in live:
+            b = ivs[j]
+            bo = offsets[b.id]
+            if ao < bo + b.size and bo < ao + a.size:
+                problems.append(
+                    f"buffers {a.id} and {b.id} are both live at step {t} and share bytes "
+                    f"[{max(ao, bo)}, {min(ao + a.size, bo + b.size)})"
+                )
+                if len(problems) > 20:
+                    break
+        live.add(k)
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise PlacementError("invalid placement: " + "; ".join(problems[:10]) + more)
+
+
+# -- the problem, preprocessed ------------------------------------------------------------------
+
+
+class _Problem:
+    """The live buffers as arrays: sizes, alignments, the half-open range of time sections
+    each covers (a section lies between consecutive distinct endpoints), and each buffer's
+    conflicting buffers."""
+
+    def __init__(self, ivs: list[Interval]) -> None:
+        self.ivs = ivs
+        n = len(ivs)
+        self.n = n
+        self.size = np.array([iv.size for iv in ivs], dtype=np.int64)
+        self.align = np.array([iv.align for iv in ivs], dtype=np.int64)
+        start = np.array([iv.start for iv in ivs], dtype=np.int64)
+        end = np.array([iv.end for iv in ivs], dtype=np.int64)
+        self.start, self.end = start, end
+        points = np.unique(np.concatenate([start, end])) if n else np.zeros(0, np.int64)
+        self.lo = np.searchsorted(points, start).astype(np.int64)
+        self.hi = np.searchsorted(points, end).astype(np.int64)
+        self.nsec = max(len(points) - 1, 0)
+        cover = np.zeros((self.nsec, n), dtype=bool)
+        for i in range(n):
+            cover[self.lo[i] : self.hi[i], i] = True
+        self.cover = cover
+        # Section totals: the bytes live in each section.
+        self.total = (cover * self.size[None, :]).sum(axis=1) if n else np.zeros(0, np.int64)
+        conflict = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
+        np.fill_diagonal(conflict, False)
+        self.conflict = conflict
+        self.nbrs = [np.flatnonzero(conflict[i]) for i in range(n)]
+        # The fullest section each buffer lives through (MiniMalloc's "total").
+        self.fullest = np.array(
+            [int(self.total[self.lo[i] : self.hi[i]].max()) for i in range(n)], dtype=np.int64
+        )
+
+    def components(self) -> list[list[int]]:
+        """Groups of buffers whose lifetimes chain together; no buffer crosses between two
+        groups' time ranges, so each can be placed on its own from offset 0."""
+        order = sorted(range(self.n), key=lambda i: (int(self.start[i]), int(self.end[i])))
+        groups: list[list[int]] = []
+        reach = None
+        for i in order:
+            if reach is None or self.start[i] >= reach:
+                groups.append([])
+                reach = int(self.end[i])
+            groups[-1].append(i)
+            reach = max(reach, int(self.end[i]))
+        return groups
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+# -- greedy -------------------------------------------------------------------------------------
+
+
+def _greedy(p: _Problem, order: Sequence[int], best_fit: bool) -> list[int]:
+    """Place the buffers in ``order``, each in a gap among the placed buffers it conflicts
+    with: the tightest gap that holds it (best fit) or the lowest (first fit); above them all
+    when no gap does."""
+    n = p.n
+    off = [-1] * n
+    size = p.size.tolist()
+    align = p.align.tolist()
+    conflict = p.conflict
+    for i in order:
+        blocks = sorted(
+            (off[j], off[j] + size[j]) for j in np.flatnonzero(conflict[i]).tolist() if off[j] >= 0
+        )
+        s, a = size[i], align[i]
+        choice = -1
+        choice_gap = -1
+        cur = 0
+        for b0, b1 in blocks:
+            o = _round_up(cur, a)
+            if o + s <= b0:
+                gap = b0 - cur
+                if not best_fit:
+                    choice = o
+                    break
+                if choice < 0 or gap < choice_gap:
+                    choice, choice_gap = o, gap
+            cur = max(cur, b1)
+        if choice < 0:
+            choice = _round_up(cur, a)
+        off[i] = choice
+    return off
+
+
+def _orderings(p: _Problem) -> list[tuple[str, list[int]]]:
+    n = p.n
+    size = p.size.tolist()
+    life = (p.end - p.start).tolist()
+    nconf = p.conflict.sum(axis=1).tolist()
+    area = (p.size * (p.end - p.start)).tolist()
+    fullest = p.fullest.tolist()
+    start = p.start.tolist()
+    idx = range(n)
+    return [
+        ("size", sorted(idx, key=lambda i: (-size[i], -life[i], start[i], i))),
+        ("lifetime", sorted(idx, key=lambda i: (-life[i], -size[i], start[i], i))),
+        ("conflicts", sorted(idx, key=lambda i: (-nconf[i], -size[i], start[i], i))),
+        ("area", sorted(idx, key=lambda i: (-area[i], -size[i], start[i], i))),
+        ("fullest", sorted(idx, key=lambda i: (-fullest[i], -size[i], -life[i], i))),
+    ]
+
+
+def _peak_of(p: _Problem, off: Sequence[int]) -> int:
+    return int(max((o + s for o, s in zip(off, p.size.tolist(), strict=True)), default=0))
+
+
+# -- canonical search ---------------------------------------------------------------------------
+
+
+class _OutOfWork(Exception):
+    pass
+
+
+class _Search:
+    """MiniMalloc-style decision search on one group of buffers: is there a placement within
+    ``capacity`` bytes? Counts its nodes (``nodes``) against the budget it is given."""
+
+    def __init__(self, p: _Problem, members: list[int]) -> None:
+        self.members = np.array(members, dtype=np.int64)
+        m = len(members)
+        self.m = m
+        self.size = p.size[self.members]
+        self.align = p.align[self.members]
+        lo = p.lo[self.members]
+        hi = p.hi[self.members]
+        s0, s1 = int(lo.min()), int(hi.max())
+        self.lo = (lo - s0).astype(np.int64)
+        self.hi = (hi - s0).astype(np.int64)
+        self.nsec = s1 - s0
+        cover = p.cover[s0:s1][:, self.members]
+        self.total0 = (cover * self.size[None, :]).sum(axis=1).astype(np.int64)
+        # (section, buffer) pairs grouped by section, for per-section minima in one call.
+        self.busy = np.flatnonzero(cover.any(axis=1))
+        secs, bufs = np.nonzero(cover[self.busy])
+        self.pair_buf = bufs.astype(np.int64)
+        self.pair_start = np.searchsorted(secs, np.arange(len(self.busy))).astype(np.int64)
+        sub = p.conflict[np.ix_(self.members, self.members)]
+        self.nbrs = [np.flatnonzero(sub[i]) for i in range(m)]
+        # Static orders to break ties at one offset, tried in turn: MiniMalloc's WAT, TAW
+        # and TWA (lifetime Width, Area, the fullest section's Total; larger first), then
+        # sweeps in time (earliest start, latest end, ... first), which solve other
+        # instances in one dive (measured on the MiniMalloc set: no one order solves all).
+        start = p.start[self.members]
+        end = p.end[self.members]
+        width = end - start
+        area = self.size * width
+        fullest = p.fullest[self.members]
+        size = self.size
+        idx = np.arange(m)
+        keysets = (
+            (width, area, fullest),
+            (fullest, area, width),
+            (fullest, width, area),
+            (-start, width, area),
+            (end, width, area),
+            (-start, size, width),
+            (start, width, area),
+            (-start, area, width),
+            (-end, width, area),
+            (size, width, fullest),
+            (area, width, fullest),
+            (fullest, size, width),
+            (end, size, width),
+            (start, size, width),
+            (-end, size, width),
+        )
+        self.ranks: list[np.ndarray] = []
+        for keys in keysets:
+            order = np.lexsort((idx, -keys[2], -keys[1], -keys[0]))
+            rank = np.empty(m, dtype=np.int64)
+            rank[order] = idx
+            self.ranks.append(rank)
+        self.nodes = 0
+
+    def solve(self, capacity: int, budget: int) -> tuple[list[int] | None, bool]:
+        """(offsets, exhausted): offsets when a placement within ``capacity`` was found.
+        Round robin over the tie-break orders with a node limit doubling from 2 per buffer
+        (as MiniMalloc): an order that suits the instance finishes early. exhausted is True
+        when one search ran to its end without a placement (so there is none). Raises
+        _OutOfWork when the budget is spent; ``nodes`` then holds what was used."""
+        used = 0
+        self.nodes = 0
+        if (self.size > capacity).any() or (self.total0 > capacity).any():
+            return None, True
+        limit = self.m
+        while True:
+            limit *= 2
+            for rank in self.ranks:
+                take = min(limit, budget - used)
+                if take <= 0:
+                    self.nodes = used
+                    raise _OutOfWork
+                try:
+                    sol, exhausted = self._dfs(capacity, take, rank)
+                except _OutOfWork:
+                    used += take
+                    continue
+                self.nodes += used
+                return sol, exhausted
+
+    def _dfs(self, capacity: int, limit: int, rank: np.ndarray) -> tuple[list[int] | None, bool]:
+        """One depth-first search with one tie-break order; raises _OutOfWork past
+        ``limit`` nodes. After each placement, the unplaced buffers that no longer share a
+        section with each other split into groups searched one after the other: a group
+        that fails fails the placement, without retrying the other groups' choices
+        (MiniMalloc's dynamic decomposition)."""
+        m = self.m
+        size = self.size
+        align = self.align
+        big = np.iinfo(np.int64).max // 4
+        min_off = np.zeros(m, dtype=np.int64)
+        placed = np.zeros(m, dtype=bool)
+        offset = np.full(m, -1, dtype=np.int64)
+        floor = np.zeros(self.nsec, dtype=np.int64)
+        total = self.total0.copy()
+        busy, pair_buf, pair_start = self.busy, self.pair_buf, self.pair_start
+        lowest = np.full(self.nsec, big, dtype=np.int64)
+        lo, hi = self.lo, self.hi
+        nbrs = self.nbrs
+        trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.nodes = 0
+
+        def check(cur: int, s0: int, s1: int) -> bool:
+            # Each section's floor: above the placed buffers there, at least the lowest
+            # offset an unplaced buffer there can take, and (offsets never decrease along
+            # a branch) at least the current offset. Floor plus the bytes still to place
+            # there must fit.
+            vals = np.where(placed, big, min_off)[pair_buf]
+            lowest[busy] = np.minimum.reduceat(vals, pair_start)
+            t = total[s0:s1]
+            f = np.maximum(np.maximum(floor[s0:s1], lowest[s0:s1]), cur)
+            return bool(((f + t)[t > 0] <= capacity).all())
+
+        def put(b: int, o: int) -> bool:
+            """Place b at o; returns whether nothing unplaced conflicts with it."""
+            top = o + int(size[b])
+            placed[b] = True
+            offset[b] = o
+            ids = nbrs[b]
+            ids = ids[~placed[ids]]
+            o_saved = min_off[ids].copy()
+            need = np.maximum(o_saved, top)
+            al = align[ids]
+            min_off[ids] = -(-need // al) * al
+            f_saved = floor[lo[b] : hi[b]].copy()
+            floor[lo[b] : hi[b]] = top
+            total[lo[b] : hi[b]] -= size[b]
+            trail.append((b, ids, o_saved, f_saved))
+            return len(ids) == 0
+
+        def undo(mark: int) -> None:
+            while len(trail) > mark:
+                b, ids, o_saved, f_saved = trail.pop()
+                placed[b] = False
+                offset[b] = -1
+                min_off[ids] = o_saved
+                floor[lo[b] : hi[b]] = f_saved
+                total[lo[b] : hi[b]] += size[b]
+
+        def split(members: np.ndarray) -> list[np.ndarray]:
+            order = members[np.argsort(lo[members], kind="stable")]
+            reach = np.maximum.accumulate(hi[order])
+            cuts = np.flatnonzero(lo[order][1:] >= reach[:-1]) + 1
+            return np.split(order, cuts) if len(cuts) else [order]
+
+        def search(members: np.ndarray, last_off: int, last_rank: int) -> bool:
+            self.nodes += 1
+            if self.nodes > limit:
+                raise _OutOfWork
+            mo = min_off[members]
+            ms = size[members]
+            s0, s1 = int(lo[members].min()), int(hi[members].max())
+            # Canonical: offsets never decrease; at one offset, buffers come in rank order.
+            keep = (mo > last_off) | ((mo == last_off) & (rank[members] > last_rank))
+            # Dominance: at or above some unplaced buffer's lowest top, that buffer could
+            # go underneath instead -- a needless gap.
+            keep &= mo < int((mo + ms).min())
+            # Every section still holding bytes must fit them above this offset.
+            keep &= mo + int(total[s0:s1].max()) <= capacity
+            ids = members[keep]
+            cands = ids[np.lexsort((rank[ids], min_off[ids]))].tolist()
+            for b in cands:
+                o = int(min_off[b])
+                mark = len(trail)
+                hatless = put(b, o)
+                rest = members[members != b]
+                if check(o, s0, s1):
+                    if len(rest) == 0:
+                        return True
+                    rb = int(rank[b])
+                    if all(search(g, o, rb) for g in split(rest)):
+                        return True
+                undo(mark)
+                if hatless:
+                    # Nothing unplaced lies above b: had another buffer come here, the
+                    # failure would be the same.
+                    break
+            return False
+
+        old_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old_limit, 4 * m + 200))
+        try:
+            everyone = np.arange(m)
+            if all(search(g, -1, -1) for g in split(everyone)):
+                return [int(x) for x in offset], False
+        finally:
+            sys.setrecursionlimit(old_limit)
+        return None, True
+
+
+# -- the placer ---------------------------------------------------------------------------------
+
+
+def place(
+    intervals: Iterable[Interval],
+    *,
+    capacity: int | None = None,
+    work_limit: int = DEFAULT_WORK_LIMIT,
+    exact: bool = True,
+) -> Placement:
+    """Offsets for ``intervals`` (see the module docstring). With ``capacity``, the search
+    first looks for a placement within it; whatever happens, the lowest peak found is
+    returned (the caller compares it with the capacity). ``exact=False`` stops after the
+    greedy stage. ``work_limit`` bounds the search nodes; the result is deterministic."""
+    ivs = list(intervals)
+    _validate(ivs)
+    if capacity is not None and capacity < 0:
+        raise PlacementError(f"capacity {capacity} is negative")
+    if work_limit < 0:
+        raise PlacementError(f"work limit {work_limit} is negative")
+    lb = lower_bound(ivs)
+    live = [iv for iv in ivs if _live(iv)]
+    offsets = {iv.id: 0 for iv in ivs if not _live(iv)}
+    if not live:
+        return Placement(offsets, 0, lb, "trivial", True)
+    p = _Problem(live)
+
+    best_off: list[int] | None = None
+    best_peak = 0
+    strategy = ""
+    for name, order in _orderings(p):
+        for best_fit in (True, False):
+            off = _greedy(p, order, best_fit)
+            peak = _peak_of(p, off)
+            if best_off is None or peak < best_peak:
+                best_off, best_peak = off, peak
+                strategy = f"greedy {name}, {'best' if best_fit else 'first'} fit"
+    assert best_off is not None
+    optimal = best_peak == lb
+    if exact and not optimal and work_limit > 0:
+        best_off, best_peak, found, optimal = _search(
+            p, lb, best_off, best_peak, capacity, work_limit
+        )
+        if found:
+            strategy = "canonical search"
+    for iv, o in zip(live, best_off, strict=True):
+        offsets[iv.id] = o
+    return Placement(offsets, best_peak, lb, strategy, optimal or best_peak == lb)
+
+
+def _search(
+    p: _Problem,
+    lb: int,
+    best_off: list[int],
+    best_peak: int,
+    capacity: int | None,
+    work_limit: int,
+) -> tuple[list[int], int, bool, bool]:
+    """Look for lower peaks with the canonical decision search, under one node budget:
+    first a quick try at each rung of a ladder of targets up from the lower bound (the
+    loosest targets are found in one dive), then the capacity (when asked for and not yet
+    met) with most of what is left, then a binary search between the highest target that
+    failed and the best peak. Returns (offsets, peak, improved, proven optimal)."""
+    groups = [_Search(p, g) for g in p.components()]
+    # Each group's best offsets so far and their peak: a group already within a target
+    # needs no new search for it.
+    mine: list[tuple[list[int], int]] = []
+    for g in groups:
+        sub = [best_off[i] for i in g.members.tolist()]
+        mine.append((sub, max(o + int(s) for o, s in zip(sub, g.size, strict=True))))
+    left = work_limit
+    improved = False
+    proven_lo = lb  # no peak below this exists (the lower bound holds for any placement)
+
+    def attempt(target: int, budget: int) -> tuple[bool, bool]:
+        """Fit every group within target; (found, proven impossible). Spends from left."""
+        nonlocal left
+        budget = min(budget, left)
+        for k, g in enumerate(groups):
+            if mine[k][1] <= target:
+                continue
+            try:
+                sol, exhausted = g.solve(target, budget)
+            except _OutOfWork:
+                left -= g.nodes
+                return False, False
+            left -= g.nodes
+            budget -= g.nodes
+            if sol is None:
+                return False, exhausted
+            mine[k] = (sol, max(o + int(s) for o, s in zip(sol, g.size, strict=True)))
+        return True, False
+
+    def current() -> tuple[list[int], int]:
+        off = [0] * p.n
+        for g, (sol, _) in zip(groups, mine, strict=True):
+            for k, i in enumerate(g.members.tolist()):
+                off[i] = sol[k]
+        return off, max(pk for _, pk in mine)
+
+    failed = lb - 1  # the highest target that failed (proven or out of work)
+    if capacity is not None and lb <= capacity < best_peak:
+        # Most of the budget: fitting is what the caller asked for; the rest lowers the
+        # peak should it fail.
+        found, infeasible = attempt(capacity, left * 2 // 3)
+        if found:
+            best_off, best_peak = current()
+            improved = True
+        else:
+            failed = capacity
+            if infeasible:
+                proven_lo = capacity + 1
+    lo = failed + 1
+    while lo < best_peak and left > 0:
+        target = (lo + best_peak - 1) // 2
+        # A third of what is left: a loose target is met in one dive (about one node
+        # per buffer), a tight one may take all it gets.
+        found, infeasible = attempt(target, max(left // 3, 2 * max(g.m for g in groups)))
+        if found:
+            best_off, best_peak = current()
+            improved = True
+        else:
+            lo = target + 1
+            if infeasible:
+                proven_lo = max(proven_lo, target + 1)
+    return best_off, best_peak, improved, proven_lo >= best_peak
+
+
+# -- MiniMalloc's CSV format ----------------------------------------------------------------
+
+
+CSV_COLUMNS = ("id", "lower", "upper", "size")
+
+
+def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
+    """Buffers from a MiniMalloc CSV: a header naming ``id,lower,upper,size`` (in any order,
+    other columns ignored; an ``alignment`` column is read when present), then one buffer a
+    row, live on the half-open interval [lower, upper). Raises PlacementError naming the
+    file and line of the first bad row."""
+    name = os.fspath(path)
+    try:
+        with open(name, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise PlacementError(f"{name}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise PlacementError(f"{name}: not a text file") from None
+    if not rows:
+        raise PlacementError(f"{name}: empty file; expected a header line id,lower,upper,size")
+    header = [h.strip().lower() for h in rows[0]]
+    missing = [c for c in CSV_COLUMNS if c not in header]
+    if missing:
+        raise PlacementError(
+            f"{name}:1: header {','.join(rows[0])!r} lacks column(s) {', '.join(missing)}; "
+            "expected id,lower,upper,size"
+        )
+    col = {c: header.index(c) for c in CSV_COLUMNS}
+    align_col = header.index("alignment") if "alignment" in header else None
+    out: list[Interval] = []
+    seen: dict[int, int] = {}
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise PlacementError(
+                f"{name}:{lineno}: {len(row)} field(s), the header has {len(header)}"
+            )
+        vals: dict[str, int] = {}
+        for c in (*CSV_COLUMNS, "alignment"):
+            k = col.get(c) if c != "alignment" else align_col
+            if k is None:
+                continue
+            text = row[k].strip()
+            try:
+                vals[c] = int(text)
+            except ValueError:
+                raise PlacementError(f"{name}:{lineno}: {c} {text!r} is not an integer") from None
+        bid, lo, hi, size = vals["id"], vals["lower"], vals["upper"], vals["size"]
+        if lo >= hi:
+            raise PlacementError(
+                f"{name}:{lineno}: buffer {bid}: lower {lo} must be below upper {hi} "
+                "(the interval [lower, upper) is half-open)"
+            )
+        if size < 0:
+            raise PlacementError(f"{name}:{lineno}: buffer {bid}: negative size {size}")
+        align = vals.get("alignment", 1)
+        if align < 1:
+            raise PlacementError(f"{name}:{lineno}: buffer {bid}: alignment {align} below 1")
+        if bid in seen:
+            raise PlacementError(
+                f"{name}:{lineno}: buffer id {bid} repeats (first on line {seen[bid]})"
+            )
+        seen[bid] = lineno
+        out.append(Interval(bid, lo, hi, size, align))
+    return out
+
+
+def write_offsets_csv(
+    path: str | os.PathLike[str], intervals: Sequence[Interval], offsets: dict[int, int]
+) -> None:
+    """``id,lower,upper,size,offset`` rows, written to a temporary file beside ``path`` and
+    renamed over it, so no half-written file is ever seen."""
+    name = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(name))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow([*CSV_COLUMNS, "offset"])
+            for iv in intervals:
+                w.writerow([iv.id, iv.start, iv.end, iv.size, offsets[iv.id]])
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,293 @@
+"""flowc.memory.placement: the placer against brute-force optima on small random instances,
+the independent checker on hand-made bad placements, the MiniMalloc CSV mapping (half-open
+lifetimes), `flowc plan-memory`, determinism, and that the module stands alone."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from flowc.memory.placement import (
+    Interval,
+    PlacementError,
+    check_placement,
+    lower_bound,
+    place,
+    read_csv,
+)
+
+# -- brute force (written apart from the placer: steps as sets, offsets enumerated) ----------
+
+
+def steps(iv: Interval) -> set[int]:
+    return set(range(iv.start, iv.end))
+
+
+def brute_force_peak(ivs: list[Interval]) -> int:
+    """The lowest peak over every assignment of aligned offsets (branch and bound on the
+    peak: offsets are enumerated from 0 up to below the best peak found so far)."""
+    order = sorted(ivs, key=lambda iv: -iv.size)
+    best = sum(iv.size + iv.align for iv in ivs) + 1
+    chosen: list[tuple[Interval, int]] = []
+
+    def rec(k: int, peak: int) -> None:
+        nonlocal best
+        if k == len(order):
+            best = min(best, peak)
+            return
+        iv = order[k]
+        for off in range(0, best - iv.size, iv.align):
+            clash = any(
+                steps(iv) & steps(o) and off < oo + o.size and oo < off + iv.size
+                for o, oo in chosen
+            )
+            if iv.size and clash:
+                continue
+            chosen.append((iv, off))
+            rec(k + 1, max(peak, off + iv.size))
+            chosen.pop()
+
+    rec(0, 0)
+    return best
+
+
+def brute_force_lower_bound(ivs: list[Interval]) -> int:
+    times = {t for iv in ivs for t in steps(iv)}
+    return max((sum(iv.size for iv in ivs if t in steps(iv)) for t in times), default=0)
+
+
+def random_instance(rng: random.Random, n: int, aligns: tuple[int, ...] = (1,)) -> list[Interval]:
+    out = []
+    for i in range(n):
+        a = rng.randrange(0, 6)
+        out.append(Interval(i, a, a + rng.randrange(1, 5), rng.randrange(1, 5), rng.choice(aligns)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_exact_search_reaches_the_brute_force_optimum(seed: int) -> None:
+    rng = random.Random(seed)
+    ivs = random_instance(rng, rng.randrange(1, 7), aligns=(1, 1, 2, 4) if seed % 2 else (1,))
+    result = place(ivs, work_limit=20_000)
+    check_placement(ivs, result.offsets)
+    assert result.peak == max(result.offsets[iv.id] + iv.size for iv in ivs)
+    assert result.peak == brute_force_peak(ivs)
+    assert result.lower_bound == brute_force_lower_bound(ivs) == lower_bound(ivs)
+    # Within the limit the search finishes, so the optimum is proven.
+    assert result.optimal
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_alone_is_valid_and_not_below_the_optimum(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    ivs = random_instance(rng, 6, aligns=(1, 2))
+    result = place(ivs, exact=False)
+    check_placement(ivs, result.offsets)
+    assert result.peak >= brute_force_peak(ivs) >= result.lower_bound
+
+
+def test_search_closes_the_hole_greedy_leaves() -> None:
+    # Found by random search: the best of the greedy orderings is a byte above the optimum.
+    ivs = [
+        Interval(0, 2, 6, 1),
+        Interval(1, 5, 6, 3),
+        Interval(2, 3, 4, 2),
+        Interval(3, 0, 1, 3),
+        Interval(4, 0, 4, 2),
+    ]
+    opt = brute_force_peak(ivs)
+    assert place(ivs, exact=False).peak > opt
+    result = place(ivs)
+    check_placement(ivs, result.offsets)
+    assert result.peak == opt and result.optimal
+    assert result.strategy == "canonical search"
+
+
+def test_capacity_asked_for_is_met_when_possible() -> None:
+    rng = random.Random(3)
+    ivs = random_instance(rng, 6)
+    opt = brute_force_peak(ivs)
+    result = place(ivs, capacity=opt)
+    check_placement(ivs, result.offsets, capacity=opt)
+    # Below the optimum nothing fits: the best found is returned, above the capacity.
+    result = place(ivs, capacity=opt - 1)
+    assert result.peak == opt
+
+
+def test_empty_and_zero_size_buffers() -> None:
+    assert place([]).peak == 0
+    ivs = [Interval(1, 0, 4, 0), Interval(2, 3, 3, 8), Interval(3, 0, 4, 16)]
+    result = place(ivs)
+    check_placement(ivs, result.offsets)
+    assert result.peak == 16 and result.lower_bound == 16 and result.optimal
+
+
+def test_bad_intervals_are_rejected() -> None:
+    with pytest.raises(PlacementError, match="duplicate id"):
+        place([Interval(1, 0, 1, 4), Interval(1, 1, 2, 4)])
+    with pytest.raises(PlacementError, match="before start"):
+        place([Interval(1, 3, 1, 4)])
+    with pytest.raises(PlacementError, match="negative size"):
+        place([Interval(1, 0, 1, -4)])
+    with pytest.raises(PlacementError, match="alignment"):
+        place([Interval(1, 0, 1, 4, 0)])
+
+
+# -- the checker ---------------------------------------------------------------------------
+
+
+def test_checker_catches_bad_placements() -> None:
+    a = Interval(1, 0, 4, 8)
+    b = Interval(2, 2, 6, 8, align=4)
+    c = Interval(3, 4, 8, 8)
+    check_placement([a, b, c], {1: 0, 2: 8, 3: 0})  # a and c meet at 4 only: may share
+    with pytest.raises(PlacementError, match="buffers 2 and 1 are both live"):
+        check_placement([a, b, c], {1: 0, 2: 7 + 1 - 4, 3: 16})
+    with pytest.raises(PlacementError, match="not a multiple of 4"):
+        check_placement([a, b, c], {1: 0, 2: 10, 3: 0})
+    with pytest.raises(PlacementError, match="negative offset"):
+        check_placement([a], {1: -8})
+    with pytest.raises(PlacementError, match="exceed capacity 12"):
+        check_placement([a, b, c], {1: 0, 2: 8, 3: 0}, capacity=12)
+    with pytest.raises(PlacementError, match="no offset"):
+        check_placement([a, b], {1: 0})
+    # One step of overlap in time is enough to conflict.
+    with pytest.raises(PlacementError, match="share bytes"):
+        check_placement([Interval(1, 0, 3, 4), Interval(2, 2, 9, 4)], {1: 0, 2: 3})
+
+
+# -- the CSV mapping -----------------------------------------------------------------------
+
+
+def write_csv(path: Path, rows: list[tuple[int, int, int, int]]) -> Path:
+    path.write_text("id,lower,upper,size\n" + "".join(f"{a},{b},{c},{d}\n" for a, b, c, d in rows))
+    return path
+
+
+def test_csv_lifetimes_are_half_open(tmp_path: Path) -> None:
+    # [0, 2) and [2, 4) never live together: they share bytes. [0, 3) and [2, 4) do not.
+    meet = read_csv(write_csv(tmp_path / "meet.csv", [(0, 0, 2, 5), (1, 2, 4, 5)]))
+    assert place(meet).peak == 5
+    cross = read_csv(write_csv(tmp_path / "cross.csv", [(0, 0, 3, 5), (1, 2, 4, 5)]))
+    assert place(cross).peak == 10
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_csv_instances_against_brute_force(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(500 + seed)
+    rows = []
+    for i in range(rng.randrange(2, 7)):
+        lo = rng.randrange(0, 5)
+        rows.append((10 * i + 3, lo, lo + rng.randrange(1, 4), rng.randrange(1, 5)))
+    ivs = read_csv(write_csv(tmp_path / "x.csv", rows))
+    # The brute force reads the rows itself: buffer live at steps lower..upper-1.
+    ref = [Interval(a, b, c, d) for a, b, c, d in rows]
+    result = place(ivs)
+    check_placement(ref, result.offsets)
+    assert result.peak == brute_force_peak(ref)
+    assert result.lower_bound == brute_force_lower_bound(ref)
+
+
+# -- flowc plan-memory --------------------------------------------------------------------
+
+
+def test_plan_memory_prints_the_summary_and_writes_offsets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = random.Random(11)
+    rows = [
+        (i, a, a + rng.randrange(1, 4), rng.randrange(1, 5)) for i, a in enumerate([0, 1, 1, 2, 3])
+    ]
+    src = write_csv(tmp_path / "in.csv", rows)
+    out_csv = tmp_path / "offsets.csv"
+    code, text = run_cli(["plan-memory", str(src), "--offsets", str(out_csv)], capsys)
+    assert code == 0, text
+    ref = [Interval(a, b, c, d) for a, b, c, d in rows]
+    opt, lb = brute_force_peak(ref), brute_force_lower_bound(ref)
+    assert text.strip().splitlines()[-1] == f"peak {opt} lower_bound {lb} ratio {opt / lb:.4f}"
+    lines = out_csv.read_text().splitlines()
+    assert lines[0] == "id,lower,upper,size,offset"
+    got = {int(r.split(",")[0]): int(r.split(",")[4]) for r in lines[1:]}
+    assert [tuple(map(int, r.split(",")[:4])) for r in lines[1:]] == rows
+    check_placement(ref, got)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_plan_memory_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_csv(tmp_path / "c.csv", [(0, 0, 2, 4), (1, 1, 3, 4), (2, 2, 4, 4)])
+    code, text = run_cli(["plan-memory", str(src), "--capacity", "8"], capsys)
+    assert code == 0, text
+    assert "fits" in text
+    code, text = run_cli(["plan-memory", str(src), "--capacity", "7"], capsys)
+    assert code == 1
+    assert "no placement within 7 bytes" in text and "best peak is 8" in text
+    assert "peak 8 lower_bound 8 ratio 1.0000" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ("", "empty file"),
+        ("id,lower,size\n0,0,1\n", "lacks column(s) upper"),
+        ("id,lower,upper,size\n0,0,x,4\n", ":2: upper 'x' is not an integer"),
+        ("id,lower,upper,size\n0,0,2,4\n1,3,3,4\n", ":3: buffer 1: lower 3 must be below upper 3"),
+        ("id,lower,upper,size\n0,0,2,-4\n", ":2: buffer 0: negative size -4"),
+        ("id,lower,upper,size\n0,0,2,4\n\n0,1,2,4\n", ":4: buffer id 0 repeats (first on line 2)"),
+        ("id,lower,upper,size\n0,0,2\n", ":2: 3 field(s), the header has 4"),
+    ],
+)
+def test_plan_memory_bad_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, fragment: str
+) -> None:
+    src = tmp_path / "bad.csv"
+    src.write_text(body)
+    code, text = run_cli(["plan-memory", str(src)], capsys)
+    assert code == 2, text
+    assert "error:" in text and "bad.csv" in text and fragment in text, text
+    assert "Traceback" not in text
+
+
+def test_plan_memory_errors_in_a_real_process(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.csv"
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "plan-memory", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    assert "nope.csv" in r.stderr and "cannot read" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+# -- determinism and standing alone -------------------------------------------------------
+
+
+def test_same_input_same_offsets() -> None:
+    # Large enough that the search runs (and runs out of work) rather than greedy finishing.
+    rng = random.Random(42)
+    ivs = []
+    for i in range(60):
+        a = rng.randrange(0, 40)
+        ivs.append(Interval(i, a, a + rng.randrange(1, 15), rng.randrange(1, 64) * 16, 16))
+    first = place(ivs, work_limit=1500)
+    second = place(list(ivs), work_limit=1500)
+    check_placement(ivs, first.offsets)
+    assert first.offsets == second.offsets and first.peak == second.peak
+    assert first.strategy == second.strategy
+
+
+def test_module_imports_without_the_rest_of_flowc() -> None:
+    code = (
+        "import json, sys; import flowc.memory.placement; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('flowc'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["flowc", "flowc.memory", "flowc.memory.placement"]
