@@ -15,6 +15,9 @@ states ``x: f32[batch, seq, hidden]`` and the output the last block's.
 ``--weights random`` (the default) stores seeded normal weights (GPT-2 small is about 500 MB
 then); ``--weights fill`` makes every weight a ConstantOfShape node (a file of a few KB,
 which flowc folds into fills), enough for anything that looks only at shapes (the search).
+``--external-data`` writes the random weights beside the model in ``OUTPUT.data`` (ONNX
+external data, one file), appended as they are drawn, so a 48-layer model never sits in
+memory whole.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ OPSET = 18
 
 
 class _Builder:
-    def __init__(self, weights: str, seed: int) -> None:
+    def __init__(self, weights: str, seed: int, external: Path | None = None) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.weights = weights
         self.rng = np.random.default_rng(seed)
         self.count = 0
+        # Where random weights go as external data (None: embedded in the model).
+        self.external = external
+        self.external_bytes = 0
 
     def name(self, hint: str) -> str:
         self.count += 1
@@ -53,11 +59,31 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(array, name))
         return name
 
+    def external_const(self, name: str, data: np.ndarray) -> str:
+        """A parameter appended to the external data file (offsets 4096-aligned, as onnx's
+        own writer aligns large tensors)."""
+        assert self.external is not None
+        offset = -(-self.external_bytes // 4096) * 4096
+        with open(self.external, "r+b" if self.external_bytes else "wb") as f:
+            f.seek(offset)
+            f.write(data.tobytes())
+        self.external_bytes = offset + data.nbytes
+        t = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=data.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", self.external.name), ("offset", offset), ("length", data.nbytes)):
+            t.external_data.add(key=k, value=str(v))
+        self.inits.append(t)
+        return name
+
     def weight(self, name: str, shape: tuple[int, ...], std: float, fill: float) -> str:
         """A parameter: seeded normal values, or one ``fill`` value as ConstantOfShape."""
         if self.weights == "random":
-            data = fill + std * self.rng.standard_normal(shape, dtype=np.float32)
-            return self.const(name, data.astype(np.float32))
+            data = (fill + std * self.rng.standard_normal(shape, dtype=np.float32)).astype(
+                np.float32
+            )
+            if self.external is None:
+                return self.const(name, data)
+            return self.external_const(name, data)
         shape_name = self.const(f"{name}.shape", np.array(shape, dtype=np.int64))
         value = helper.make_tensor("value", TensorProto.FLOAT, [1], [fill if std == 0 else std])
         self.nodes.append(
@@ -75,15 +101,18 @@ def gpt2_model(
     vocab: int = 50257,
     weights: str = "random",
     seed: int = 0,
+    external: Path | None = None,
 ) -> onnx.ModelProto:
-    """The ONNX model; see the module docstring. ``vocab`` 0: no embeddings and no head."""
+    """The ONNX model; see the module docstring. ``vocab`` 0: no embeddings and no head.
+    ``external``: write the random weights to this file (external data named by its file
+    name, so it must sit beside the model)."""
     if hidden % heads:
         raise ValueError(f"hidden {hidden} does not divide into {heads} heads")
     if min(layers, hidden, heads, seq, batch) < 1 or vocab < 0:
         raise ValueError("layers, hidden, heads, seq and batch must be >= 1, vocab >= 0")
     if weights not in ("random", "fill"):
         raise ValueError(f"weights must be 'random' or 'fill', not {weights!r}")
-    b = _Builder(weights, seed)
+    b = _Builder(weights, seed, external)
     d = hidden // heads
     std = 0.02
     flat = b.const("shape.flat", np.array([batch * seq, hidden], dtype=np.int64))
@@ -177,7 +206,8 @@ def gpt2_model(
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.producer_name = "flowc bench/gpt2_graph.py"
-    onnx.checker.check_model(model, full_check=False)
+    if external is None:  # the checker resolves external data against the working folder
+        onnx.checker.check_model(model, full_check=False)
     return model
 
 
@@ -191,10 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=50257, help="0: no embeddings, no LM head")
     ap.add_argument("--weights", choices=("random", "fill"), default="random")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--external-data",
+        action="store_true",
+        help="write the random weights to OUTPUT.data beside the model (ONNX external data)",
+    )
     ap.add_argument("-o", "--output", type=Path, required=True)
     a = ap.parse_args(argv)
+    external = a.output.with_name(a.output.name + ".data") if a.external_data else None
     try:
-        model = gpt2_model(a.layers, a.hidden, a.heads, a.seq, a.batch, a.vocab, a.weights, a.seed)
+        model = gpt2_model(
+            a.layers, a.hidden, a.heads, a.seq, a.batch, a.vocab, a.weights, a.seed, external
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

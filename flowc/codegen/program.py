@@ -15,6 +15,7 @@ import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -32,6 +33,8 @@ from flowc.codegen.cpp import (
     ctype,
     is_c_ident,
 )
+from flowc.codegen.weights import WEIGHTS_MAGIC as WEIGHTS_MAGIC  # re-exported
+from flowc.codegen.weights import WeightsLayout as WeightsLayout  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
 from flowc.ir.types import Mesh
@@ -52,7 +55,6 @@ POINTER_ALIGNMENT = 16
 # Library plan kinds (Program.library_plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
 PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
 MAX_GRID = 1 << 20
-WEIGHTS_MAGIC = b"FLOWCWT1"
 
 
 def template_env() -> jinja2.Environment:
@@ -76,18 +78,6 @@ def template_env() -> jinja2.Environment:
     return env
 
 
-@dataclass
-class WeightsLayout:
-    offsets: dict[Value, int]
-    stored_bytes: int  # bytes in the weights file
-    device_bytes: int  # stored bytes plus space for fills
-    data: bytes
-    crc: int
-    # Names, types and offsets (and for one rank of a mesh: the rank, the mesh and the shard
-    # layouts): a file for this layout fits any build of it, and no other rank's.
-    layout_id: int
-
-
 def layout_weights(
     graph: Graph,
     data_of: Callable[[Value], np.ndarray] | None = None,
@@ -107,24 +97,23 @@ def layout_weights(
             return physical.constant_for(v, coords)
 
     offsets: dict[Value, int] = {}
-    chunks: list[bytes] = []
+    # The data is read when the file is written (codegen/weights.py), never joined here.
+    parts: list[tuple[int, Callable[[], np.ndarray]]] = []
     pos = 0
     for c in graph.constants:
         assert c.const is not None
         if is_splat(c.const):
             continue
         offsets[c] = pos
-        raw = np.ascontiguousarray(c.const if data_of is None else data_of(c)).tobytes()
-        pad = (-len(raw)) % ALIGN
-        chunks.append(raw + b"\0" * pad)
-        pos += len(raw) + pad
+        parts.append((pos, partial(_const_data, c) if data_of is None else partial(data_of, c)))
+        nbytes = c.type.nbytes
+        pos += nbytes + (-nbytes) % ALIGN
     stored = pos
     for c in graph.constants:
         assert c.const is not None
         if is_splat(c.const):
             offsets[c] = pos
             pos += (c.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
-    data = b"".join(chunks)
     desc = ";".join(
         f"{c.name}:{c.type}:{offsets[c]}"
         for c in graph.constants
@@ -146,9 +135,12 @@ def layout_weights(
     if identity:
         desc += f"|{identity}"  # e.g. a pipeline rank's stage, rank and mesh
     layout_id = zlib.crc32(desc.encode()) | (stored << 32)
-    return WeightsLayout(
-        offsets, stored, pos, data, zlib.crc32(data), layout_id & 0xFFFFFFFFFFFFFFFF
-    )
+    return WeightsLayout(offsets, stored, pos, layout_id & 0xFFFFFFFFFFFFFFFF, parts)
+
+
+def _const_data(c: Value) -> np.ndarray:
+    assert c.const is not None
+    return c.const
 
 
 class Program:

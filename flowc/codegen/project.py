@@ -7,7 +7,9 @@ never names a file that is not there yet. A recompile:
 
 - writes each file through a temporary file beside it and ``os.replace`` (never a half-written
   file), and leaves a file whose bytes are unchanged alone (its mtime too, so a rebuild after
-  an identical recompile has nothing to do);
+  an identical recompile has nothing to do). Weights files are streamed into their temporary
+  file constant by constant, the CRC computed as they go (codegen/weights.py), and compared
+  with the old file block by block, so no weights file is ever whole in memory;
 - deletes the files the old manifest lists that it no longer writes (``weights.rank1.bin``
   after going from a mesh to one device), after checking every listed path: relative, no
   ``..``, inside OUT/ once links are resolved, a regular file. Nothing else is ever deleted;
@@ -22,12 +24,11 @@ import os
 import stat
 import tempfile
 import unicodedata
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
-
-from flowc.codegen.program import WEIGHTS_MAGIC, WeightsLayout
+from flowc.codegen.weights import WeightsLayout, header, same_file_bytes, write_weights_file
 from flowc.errors import FlowcError
 from flowc.resources import runtime_dir
 
@@ -54,15 +55,15 @@ def weights_file_name(rank: int, ranks: int) -> str:
 
 
 def weights_bytes(layout: WeightsLayout) -> bytes:
-    """A weights file's bytes: the header (magic, version, sizes, CRC, layout id), then data."""
-    fields = [1, layout.stored_bytes, layout.crc, layout.layout_id, 0, 0, 0]
-    return WEIGHTS_MAGIC + np.array(fields, "<u8").tobytes() + layout.data
+    """A weights file's bytes, joined (small layouts; files are written streamed)."""
+    data = layout.data
+    return header(layout, zlib.crc32(data)) + data
 
 
 def write_weights(path: Path, layout: WeightsLayout) -> None:
-    """Write a weights file for ``layout`` at ``path`` (atomically)."""
+    """Write a weights file for ``layout`` at ``path`` (atomically, streamed)."""
     try:
-        _replace(path, weights_bytes(layout))
+        _replace_weights(path, layout)
     except OSError as e:
         raise ProjectError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
 
@@ -227,6 +228,28 @@ def _replace(path: Path, data: bytes) -> bool:
     return True
 
 
+def _replace_weights(path: Path, layout: WeightsLayout) -> bool:
+    """As ``_replace`` for a weights file streamed from ``layout``: the temporary file is
+    written first (the bytes are not known before), then kept only when they differ."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            write_weights_file(f, layout)
+            os.fchmod(f.fileno(), file_mode())
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and same_file_bytes(path, tmp):
+            os.unlink(tmp)
+            return False
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
 def _mkdirs(out: Path, rel: PurePosixPath, created: list[Path]) -> None:
     """Make OUT/rel's folders (umask permissions); refuses a link where a folder goes, so
     nothing is written outside OUT/."""
@@ -246,11 +269,14 @@ def _mkdirs(out: Path, rel: PurePosixPath, created: list[Path]) -> None:
 
 def project_files(
     files: dict[str, str], weights: list[WeightsLayout]
-) -> tuple[dict[str, bytes], bytes]:
-    """Everything a compile writes into OUT/ (relative path -> bytes), and the manifest."""
-    new: dict[str, bytes] = {n: t.encode("utf-8") for n, t in files.items() if n != MANIFEST}
+) -> tuple[dict[str, bytes | WeightsLayout], bytes]:
+    """Everything a compile writes into OUT/ (relative path -> bytes, or the layout a
+    weights file is streamed from), and the manifest."""
+    new: dict[str, bytes | WeightsLayout] = {
+        n: t.encode("utf-8") for n, t in files.items() if n != MANIFEST
+    }
     for r, w in enumerate(weights):
-        new[weights_file_name(r, len(weights))] = weights_bytes(w)
+        new[weights_file_name(r, len(weights))] = w
     headers = runtime_dir() / "flowc"
     for p in sorted(headers.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts:
@@ -280,7 +306,11 @@ def write_project(
             current = out.joinpath(*rel.parts)
             _mkdirs(out, rel.parent, created)
             existed = os.path.lexists(current)
-            _replace(current, new[name])
+            data = new[name]
+            if isinstance(data, WeightsLayout):
+                _replace_weights(current, data)
+            else:
+                _replace(current, data)
             if not existed:
                 created.append(current)
         for name in sorted(set(old) - set(new)):

@@ -31,6 +31,7 @@ from flowc.frontend.onnx_functions import (
     has_function,
 )
 from flowc.frontend.onnx_validate import element_type, sparse_array, tensor_array, validate_model
+from flowc.frontend.onnx_weights import LeanModel, read_lean
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value
@@ -106,19 +107,37 @@ class OnnxNode:
 
 
 def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The whole model, its external data loaded into it (``import_onnx`` reads lean)."""
+    return _load(path, lean=False).model
+
+
+def load_model_lean(path: str | os.PathLike[str]) -> LeanModel:
+    """The model with its main graph's weights as read-only views over the memory-mapped
+    model and external data files (frontend/onnx_weights.py): for import_model's
+    ``weights``."""
+    return _load(path, lean=True)
+
+
+def _load(path: str | os.PathLike[str], lean: bool) -> LeanModel:
     p = Path(path)
     if not p.exists():
         raise ModelLoadError(f"{p}: no such file", hint="check the path to the model")
     if p.is_dir():
         raise ModelLoadError(f"{p}: is a directory, expected an .onnx file")
     check_regular_file(p, "model")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, ValueError, OSError, RuntimeError) as e:
-        raise ModelLoadError(
-            f"{p}: not a valid ONNX model ({type(e).__name__}: {str(e).strip() or 'parse error'})",
-            hint="the file may be truncated or not an ONNX protobuf",
-        ) from None
+    found = read_lean(p) if lean else None
+    if found is not None:
+        model, weights = found.model, found.weights
+    else:  # not lean, or a wire format the lean reader leaves to onnx (which says what's wrong)
+        weights = {}
+        try:
+            model = onnx.load(str(p), load_external_data=False)
+        except (DecodeError, ValueError, OSError, RuntimeError) as e:
+            raise ModelLoadError(
+                f"{p}: not a valid ONNX model ({type(e).__name__}: "
+                f"{str(e).strip() or 'parse error'})",
+                hint="the file may be truncated or not an ONNX protobuf",
+            ) from None
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise ModelLoadError(
             f"{p}: the file parses but holds no ONNX graph", hint="is it an ONNX model?"
@@ -126,6 +145,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     try:
         from onnx.external_data_helper import load_external_data_for_model
 
+        # What the lean reader left external (subgraphs, attributes, packed types).
         load_external_data_for_model(model, str(p.parent))
     except (OSError, ValueError, onnx.checker.ValidationError) as e:
         raise ModelLoadError(
@@ -143,7 +163,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
             raise ModelLoadError(
                 f"{p}: the model's local functions cannot be inlined: {e}"
             ) from None
-    return model
+    return LeanModel(model, weights)
 
 
 def _opset_of(model: onnx.ModelProto) -> int:
@@ -339,9 +359,15 @@ def _topo_order(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[on
 
 
 def import_model(
-    model: onnx.ModelProto, opts: ImportOptions | None = None, name: str = ""
+    model: onnx.ModelProto,
+    opts: ImportOptions | None = None,
+    name: str = "",
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> Graph:
+    """The IR of ``model``. ``weights``: the data of the main graph's initializers that
+    ``load_model_lean`` left as placeholders in the model, by name."""
     opts = opts or ImportOptions()
+    weights = weights or {}
     validate_model(model)
     opset = _opset_of(model)
     _check_supported(model, opset)
@@ -382,7 +408,10 @@ def import_model(
     for vi in real_inputs:
         env[vi.name] = graph.add_input(vi.name, input_types[vi.name])
     for t in og.initializer:
-        env[t.name] = builder.constant(t.name, tensor_array(t, f"initializer {t.name!r}"))
+        data = weights.get(t.name)
+        if data is None:
+            data = tensor_array(t, f"initializer {t.name!r}")
+        env[t.name] = builder.constant(t.name, data)
     for sp in og.sparse_initializer:
         env[sp.values.name] = builder.constant(
             sp.values.name, sparse_array(sp, f"sparse initializer {sp.values.name!r}")
@@ -509,6 +538,6 @@ def _expand_function(
 
 
 def import_onnx(path: str | os.PathLike[str], opts: ImportOptions | None = None) -> Graph:
-    """Load and import an .onnx file."""
-    model = load_model(path)
-    return import_model(model, opts, name=Path(path).stem)
+    """Load and import an .onnx file (its weights read lean: views, not copies)."""
+    lean = load_model_lean(path)
+    return import_model(lean.model, opts, name=Path(path).stem, weights=lean.weights)

@@ -85,6 +85,22 @@ def compact_constant(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _immutable_view(a: np.ndarray) -> bool:
+    """True for a read-only C-contiguous array over memory nothing can write: ``bytes`` or a
+    read-only mapping, not another array (whose owner may make it writable again)."""
+    if a.flags.writeable or not a.flags.c_contiguous:
+        return False
+    root: object = a
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    if isinstance(root, np.ndarray):
+        return False
+    try:
+        return memoryview(root).readonly  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
 class Value:
     """An SSA value: a graph input, a constant, or a node's output."""
 
@@ -197,8 +213,13 @@ class Graph:
     def add_constant(self, name: str, array: np.ndarray) -> Value:
         name = self.unique_name(name)
         self._claim(name)
-        # Constants are immutable: splats stay views, anything else is owned and frozen.
-        a = array if is_splat(array) else np.array(array, order="C", copy=True)
+        # Constants are immutable: splats stay views, and so do read-only C-contiguous views
+        # of immutable memory (a model file's weights, memory-mapped, are not copied);
+        # anything else is owned and frozen.
+        if is_splat(array) or _immutable_view(array):
+            a = array.view()
+        else:
+            a = np.array(array, order="C", copy=True)
         a.setflags(write=False)
         v = Value(name, TensorType(a.shape, DType.from_numpy(a.dtype)), const=a)
         self.constants.append(v)
