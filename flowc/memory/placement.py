@@ -70,7 +70,7 @@ __all__ = [
 # Search nodes for place()'s default: about 10 s of search in CPython on the largest
 # MiniMalloc instances (455 buffers), far less on typical model graphs (which mostly reach
 # the lower bound greedily and never search).
-DEFAULT_WORK_LIMIT = 30_000
+DEFAULT_WORK_LIMIT = 40_000
 
 
 class PlacementError(ValueError):
@@ -336,10 +336,11 @@ class _Search:
         self.pair_start = np.searchsorted(secs, np.arange(len(self.busy))).astype(np.int64)
         sub = p.conflict[np.ix_(self.members, self.members)]
         self.nbrs = [np.flatnonzero(sub[i]) for i in range(m)]
-        # Static orders to break ties at one offset, tried in turn: MiniMalloc's WAT, TAW
-        # and TWA (lifetime Width, Area, the fullest section's Total; larger first), then
-        # sweeps in time (earliest start, latest end, ... first), which solve other
-        # instances in one dive (measured on the MiniMalloc set: no one order solves all).
+        # Static orders to break ties at one offset, tried in turn: MiniMalloc's TWA, WAT
+        # and TAW (the fullest section's Total, lifetime Width, Area; larger first), and
+        # sweeps in time (latest end first, earliest start first, latest start first).
+        # No one order suits every instance: on the MiniMalloc set each of these is the
+        # first to fit at least one instance in a single dive; the most useful come first.
         start = p.start[self.members]
         end = p.end[self.members]
         width = end - start
@@ -348,21 +349,13 @@ class _Search:
         size = self.size
         idx = np.arange(m)
         keysets = (
-            (width, area, fullest),
-            (fullest, area, width),
             (fullest, width, area),
-            (-start, width, area),
+            (width, area, fullest),
             (end, width, area),
+            (-start, area, width),
             (-start, size, width),
             (start, width, area),
-            (-start, area, width),
-            (-end, width, area),
-            (size, width, fullest),
-            (area, width, fullest),
-            (fullest, size, width),
-            (end, size, width),
-            (start, size, width),
-            (-end, size, width),
+            (fullest, area, width),
         )
         self.ranks: list[np.ndarray] = []
         for keys in keysets:
@@ -413,8 +406,13 @@ class _Search:
         offset = np.full(m, -1, dtype=np.int64)
         floor = np.zeros(self.nsec, dtype=np.int64)
         total = self.total0.copy()
-        busy, pair_buf, pair_start = self.busy, self.pair_buf, self.pair_start
-        lowest = np.full(self.nsec, big, dtype=np.int64)
+        busy, pair_buf = self.busy, self.pair_buf
+        # Pair ranges per busy section (one past the end appended), and each section's
+        # first busy index at or after it.
+        pstart = np.append(self.pair_start, len(pair_buf))
+        bpos = np.searchsorted(busy, np.arange(self.nsec + 1))
+        # min_off with placed buffers out of the way, for the per-section minima.
+        eff = min_off.copy()
         lo, hi = self.lo, self.hi
         nbrs = self.nbrs
         trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -424,11 +422,15 @@ class _Search:
             # Each section's floor: above the placed buffers there, at least the lowest
             # offset an unplaced buffer there can take, and (offsets never decrease along
             # a branch) at least the current offset. Floor plus the bytes still to place
-            # there must fit.
-            vals = np.where(placed, big, min_off)[pair_buf]
-            lowest[busy] = np.minimum.reduceat(vals, pair_start)
-            t = total[s0:s1]
-            f = np.maximum(np.maximum(floor[s0:s1], lowest[s0:s1]), cur)
+            # there must fit. Only the group's own sections [s0, s1) can change.
+            k0, k1 = int(bpos[s0]), int(bpos[s1])
+            if k0 == k1:
+                return True
+            p0, p1 = int(pstart[k0]), int(pstart[k1])
+            low = np.minimum.reduceat(eff[pair_buf[p0:p1]], pstart[k0:k1] - p0)
+            secs = busy[k0:k1]
+            t = total[secs]
+            f = np.maximum(np.maximum(floor[secs], low), cur)
             return bool(((f + t)[t > 0] <= capacity).all())
 
         def put(b: int, o: int) -> bool:
@@ -436,12 +438,15 @@ class _Search:
             top = o + int(size[b])
             placed[b] = True
             offset[b] = o
+            eff[b] = big
             ids = nbrs[b]
             ids = ids[~placed[ids]]
             o_saved = min_off[ids].copy()
             need = np.maximum(o_saved, top)
             al = align[ids]
-            min_off[ids] = -(-need // al) * al
+            raised = -(-need // al) * al
+            min_off[ids] = raised
+            eff[ids] = raised
             f_saved = floor[lo[b] : hi[b]].copy()
             floor[lo[b] : hi[b]] = top
             total[lo[b] : hi[b]] -= size[b]
@@ -454,6 +459,8 @@ class _Search:
                 placed[b] = False
                 offset[b] = -1
                 min_off[ids] = o_saved
+                eff[ids] = o_saved
+                eff[b] = min_off[b]
                 floor[lo[b] : hi[b]] = f_saved
                 total[lo[b] : hi[b]] += size[b]
 
@@ -616,6 +623,8 @@ def _search(
         if found:
             best_off, best_peak = current()
             improved = True
+            # It fits: going lower is a bonus, worth a quarter of what is left.
+            left //= 4
         else:
             failed = capacity
             if infeasible:
