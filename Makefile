@@ -8,8 +8,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 JOBS   ?= 2
 DEMO_MODEL ?= examples/models/resnet_tiny.onnx
-# Debian packages the host builds link (OpenBLAS, Boost.Context) and multi-rank runs use (OpenMPI).
-APT_PKGS := g++ clang-format libopenblas-dev libboost-context-dev libopenmpi-dev openmpi-bin
+# Debian packages the host builds link (OpenBLAS, Boost.Context) and multi-rank runs use (OpenMPI);
+# Graphviz draws `flowc inspect --report`'s graph and Chromium opens the page in its test.
+APT_PKGS := g++ clang-format libopenblas-dev libboost-context-dev libopenmpi-dev openmpi-bin \
+            graphviz chromium
 CXX_SOURCES = $(shell find runtime_cpp tests/runtime bench -name '*.h' -o -name '*.cu' 2>/dev/null)
 
 .PHONY: setup sysdeps test lint typecheck pytest demo bench clean gpu-prepare gpu-check gpu-anchors

@@ -503,6 +503,15 @@ def cli() -> None:
     help="With --pipeline and --schedule: simulate this micro-batch order on the stages' "
     "modeled forward times (1f1b adds backward actors at a synthetic 2x the forward time).",
 )
+@click.option(
+    "--report",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Write DIR/index.html: the graph (Graphviz dot), memory over time, the schedule's "
+    "Gantt chart and these tables (with --memory's) on one self-contained page. "
+    "docs/report.md.",
+)
 @schedule_options
 @parallel_options
 def inspect(
@@ -523,6 +532,7 @@ def inspect(
     mem_limit: str | None,
     cost_profile: Path | None,
     pipeline_schedule: str | None,
+    report: Path | None,
 ) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
     parallel plan beside the data-parallel and all-broadcast ones; with --schedule, the
@@ -549,13 +559,26 @@ def inspect(
             "latency only",
             hint="leave out --schedule-for, or inspect without --pipeline",
         )
+    if report is not None:
+        from flowc.report import check_target
+
+        # Before the slow steps: a missing `dot` or a file in the way fails at once.
+        check_target(report)
+    if isinstance(popts, PipelineSpec) and report is not None:
+        raise InputError(
+            "--report with --pipeline is not supported yet",
+            hint="inspect the model without --pipeline (a .flow program's stage blocks are "
+            "marked in the report's graph)",
+        )
     if isinstance(popts, PipelineSpec):
         _inspect_pipeline(
             model, shapes, dims, popts, show_schedule, pipeline_schedule or "gpipe", streams, gantt
         )
         return
     if popts is not None:
-        result = _inspect_plan(model, shapes, dims, popts, print_ir)
+        logical, result, recorded = _inspect_plan(
+            model, shapes, dims, popts, print_ir, record=report is not None
+        )
         if show_schedule:
             _inspect_schedule(
                 err if print_ir else out,
@@ -565,12 +588,18 @@ def inspect(
                 popts.mesh.shape,
                 schedule_for,
             )
+        if report is not None:
+            _write_report(report, model, recorded, logical, result, popts, streams, schedule_for)
         return
 
     # With --memory or --schedule the graph is the one code generation uses: after fusion.
+    memory = memory or report is not None
     compiled = memory or show_schedule
     graph = load(model, shapes, dims, for_compile=compiled, precision=precision)
     console = err if print_ir else out
+    if report is not None:
+        # The page shows what is printed here: record it (wide: tables are not squeezed).
+        console = _recording(console)
     if print_ir:
         sys.stdout.write(str(graph))
         sys.stdout.flush()
@@ -617,7 +646,8 @@ def inspect(
     if memory:
         from flowc.compiler import plan_schedule, schedule_graph
 
-        plan = plan_schedule(schedule_graph(graph, schedule_for=schedule_for))
+        sched = schedule_graph(graph, schedule_for=schedule_for)
+        plan = plan_schedule(sched)
         console.print(
             f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
             f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
@@ -635,6 +665,72 @@ def inspect(
             )
     if show_schedule:
         _inspect_schedule(console, graph, streams, gantt, None, schedule_for)
+    if report is not None:
+        _write_report(report, model, console, graph, None, None, streams, schedule_for, sched, plan)
+
+
+def _recording(base: Console) -> Console:
+    return Console(
+        file=base.file,
+        width=base.width if base.is_terminal else 160,
+        highlight=False,
+        soft_wrap=True,
+        record=True,
+    )
+
+
+def _write_report(
+    directory: Path,
+    model: Path,
+    console: Console,
+    graph: Any,
+    result: Any,
+    popts: Any,
+    streams: int | None,
+    schedule_for: str,
+    sched: Any = None,
+    plan: Any = None,
+) -> None:
+    """--report DIR: the page of flowc.report, from what inspect computed and printed. On a
+    mesh the logical graph is drawn with its layouts and collectives, and the memory plan
+    and schedule are the rank program's (the arena the plan's memory line counts)."""
+    from flowc.compiler import plan_schedule, schedule_graph
+    from flowc.report import Report, rich_html, write_report
+
+    sbp: dict[Any, Any] = {}
+    collectives: dict[Any, list[str]] = {}
+    ranks = 1
+    notes: list[str] = []
+    if result is not None:
+        sbp = dict(result.plan.value_sbp)
+        for v, who, st in result.cost.boxing:
+            if not st.is_local:
+                collectives.setdefault((v, who), []).append(st.collective)
+        ranks = result.plan.mesh.size
+        _progress("scheduling the rank program for the report")
+        sched = schedule_graph(
+            result.physical.graph, result.profile, popts.stream_count(), schedule_for
+        )
+        plan = plan_schedule(sched)
+        notes.append(
+            f"mesh {'x'.join(map(str, result.plan.mesh.shape))}: the graph is the logical one "
+            "with each value's layout; memory and schedule are one rank's program."
+        )
+    page = Report(
+        title=model.name,
+        graph=graph,
+        plan=plan,
+        schedule=sched,
+        tables_html=rich_html(console),
+        sbp=sbp,
+        collectives=collectives,
+        ranks=ranks,
+        notes=notes,
+    )
+    t0 = time.perf_counter()
+    written = write_report(directory, page, progress=_progress)
+    _progress(f"report written in {time.perf_counter() - t0:.2f} s")
+    err.print(f"wrote {escape(str(written.path))}")
 
 
 def _inspect_schedule(
@@ -841,8 +937,13 @@ def _inspect_pipeline(
 
 
 def _inspect_plan(
-    model: Path, shapes: Sequence[str], dims: Sequence[str], popts: Any, print_ir: bool
-) -> Any:
+    model: Path,
+    shapes: Sequence[str],
+    dims: Sequence[str],
+    popts: Any,
+    print_ir: bool,
+    record: bool = False,
+) -> tuple[Any, Any, Console]:
     import dataclasses
 
     from flowc.parallel import parallelize
@@ -868,13 +969,15 @@ def _inspect_plan(
     base = err if print_ir else out
     # Plans are wide tables: do not squeeze them to 80 columns when piped.
     console = (
-        base
+        _recording(base)
+        if record
+        else base
         if base.is_terminal
         else Console(file=base.file, width=160, highlight=False, soft_wrap=True)
     )
     console.print(f"[bold]{escape(model.name)}[/]  graph {escape(repr(graph.name))}")
     print_plan(console, graph, result, others, popts.mem_limit)
-    return result
+    return graph, result, console
 
 
 def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
