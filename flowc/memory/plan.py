@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flowc.ir.graph import Graph, Node, Value
+from flowc.memory.placement import Interval, place
 from flowc.ops.registry import get_op, is_view
 
 if TYPE_CHECKING:
@@ -626,35 +627,11 @@ def live_bytes_bound(buffers: list[Buffer], num_steps: int) -> int:
 
 
 def _place(buffers: list[Buffer]) -> str:
-    """Offsets for buffers live on [start, join): through flowc.memory.placement when it is
-    there, else greedy by size, best fit (largest first, each into the tightest gap among the
-    placed buffers whose lifetimes meet its own). Returns the strategy's name."""
-    try:
-        from flowc.memory import placement
-    except ImportError:
-        placement = None  # type: ignore[assignment]
-    if placement is not None:
-        intervals = [
-            placement.Interval(b.id, b.start, max(b.join, b.end + 1), b.size, ALIGN)
-            for b in buffers
-        ]
-        result = placement.place(intervals, work_limit=PLACEMENT_WORK_LIMIT)
-        for b in buffers:
-            b.offset = result.offsets[b.id]
-        return str(result.strategy)
-    placed: list[Buffer] = []
-    for b in sorted(buffers, key=lambda x: (-x.size, x.start, x.id)):
-        busy = sorted(
-            (p for p in placed if p.start < b.join and b.start < p.join),
-            key=lambda p: (p.offset, p.id),
-        )
-        best_offset, best_gap = -1, None
-        cursor = 0
-        for p in busy:
-            gap = p.offset - cursor
-            if gap >= b.size and (best_gap is None or gap < best_gap):
-                best_offset, best_gap = cursor, gap
-            cursor = max(cursor, p.offset + p.size)
-        b.offset = best_offset if best_offset >= 0 else cursor
-        placed.append(b)
-    return "greedy"
+    """Offsets for buffers live on [start, join), through the interval placer (greedy
+    orderings, then its exact search under a deterministic work limit); returns its
+    strategy's name."""
+    intervals = [Interval(b.id, b.start, max(b.join, b.end + 1), b.size, ALIGN) for b in buffers]
+    result = place(intervals, work_limit=PLACEMENT_WORK_LIMIT)
+    for b in buffers:
+        b.offset = result.offsets[b.id]
+    return str(result.strategy)
