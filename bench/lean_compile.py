@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,12 @@ def _hwm_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def _cpu_seconds() -> float:
+    """User + system time of this process, all its threads (the CRC thread included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _child(kind: str, model: str, out: str) -> None:
     """One measurement in this (fresh) process; prints a JSON line."""
     if kind == "compile":
@@ -60,6 +67,7 @@ def _child(kind: str, model: str, out: str) -> None:
         from flowc.cli import main
 
         base = _hwm_bytes()
+        c0 = _cpu_seconds()
         t0 = time.perf_counter()
         try:
             main(["compile", model, "-o", out, "--target", "host"])
@@ -70,11 +78,13 @@ def _child(kind: str, model: str, out: str) -> None:
         import onnx
 
         base = _hwm_bytes()
+        c0 = _cpu_seconds()
         t0 = time.perf_counter()
         m = onnx.load(model)  # external data loaded too (the default)
         assert m.graph.node
     seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "peak": _hwm_bytes(), "base": base}))
+    cpu = _cpu_seconds() - c0
+    print(json.dumps({"seconds": seconds, "cpu": cpu, "peak": _hwm_bytes(), "base": base}))
 
 
 def _measure(kind: str, model: Path, out: Path, repeat: int) -> dict[str, float]:
@@ -132,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     a.cache.mkdir(parents=True, exist_ok=True)
     lines = [
         f"# bench/lean_compile.py {a.label}".rstrip(),
-        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores",
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at the start (the machine is shared)",
+        "# seconds: wall time, the fastest of --repeat runs; cpu: user + system seconds of it",
         "# peak = VmHWM of a fresh process; goal = peak / (1.3 x weights + 300 MB), <= 1 passes",
         f"{'case':<28} {'weights MB':>10} {'peak MB':>8} {'base MB':>8} {'goal':>6} "
-        f"{'seconds':>8} {'/ load':>7}",
+        f"{'seconds':>8} {'/ load':>7} {'cpu s':>6} {'/ load':>7}",
     ]
     print("\n".join(lines), flush=True)
     try:
@@ -150,14 +162,17 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(("onnx.load", _measure("load", model, out, a.repeat)))
             shutil.rmtree(out, ignore_errors=True)
             load_s = dict(rows).get("onnx.load", {}).get("seconds")
+            load_cpu = dict(rows).get("onnx.load", {}).get("cpu")
             for kind, r in rows:
                 bound = 1.3 * weights + 300 * MB
-                ratio = f"{r['seconds'] / load_s:7.2f}" if load_s and kind == "compile" else ""
+                is_compile = bool(load_s and load_cpu and kind == "compile")
+                ratio = f"{r['seconds'] / load_s:7.2f}" if is_compile and load_s else ""
+                cpu_ratio = f"{r['cpu'] / load_cpu:7.2f}" if is_compile and load_cpu else ""
                 label = f"{name} L{spec['layers']} {kind}"
                 line = (
                     f"{label:<28} {weights / MB:>10.0f} "
                     f"{r['peak'] / MB:>8.0f} {r['base'] / MB:>8.0f} {r['peak'] / bound:>6.2f} "
-                    f"{r['seconds']:>8.2f} {ratio:>7}"
+                    f"{r['seconds']:>8.2f} {ratio:>7} {r['cpu']:>6.2f} {cpu_ratio:>7}"
                 ).rstrip()
                 lines.append(line)
                 print(line, flush=True)

@@ -80,6 +80,10 @@ def compact_constant(a: np.ndarray) -> np.ndarray:
     if a.size > 16 and not is_splat(a):
         flat = a.reshape(-1)
         first = flat[0]
+        # A look at the first elements settles most weights without reading (for a
+        # memory-mapped model: paging in) the whole array.
+        if (flat[:64] != first).any():
+            return a
         if (flat == first).all() and not (a.dtype.kind == "f" and np.isnan(first)):
             return make_splat(first, a.shape, a.dtype)
     return a
