@@ -188,6 +188,20 @@ def test_report_of_bert_tiny_in_chromium(
     arena = re.search(r"arena (\d+) B", line)
     assert arena is not None and f"arena {arena[1]} B" in text
     assert "FusedAttention" in text and "LayerNormalization" in text
+    # The buffers named are the plan's largest, and the live curve peaks at the most bytes
+    # any step has live (counted here from the buffers' intervals).
+    from flowc.compiler import plan_schedule, schedule_graph
+
+    plan = plan_schedule(schedule_graph(load(model, [], args[1::2], for_compile=True)))
+    table = text[text.index("<th>largest buffers</th>") :]
+    table = table[: table.index("</table>")]
+    listed = [int(b) for b in re.findall(r"<td class=num>(\d+)</td><td class=num>\d+</td>", table)]
+    assert listed == sorted((b.size for b in plan.buffers), reverse=True)[: len(listed)]
+    assert len(listed) == min(8, len(plan.buffers))
+    live = max(
+        sum(b.size for b in plan.buffers if b.start <= t <= b.end) for t in range(len(plan.steps))
+    )
+    assert f"(peak {live} B;" in text
 
 
 def test_report_collapses_densenet_into_its_dense_blocks(

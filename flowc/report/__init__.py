@@ -144,8 +144,29 @@ def render(report: Report, progress: Callable[[str], None] | None = None) -> tup
     )
     say(f"graph drawn in {drawing.seconds:.2f} s; drawing memory over time and the schedule")
     plan = report.plan
-    mem_png = draw_memory(plan, report.title)
-    gantt_png = _gantt_png(report.schedule, report.title)
+    rows = "".join(
+        "<tr>"
+        f"<td>{_esc(r.name)}</td><td class=num>{r.size}</td><td class=num>{r.offset}</td>"
+        f"<td>{_esc(r.first)}</td><td>{_esc(r.last)}</td>"
+        "</tr>"
+        for r in largest(plan)
+    )
+    # No buffers (every value is an input, an output or a weight): nothing to draw.
+    memory = (
+        f'<img alt="memory over time" src="{_data_uri(draw_memory(plan, report.title))}">'
+        '<table class="data"><tr><th>largest buffers</th><th>bytes</th><th>offset</th>'
+        f"<th>first step</th><th>last step</th></tr>{rows}</table>"
+        if plan.buffers
+        else '<p class="note">No arena buffers: every value is an input, an output or a weight.</p>'
+    )
+    sched = report.schedule
+    # A graph without nodes (its outputs are its inputs) has no actors to draw.
+    gantt = (
+        f'<img alt="Gantt chart of the schedule" '
+        f'src="{_data_uri(_gantt_png(sched, report.title))}">'
+        if sched.actors.actors
+        else '<p class="note">No actors: the program runs no kernels.</p>'
+    )
     peak = max(live_bytes(plan), default=0)
     g = report.graph
     items = len(drawing.items)
@@ -156,15 +177,7 @@ def render(report: Report, progress: Callable[[str], None] | None = None) -> tup
         else f"{len(g.nodes)} nodes"
     )
     stages = sorted({n.stage for n in g.nodes if n.stage is not None})
-    rows = "".join(
-        "<tr>"
-        f"<td>{_esc(r.name)}</td><td class=num>{r.size}</td><td class=num>{r.offset}</td>"
-        f"<td>{_esc(r.first)}</td><td>{_esc(r.last)}</td>"
-        "</tr>"
-        for r in largest(plan)
-    )
     notes = "".join(f'<p class="note">{_esc(n)}</p>' for n in report.notes)
-    sched = report.schedule
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -194,13 +207,12 @@ def render(report: Report, progress: Callable[[str], None] | None = None) -> tup
         "</section>",
         '<section id="memory"><h2>Memory over time</h2>',
         f'<p class="note">The arena of the compiled program: live bytes at each of the '
-        f"{len(live_bytes(plan))} steps of the issue order (peak {peak} B, the lower bound) "
+        f"{len(live_bytes(plan))} steps of the issue order (peak {peak} B; the plan's lower "
+        f"bound {plan.lower_bound} B) "
         f"against the arena of {plan.arena_bytes} B "
         f"({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), and where each buffer "
         "sits.</p>",
-        f'<img alt="memory over time" src="{_data_uri(mem_png)}">',
-        '<table class="data"><tr><th>largest buffers</th><th>bytes</th><th>offset</th>'
-        f"<th>first step</th><th>last step</th></tr>{rows}</table>",
+        memory,
         "</section>",
         '<section id="schedule"><h2>Schedule</h2>',
         '<p class="note">The modeled actor schedule'
@@ -210,7 +222,7 @@ def render(report: Report, progress: Callable[[str], None] | None = None) -> tup
             else ""
         )
         + ": one row per stream; bars outlined in black are the critical path.</p>",
-        f'<img alt="Gantt chart of the schedule" src="{_data_uri(gantt_png)}">',
+        gantt,
         "</section>",
         '<section id="tables"><h2>Tables</h2>',
         '<p class="note">What <code>flowc inspect</code> printed for this report.</p>',

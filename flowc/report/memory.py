@@ -3,8 +3,8 @@ against the arena size and the lower bound, and each buffer as a rectangle at it
 over its live steps (the placement), the largest named.
 
 Both come from the compiled program's MemoryPlan: a buffer is live on the closed step range
-[start, end] of ``plan.steps`` (flowc.memory.plan.live_bytes_bound counts the same way, so
-the curve's peak is the plan's lower bound).
+[start, end] of ``plan.steps``, as flowc.memory.plan.live_bytes_bound counts (the plan's
+lower bound is drawn as the plan states it).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def draw_memory(plan: MemoryPlan, title: str) -> bytes:
             color="#636363",
             linewidth=1.0,
             linestyle="--",
-            label="lower bound (peak live)",
+            label="lower bound",
         )
         if live:
             peak = max(range(steps), key=lambda t: (live[t], -t))
