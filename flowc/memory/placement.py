@@ -28,9 +28,13 @@ have bytes.
    some time step's floor plus the bytes still to place there exceeds the target; when
    the buffer just placed has no unplaced buffer above it, its alternatives are not tried
    (a failure there is not its fault). Each decision "does everything fit in C bytes?" is
-   searched for a shrinking C (binary search between the lower bound and the best peak
-   found) while the work limit lasts. Buffers whose lifetimes never meet those of the rest
-   (a cut in time that no buffer crosses) are searched apart.
+   searched first for the capacity asked for, then for a shrinking C (binary search
+   between the highest C that failed and the best peak) while the work limit lasts. Each
+   decision tries several tie-break orders in turn with a node limit that doubles (one
+   order often finishes in a single dive where another thrashes). After each placement,
+   the unplaced buffers that no longer share a time step split into groups searched one
+   after the other, so a failing group never makes the search retry another group's
+   choices (MiniMalloc's dynamic decomposition).
 
 The work limit counts search nodes, never seconds, so the result is the same on every run
 and machine. A placement is ``optimal`` when its peak equals the lower bound, or when the
@@ -67,9 +71,9 @@ __all__ = [
     "write_offsets_csv",
 ]
 
-# Search nodes for place()'s default: about 10 s of search in CPython on the largest
-# MiniMalloc instances (455 buffers), far less on typical model graphs (which mostly reach
-# the lower bound greedily and never search).
+# Search nodes for place()'s default: at most about 5 s of CPython on each MiniMalloc
+# instance (154-454 buffers; bench/minimalloc_bench.py, 2 busy cores); no search at all
+# where the greedy stage already reaches the lower bound.
 DEFAULT_WORK_LIMIT = 40_000
 
 
@@ -574,10 +578,11 @@ def _search(
     work_limit: int,
 ) -> tuple[list[int], int, bool, bool]:
     """Look for lower peaks with the canonical decision search, under one node budget:
-    first a quick try at each rung of a ladder of targets up from the lower bound (the
-    loosest targets are found in one dive), then the capacity (when asked for and not yet
-    met) with most of what is left, then a binary search between the highest target that
-    failed and the best peak. Returns (offsets, peak, improved, proven optimal)."""
+    first the capacity (when asked for and the greedy stage missed it) with two thirds of
+    the budget (a quarter of the rest once it is met), then a binary search between the
+    highest target that failed (or the lower bound) and the best peak, each try with a
+    third of what is left; a loose target is met in about one node per buffer. A target
+    that runs out of work counts as failed. Returns (offsets, peak, improved, proven optimal)."""
     groups = [_Search(p, g) for g in p.components()]
     # Each group's best offsets so far and their peak: a group already within a target
     # needs no new search for it.
