@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_models import LIGHT_DIR
 
 from flowc.cli import load
+from flowc.ir.graph import Graph
 from flowc.report.graph import collapse
 
 CHROMIUM = next(
@@ -326,3 +327,36 @@ def test_page_errors_keeps_console_lines_and_drops_known_noise() -> None:
     )
     assert page_errors(noise) == []
     assert len(page_errors(noise + page)) == 2
+
+
+def _chain(names: list[str], ops: list[str]) -> Graph:
+    from flowc.ir.dtype import DType
+    from flowc.ir.types import TensorType
+
+    t = TensorType((4,), DType.from_numpy(np.dtype(np.float32)))
+    g = Graph("chain")
+    v = g.add_input("x", t)
+    for name, op in zip(names, ops, strict=True):
+        v = g.add_node(op, [v], [t], name=name).outputs[0]
+    g.outputs.append(v)
+    return g
+
+
+def test_collapse_falls_back_to_name_prefixes_then_chunks() -> None:
+    rng = np.random.default_rng(0)
+    kinds = ["Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Sqrt", "Floor"]
+    # Seeded random ops: no repeated block worth a cluster, 300 nodes.
+    ops = [str(rng.choice(kinds)) for _ in range(300)]
+    g = _chain([f"/layer.{k // 10}/op{k}" for k in range(300)], ops)
+    by_prefix = collapse(g, 200)
+    # Each layer's ten nodes, named /layer.k/..., are one item.
+    assert [(it.kind, it.prefix, len(it.nodes)) for it in by_prefix] == [
+        ("prefix", f"/layer.{k}", 10) for k in range(30)
+    ]
+    assert [n for it in by_prefix for n in it.nodes] == g.nodes
+    # Without prefixes: chunks, as few as bring it under the limit, every node once in order.
+    g = _chain([f"op{k}" for k in range(300)], ops)
+    items = collapse(g, 200)
+    assert len(items) <= 200
+    assert [n for it in items for n in it.nodes] == g.nodes
+    assert any(it.kind == "chunk" for it in items)
