@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from flowc.codegen.program import WeightsLayout, generate, generate_pipeline
 from flowc.codegen.project import check_project_dir, write_project
 from flowc.errors import InputError
-from flowc.ir.graph import Graph
+from flowc.ir.graph import Graph, Node
 from flowc.ir.types import Mesh
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
 from flowc.parallel import ParallelOptions, workspace_within
@@ -99,8 +99,18 @@ def schedule_graph(
     ag = build_actor_graph(graph, profile)
     if schedule_for == "latency":
         return schedule_actors(ag, profile, streams)
-    order = memory_order(graph, workspace_bytes=profile.workspace)
-    position = {id(node): k for k, node in enumerate(order.nodes)}
+    nodes = memory_order(graph, workspace_bytes=profile.workspace).nodes
+    runs = {id(a.node) for a in ag.actors}
+    if [id(n) for n in nodes if id(n) in runs] != [id(n) for n in graph.nodes if id(n) in runs]:
+        # The search counts no Concat/Split/Slice aliases, which the plan makes where they
+        # are free: the plan has the last word, the exporter's order where it needs less.
+        def arena(order: list[Node]) -> int:
+            linear = Order.linear(graph, order)
+            return plan_memory(graph, linear, workspace_bytes=profile.workspace).arena_bytes
+
+        if arena(list(graph.nodes)) < arena(nodes):
+            nodes = list(graph.nodes)
+    position = {id(node): k for k, node in enumerate(nodes)}
     # Earliest in the order first: on one stream, the order itself.
     rank = [-float(position[id(a.node)]) for a in ag.actors]
     return schedule_actors(ag, profile, 1 if streams is None else streams, rank)

@@ -22,7 +22,7 @@ from flowc.harness.ort import inference_mode, run_onnxruntime
 from flowc.ir import DType, Graph, TensorType
 from flowc.ir.graph import Node, Value
 from flowc.memory.check import check_memory_plan
-from flowc.memory.plan import Order, plan_memory
+from flowc.memory.plan import Order, _plan, plan_memory
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager
 from flowc.schedule.memory_order import memory_order, order_peak
 
@@ -106,10 +106,10 @@ def topological_orders(g: Graph) -> list[list[Node]]:
 
 
 def plan_bound(g: Graph, nodes: list[Node], workspace: int = 0) -> int:
-    # Without Concat/Split/Slice aliases, which the order's cost model does not count.
-    return plan_memory(
-        g, Order.linear(g, nodes), workspace_bytes=workspace, alias=False
-    ).lower_bound
+    """The memory plan's lower bound for one-stream order ``nodes``, without Concat/Split/
+    Slice aliases (the order's cost model counts none); the plan's own bound computation,
+    without placing offsets (the placement search would make brute force slow)."""
+    return _plan(g, Order.linear(g, nodes), workspace, set(), place=False).lower_bound
 
 
 def _random_cases(count: int, seed: int) -> list[tuple[Graph, int]]:
@@ -130,7 +130,9 @@ def test_search_finds_the_brute_force_optimum_on_random_graphs() -> None:
         assert plan_bound(g, mo.nodes, workspace) == mo.peak == best, g
         assert order_peak(g, mo.nodes, workspace) == mo.peak
         assert mo.exporter_peak == plan_bound(g, list(g.nodes), workspace)
-        check_memory_plan(g, plan_memory(g, Order.linear(g, mo.nodes), workspace_bytes=workspace))
+        plan = plan_memory(g, Order.linear(g, mo.nodes), workspace_bytes=workspace, alias=False)
+        assert plan.lower_bound == mo.peak
+        check_memory_plan(g, plan)
         improved += mo.peak < mo.exporter_peak
     # The cases exercise the search, not only the exporter's order.
     assert improved >= 10, improved
@@ -190,7 +192,12 @@ def test_schedule_for_memory_compiles_and_matches_onnxruntime_on_the_host(tmp_pa
     assert [sched.actors.actors[a].node for a in sched.issue] == [
         n for n in mo.nodes if any(n is a.node for a in sched.actors.actors)
     ]
-    assert plan_schedule(sched).lower_bound == mo.peak
+    ws = sched.workspace_bytes
+    assert plan_memory(graph, Order.of(sched), ws, alias=False).lower_bound == mo.peak
+    # The plan (aliases where free) needs no more than the exporter's order on one stream.
+    assert (
+        plan_schedule(sched).arena_bytes <= plan_memory(graph, Order.linear(graph), ws).arena_bytes
+    )
     out = tmp_path / "out"
     compiled = compile_graph(graph, out, poison=True, schedule_for="memory")
     check_memory_plan(graph, compiled.memory, compiled.program)
@@ -222,6 +229,19 @@ def test_schedule_for_memory_on_two_streams_passes_the_checker() -> None:
     assert two.schedule.num_compute == 2
     for c in (one, two):
         check_memory_plan(g, c.memory, c.program)
-    assert (
-        one.memory.lower_bound == memory_order(g, workspace_bytes=one.schedule.workspace_bytes).peak
+    ws = one.schedule.workspace_bytes
+    bound = plan_memory(g, Order.of(one.schedule), ws, alias=False).lower_bound
+    assert bound == memory_order(g, workspace_bytes=ws).peak
+
+
+def test_cli_schedule_for_memory(tmp_path: Path) -> None:
+    from test_cli import assert_clean_error, flowc
+
+    model = str(SHARED_MODELS / "resnet_tiny.onnx")
+    r = flowc("inspect", model, "--schedule", "--schedule-for", "memory")
+    assert r.returncode == 0, r.stderr
+    assert "on 1 stream(s)" in r.stdout and "least peak memory" in r.stdout
+    r = flowc(
+        "compile", model, "-o", str(tmp_path / "p"), "--pipeline", "2", "--schedule-for", "memory"
     )
+    assert_clean_error(r, "--schedule-for memory with --pipeline")

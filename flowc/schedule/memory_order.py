@@ -25,10 +25,10 @@ The search (Serenity, Ahn et al., MLSys 2020):
   whose peak already reaches the best order known (the exporter's, or a greedy one) are
   dropped: the search only looks for a strictly better order, and if none is left, the
   known one is optimal.
-* **Beyond the state bound** (``max_states`` sets in all, spread evenly over the segment's
-  levels, but at least ``beam`` per level), each level keeps its best states by (peak, live
-  bytes): a beam search over the same states, so the result is at least as good as the
-  greedy and exporter orders, but not proven optimal (``exact`` is False).
+* **Beyond the state bound** (``max_states`` sets made by the exact searches, all segments
+  together), a segment is searched again keeping each level's best states by (peak, live
+  bytes), about ``max_states`` of them over all its levels: a beam search over the same states, so the result is at least as good
+  as the greedy and exporter orders, but not proven optimal (``exact`` is False).
 
 Ties go to the exporter's order where it is optimal, then to the first order found
 expanding ready nodes by their index in the graph, so the result is deterministic.
@@ -44,8 +44,10 @@ from flowc.ops.registry import get_op, is_view
 # flowc.memory.plan's ALIGN and INPLACE_FAMILIES (see the module docstring).
 ALIGN = 256
 INPLACE_FAMILIES = frozenset({"elementwise"})
-DEFAULT_MAX_STATES = 1 << 20
-DEFAULT_BEAM = 64  # the fewest states a level keeps past the bound (many levels)
+# About 6 us a state in CPython: the exact search gives up after 1-2 s, and a beam of the
+# same total size takes as long again.
+DEFAULT_MAX_STATES = 1 << 18
+DEFAULT_BEAM = 64  # the fewest states a beam level keeps (segments of very many levels)
 
 __all__ = ["DEFAULT_MAX_STATES", "MemoryOrder", "memory_order", "order_peak"]
 
@@ -227,6 +229,7 @@ class _Segment:
         # that outlive the segment are live, and its outputs are written.
         through = {v for v, rs in p.readers.items() if p.writer[v] < lo and rs and rs[-1] >= hi}
         through_bytes = sum(p.size[v] for v in through)
+        self.most_ready = 1  # the most actors ready at once along the greedy order
         self.lower_bound = 0
         for k, a in enumerate(range(lo, hi)):
             need = through_bytes + sum(p.size[v] for v in p.reads[a] if v not in through)
@@ -279,6 +282,7 @@ class _Segment:
         s, live, order = 0, self.base_live, []
         ready = sum(1 << t for t in range(self.m) if self.pred[t] == 0)
         while ready:
+            self.most_ready = max(self.most_ready, ready.bit_count())
             best: tuple[int, int, int] | None = None
             r = ready
             while r:
@@ -297,52 +301,80 @@ class _Segment:
             ready = self.ready_after(ready, s, t)
         return order
 
-    def search(self, bound: int, width: int) -> tuple[list[int] | None, bool, int]:
-        """The order of least peak below ``bound`` (None if there is none), whether the
-        search was exact (no level cut to ``width``), and the states visited."""
-        # State: the set done -> (peak so far, live bytes, ready actors).
+    def search(
+        self, bound: int, limit: int | None = None, width: int | None = None
+    ) -> tuple[list[int] | None, bool, int]:
+        """The order of least peak below ``bound`` (None if there is none); whether the
+        search finished (False: more than ``limit`` states, the answer is void); the states
+        it made. ``width``: keep at most that many states per level (a beam search, not
+        exact)."""
+        # State: the set done -> (peak so far, live bytes, ready actors, previous set, actor).
         start_ready = sum(1 << t for t in range(self.m) if self.pred[t] == 0)
-        cur: dict[int, tuple[int, int, int]] = {0: (0, self.base_live, start_ready)}
-        back: list[dict[int, tuple[int, int]]] = []
-        exact = True
-        visited = 1
+        cur: dict[int, tuple[int, int, int, int, int]] = {
+            0: (0, self.base_live, start_ready, 0, -1)
+        }
+        levels = [cur]
+        made = 1
+        # The transition (see step), inlined: this loop is the search's whole cost.
+        out_bytes, out_pending, inplace_bytes = self.out_bytes, self.out_pending, self.inplace_bytes
+        cands, frees, succ, pred = self.cands, self.frees, self.succ, self.pred
+        ws, lib_mask, lib_before, lib_after = (
+            self.workspace,
+            self.lib_mask,
+            self.lib_before,
+            self.lib_after,
+        )
         for _ in range(self.m):
-            nxt: dict[int, tuple[int, int, int]] = {}
-            prev: dict[int, tuple[int, int]] = {}
-            for s, (peak, live, ready) in cur.items():
+            nxt: dict[int, tuple[int, int, int, int, int]] = {}
+            for s, (peak, live, ready, _s, _t) in cur.items():
                 r = ready
                 while r:
                     low = r & -r
-                    t = low.bit_length() - 1
                     r ^= low
-                    during, after = self.step(s, t, live)
-                    np_ = peak if peak >= during else during
-                    if np_ >= bound:
-                        continue
+                    t = low.bit_length() - 1
                     s2 = s | low
+                    not_done = ~s2
+                    during = live + out_bytes[t]
+                    for mk in cands[t]:
+                        if not mk & not_done:
+                            during -= inplace_bytes[t]
+                            break
+                    if ws and (lib_before or lib_mask & s2) and (lib_after or lib_mask & ~s):
+                        during += ws
+                    if during < peak:
+                        during = peak
+                    if during >= bound:
+                        continue
                     old = nxt.get(s2)
                     if old is None:
-                        nxt[s2] = (np_, after, self.ready_after(ready, s2, t))
-                        prev[s2] = (s, t)
-                    elif np_ < old[0]:
-                        nxt[s2] = (np_, old[1], old[2])
-                        prev[s2] = (s, t)
-            visited += len(nxt)
-            if len(nxt) > width:
-                exact = False
-                keep = sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))[:width]
-                nxt = dict(keep)
+                        after = live + out_pending[t]
+                        for mk, nb in frees[t]:
+                            if not mk & not_done:
+                                after -= nb
+                        ready2 = ready ^ low
+                        for u in succ[t]:
+                            if not pred[u] & not_done:
+                                ready2 |= 1 << u
+                        nxt[s2] = (during, after, ready2, s, t)
+                    elif during < old[0]:
+                        nxt[s2] = (during, old[1], old[2], s, t)
+                if limit is not None and made + len(nxt) > limit:
+                    return None, False, made + len(nxt)
+            made += len(nxt)
+            if width is not None and len(nxt) > width:
+                keep = sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0]))
+                nxt = dict(keep[:width])
             if not nxt:
-                return None, exact, visited
-            back.append(prev)
+                return None, True, made
+            levels.append(nxt)
             cur = nxt
         order: list[int] = []
         s = self.full
-        for prev in reversed(back):
-            s_prev, t = prev[s]
+        for level in reversed(levels[1:]):
+            _p, _l, _r, s_prev, t = level[s]
             order.append(t)
             s = s_prev
-        return order[::-1], exact, visited
+        return order[::-1], True, made
 
 
 def _segments(p: _Problem) -> list[tuple[int, int]]:
@@ -407,12 +439,15 @@ def memory_order(
 ) -> MemoryOrder:
     """The order of ``graph``'s nodes with the least peak of live bytes found (see the module
     docstring); ``workspace_bytes``: one library workspace, as the memory plan places it.
-    Each segment's levels keep at most max(``beam``, ``max_states`` / its levels) states."""
+    The exact searches make at most ``max_states`` states in all; a segment that needs more
+    is searched again by a beam of about ``max_states`` states in all (at least ``beam``
+    per level)."""
     p = _Problem(graph, workspace_bytes)
     actors: list[int] = []
     peak = exporter_peak = states = largest = 0
     exact = True
     live = 0
+    budget = max_states  # states the exact searches may still make, all segments together
     segments = _segments(p)
     for lo, hi in segments:
         seg = _Segment(p, lo, hi, live)
@@ -426,10 +461,17 @@ def memory_order(
             if greedy_peak < best_peak:
                 best, best_peak = greedy, greedy_peak
         if seg.m > 1 and best_peak > seg.lower_bound:
-            width = max(beam, max_states // seg.m)
-            found, seg_exact, visited = seg.search(best_peak, width)
-            states += visited
-            exact &= seg_exact
+            found, finished, made = seg.search(best_peak, limit=budget)
+            budget = max(0, budget - made)
+            if not finished:
+                # Past the bound: a beam over the same states (no proof of optimality).
+                exact = False
+                # About max_states states made: each level expands each kept state by
+                # up to the ready actors.
+                width = max(beam, max_states // (seg.m * seg.most_ready))
+                found, _, beam_made = seg.search(best_peak, width=width)
+                made += beam_made
+            states += made
             if found is not None:
                 best = found
                 best_peak, _ = seg.peak_of(found)
