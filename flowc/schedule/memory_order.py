@@ -7,9 +7,14 @@ view reads the base and a view costs nothing; graph inputs, outputs and constant
 the arena; an element-wise node whose input buffer it reads last (same element count and
 width, same aligned size) writes its output into that input's bytes; every size is rounded
 up to 256 bytes; optionally one library workspace is live from the first library call
-(cuBLASLt/cuDNN) to the last. The rules are copied here rather than imported, because the
-schedule comes before memory in flowc's data flow; tests/test_memory_order.py checks them
-against ``plan_memory`` on random graphs, so the two cannot drift apart unnoticed.
+(cuBLASLt/cuDNN) to the last. That is ``plan_memory(..., alias=False)``: the plan's
+Concat-input and Split/Slice aliases, which it makes only where they do not raise its bound
+(and keeps only where the arena does not grow), are not counted, so the plan of the chosen
+order can only be lower; the compiler (flowc.compiler.schedule_graph) keeps the exporter's
+order where the plan says its arena is smaller. The rules are copied here rather than
+imported, because the schedule comes before memory in flowc's data flow;
+tests/test_memory_order.py checks them against the plan's own bound on random graphs, so
+the two cannot drift apart unnoticed.
 
 The search (Serenity, Ahn et al., MLSys 2020):
 
@@ -27,8 +32,9 @@ The search (Serenity, Ahn et al., MLSys 2020):
   known one is optimal.
 * **Beyond the state bound** (``max_states`` sets made by the exact searches, all segments
   together), a segment is searched again keeping each level's best states by (peak, live
-  bytes), about ``max_states`` of them over all its levels: a beam search over the same states, so the result is at least as good
-  as the greedy and exporter orders, but not proven optimal (``exact`` is False).
+  bytes), about ``max_states`` made over all its levels: a beam search over the same
+  states, so the result is at least as good as the greedy and exporter orders, but not
+  proven optimal (``exact`` is False).
 
 Ties go to the exporter's order where it is optimal, then to the first order found
 expanding ready nodes by their index in the graph, so the result is deterministic.
