@@ -71,9 +71,9 @@ __all__ = [
     "write_offsets_csv",
 ]
 
-# Search nodes for place()'s default: at most about 5 s of CPython on each MiniMalloc
-# instance (154-454 buffers; bench/minimalloc_bench.py, 2 busy cores); no search at all
-# where the greedy stage already reaches the lower bound.
+# Search nodes for place()'s default: at most about 4 s of CPython on each MiniMalloc
+# instance (154-454 buffers; bench/minimalloc_bench.py on 2 cores, up to 11 s when other
+# jobs load them); no search at all where the greedy stage already reaches the bound.
 DEFAULT_WORK_LIMIT = 40_000
 
 
@@ -216,16 +216,21 @@ class _Problem:
         self.lo = np.searchsorted(points, start).astype(np.int64)
         self.hi = np.searchsorted(points, end).astype(np.int64)
         self.nsec = max(len(points) - 1, 0)
-        cover = np.zeros((self.nsec, n), dtype=bool)
+        # Section totals (the bytes live in each section) from a difference array; no
+        # dense section x buffer matrix, so thousands of buffers stay cheap.
+        diff = np.zeros(self.nsec + 1, dtype=np.int64)
+        np.add.at(diff, self.lo, self.size)
+        np.add.at(diff, self.hi, -self.size)
+        self.total = np.cumsum(diff)[:-1]
+        # Conflicting buffers: those starting before i ends (a prefix in start order) and
+        # ending after i starts.
+        by_start = np.argsort(start, kind="stable")
+        sorted_start = start[by_start]
+        self.nbrs = []
         for i in range(n):
-            cover[self.lo[i] : self.hi[i], i] = True
-        self.cover = cover
-        # Section totals: the bytes live in each section.
-        self.total = (cover * self.size[None, :]).sum(axis=1) if n else np.zeros(0, np.int64)
-        conflict = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
-        np.fill_diagonal(conflict, False)
-        self.conflict = conflict
-        self.nbrs = [np.flatnonzero(conflict[i]) for i in range(n)]
+            cand = by_start[: np.searchsorted(sorted_start, end[i], side="left")]
+            cand = cand[end[cand] > start[i]]
+            self.nbrs.append(np.sort(cand[cand != i]))
         # The fullest section each buffer lives through (MiniMalloc's "total").
         self.fullest = np.array(
             [int(self.total[self.lo[i] : self.hi[i]].max()) for i in range(n)], dtype=np.int64
@@ -261,11 +266,9 @@ def _greedy(p: _Problem, order: Sequence[int], best_fit: bool) -> list[int]:
     off = [-1] * n
     size = p.size.tolist()
     align = p.align.tolist()
-    conflict = p.conflict
+    nbrs = [x.tolist() for x in p.nbrs]
     for i in order:
-        blocks = sorted(
-            (off[j], off[j] + size[j]) for j in np.flatnonzero(conflict[i]).tolist() if off[j] >= 0
-        )
+        blocks = sorted((off[j], off[j] + size[j]) for j in nbrs[i] if off[j] >= 0)
         s, a = size[i], align[i]
         choice = -1
         choice_gap = -1
@@ -290,7 +293,7 @@ def _orderings(p: _Problem) -> list[tuple[str, list[int]]]:
     n = p.n
     size = p.size.tolist()
     life = (p.end - p.start).tolist()
-    nconf = p.conflict.sum(axis=1).tolist()
+    nconf = [len(x) for x in p.nbrs]
     area = (p.size * (p.end - p.start)).tolist()
     fullest = p.fullest.tolist()
     start = p.start.tolist()
@@ -331,15 +334,26 @@ class _Search:
         self.lo = (lo - s0).astype(np.int64)
         self.hi = (hi - s0).astype(np.int64)
         self.nsec = s1 - s0
-        cover = p.cover[s0:s1][:, self.members]
-        self.total0 = (cover * self.size[None, :]).sum(axis=1).astype(np.int64)
-        # (section, buffer) pairs grouped by section, for per-section minima in one call.
-        self.busy = np.flatnonzero(cover.any(axis=1))
-        secs, bufs = np.nonzero(cover[self.busy])
-        self.pair_buf = bufs.astype(np.int64)
-        self.pair_start = np.searchsorted(secs, np.arange(len(self.busy))).astype(np.int64)
-        sub = p.conflict[np.ix_(self.members, self.members)]
-        self.nbrs = [np.flatnonzero(sub[i]) for i in range(m)]
+        size = self.size
+        diff = np.zeros(self.nsec + 1, dtype=np.int64)
+        np.add.at(diff, self.lo, size)
+        np.add.at(diff, self.hi, -size)
+        self.total0 = np.cumsum(diff)[:-1]
+        # (section, buffer) pairs grouped by section, for per-section minima in one call;
+        # busy: the sections some buffer lives in.
+        counts = self.hi - self.lo
+        bufs = np.repeat(np.arange(m, dtype=np.int64), counts)
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        secs = np.repeat(self.lo, counts) + (np.arange(len(bufs), dtype=np.int64) - first)
+        order = np.lexsort((bufs, secs))
+        secs, bufs = secs[order], bufs[order]
+        self.busy = np.unique(secs)
+        self.pair_buf = bufs
+        self.pair_start = np.searchsorted(secs, self.busy).astype(np.int64)
+        local = np.full(p.n, -1, dtype=np.int64)
+        local[self.members] = np.arange(m)
+        # Every neighbour lives in the same group (groups are apart in time).
+        self.nbrs = [local[p.nbrs[int(g)]] for g in self.members]
         # Static orders to break ties at one offset, tried in turn: MiniMalloc's TWA, WAT
         # and TAW (the fullest section's Total, lifetime Width, Area; larger first), and
         # sweeps in time (latest end first, earliest start first, latest start first).
@@ -426,7 +440,7 @@ class _Search:
             # Each section's floor: above the placed buffers there, at least the lowest
             # offset an unplaced buffer there can take, and (offsets never decrease along
             # a branch) at least the current offset. Floor plus the bytes still to place
-            # there must fit. Only the group's own sections [s0, s1) can change.
+            # there must fit. Checked over sections [s0, s1) only.
             k0, k1 = int(bpos[s0]), int(bpos[s1])
             if k0 == k1:
                 return True
@@ -437,8 +451,9 @@ class _Search:
             f = np.maximum(np.maximum(floor[secs], low), cur)
             return bool(((f + t)[t > 0] <= capacity).all())
 
-        def put(b: int, o: int) -> bool:
-            """Place b at o; returns whether nothing unplaced conflicts with it."""
+        def put(b: int, o: int) -> tuple[bool, int, int]:
+            """Place b at o. Returns whether nothing unplaced conflicts with it, and the
+            sections whose floor, lowest offset or bytes to place changed."""
             top = o + int(size[b])
             placed[b] = True
             offset[b] = o
@@ -455,7 +470,12 @@ class _Search:
             floor[lo[b] : hi[b]] = top
             total[lo[b] : hi[b]] -= size[b]
             trail.append((b, ids, o_saved, f_saved))
-            return len(ids) == 0
+            a0, a1 = int(lo[b]), int(hi[b])
+            moved = ids[raised > o_saved]
+            if len(moved):
+                a0 = min(a0, int(lo[moved].min()))
+                a1 = max(a1, int(hi[moved].max()))
+            return len(ids) == 0, a0, a1
 
         def undo(mark: int) -> None:
             while len(trail) > mark:
@@ -493,9 +513,11 @@ class _Search:
             for b in cands:
                 o = int(min_off[b])
                 mark = len(trail)
-                hatless = put(b, o)
+                hatless, a0, a1 = put(b, o)
                 rest = members[members != b]
-                if check(o, s0, s1):
+                # Sections outside [a0, a1) passed before and are no fuller now; the
+                # offset's own rise is covered by the filter above.
+                if check(o, max(s0, a0), min(s1, a1)):
                     if len(rest) == 0:
                         return True
                     rb = int(rank[b])
@@ -556,6 +578,10 @@ def place(
             if best_off is None or peak < best_peak:
                 best_off, best_peak = off, peak
                 strategy = f"greedy {name}, {'best' if best_fit else 'first'} fit"
+            if best_peak == lb:
+                break  # nothing can be lower
+        if best_peak == lb:
+            break
     assert best_off is not None
     optimal = best_peak == lb
     if exact and not optimal and work_limit > 0:
