@@ -39,6 +39,7 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ops.attention import OP, format_layout, tile_shape
 from flowc.ops.registry import get_op, node_attrs
+from flowc.passes.live_uses import LiveUses
 from flowc.passes.manager import register_pass
 
 FLOATS = (DType.F32, DType.F16, DType.BF16)
@@ -337,7 +338,9 @@ def steps_have(steps: list[tuple[str, Node, Value]], kind: str) -> bool:
     return any(k.startswith(kind) for k, _, _ in steps)
 
 
-def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
+def _fuse(
+    graph: Graph, sm: Node, users: dict[Value, list[Node]], live: LiveUses | None = None
+) -> bool:
     outs = set(graph.outputs)
     x = sm.inputs[0]
     if x is None or x.type.rank not in (2, 3, 4) or x.type.dtype not in FLOATS:
@@ -484,13 +487,21 @@ def _fuse(graph: Graph, sm: Node, users: dict[Value, list[Node]]) -> bool:
     producer = final.producer
     assert producer is not None
     graph.nodes.insert(graph.nodes.index(producer) + 1, node)
+    if live is not None:
+        live.move_uses(final, out)
+        live.add(node)
+        if not live.used(final):
+            live.drop(producer)
     return True
 
 
 @register_pass("fuse_attention")
 def fuse_attention(graph: Graph) -> Graph:
+    live = LiveUses(graph)
     for sm in [n for n in graph.nodes if n.op == "Softmax"]:
-        if _fuse(graph, sm, graph.users()):
-            # The replaced chain goes at once: its uses would hide single uses later.
-            graph.remove_unused()
+        if sm in live.alive and _fuse(graph, sm, live.users, live):
+            # The replaced chain is out of the uses at once (they would hide single uses
+            # later), kept up to date rather than rebuilt: quadratic on a deep model.
+            live.matched()
+    live.finish()
     return graph

@@ -40,6 +40,7 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ops.matmul import NARROW, Operand, gelu_tanh
 from flowc.ops.registry import get_op, node_attrs
+from flowc.passes.live_uses import LiveUses
 from flowc.passes.manager import register_pass
 
 FUSED = "FusedGemm"
@@ -97,8 +98,12 @@ class _Done:
 class _Fuser:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.users = graph.users()
-        self.outs = set(graph.outputs)
+        self.live = LiveUses(graph)
+        self.outs = self.live.outs
+
+    @property
+    def users(self) -> dict[Value, list[Node]]:
+        return self.live.users
 
     def only_user(self, v: Value) -> Node | None:
         us = self.users.get(v, [])
@@ -451,8 +456,9 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
             attrs[f"trans{which.upper()}"] = 1  # shape-free: splits across devices keep it
         else:
             attrs[f"{which}_shape"], attrs[f"{which}_view"] = view.shape, view.to_attr()
-    assert result.producer is not None
-    where = fz.graph.nodes.index(result.producer)  # before Node() makes itself the producer
+    replaced = result.producer  # before Node() makes itself the producer
+    assert replaced is not None
+    where = fz.graph.nodes.index(replaced)
     g = fz.graph
     before: list[Node] = []
     if residual is not None and residual.type.shape != out.type.shape:
@@ -470,6 +476,10 @@ def _fuse(fz: _Fuser, node: Node) -> bool:
     for extra in [*before, *after]:
         extra.stage = node.stage
     g.nodes[where : where + 1] = [*before, fused, *after]
+    for new in [*before, fused, *after]:
+        fz.live.add(new)
+    # The members (and views) only the replaced node read are dead now.
+    fz.live.drop(replaced)
     return True
 
 
@@ -483,8 +493,9 @@ def _reshape(g: Graph, src: Value, dst: Value) -> Node:
 def fuse_gemm(graph: Graph) -> Graph:
     fz = _Fuser(graph)
     for node in list(graph.nodes):
-        if node.op in ("MatMul", "Gemm") and node in graph.nodes and _fuse(fz, node):
-            # The fused members are dead now: drop them before the next match reads uses.
-            graph.remove_unused()
-            fz = _Fuser(graph)
+        if node.op in ("MatMul", "Gemm") and node in fz.live.alive and _fuse(fz, node):
+            # The fused members are dead now and out of the uses the next match reads (kept
+            # up to date, not rebuilt: a rebuild per match is quadratic on a deep model).
+            fz.live.matched()
+    fz.live.finish()
     return graph
