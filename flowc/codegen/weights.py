@@ -7,6 +7,11 @@ as one ``bytes``: a layout keeps, per stored constant, a function giving its arr
 constant itself, which may be a view over a memory-mapped model file, or one rank's shard,
 sliced only when asked for), and ``chunks()`` yields the file's data piece by piece, so a
 writer computes the CRC as a running value while it writes (``write_weights_file``).
+
+A constant that is a view of a memory-mapped model file (``flowc.ir.mapped_files``) is copied
+into the weights file by the kernel (``os.copy_file_range``), from the file to the file,
+without the writer paging the mapping in and copying it through user space; the CRC is
+still computed over the mapped bytes themselves, in the CRC thread.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import IO
 import numpy as np
 
 from flowc.ir.graph import Value
+from flowc.ir.mapped_files import file_source
 
 WEIGHTS_MAGIC = b"FLOWCWT1"
 HEADER_BYTES = 64
@@ -45,17 +51,25 @@ class WeightsLayout:
 
     def chunks(self) -> Iterator[memoryview]:
         """The stored bytes in order, padding included, without copying a contiguous array."""
+        for raw, _ in self.sourced_chunks():
+            yield raw
+
+    def sourced_chunks(self) -> Iterator[tuple[memoryview, tuple[int, int] | None]]:
+        """``chunks()``, each with where its bytes lie in a mapped model file (descriptor,
+        offset), when they do."""
         pos = 0
         for offset, data_of in self.parts:
             if offset < pos:
                 raise ValueError(f"weights data at offset {offset} overlaps the previous constant")
             if offset > pos:
-                yield memoryview(_ZEROS)[: offset - pos]
-            raw = _as_bytes(data_of())
-            yield raw
+                yield memoryview(_ZEROS)[: offset - pos], None
+            a = data_of()
+            source = file_source(a)
+            raw = _as_bytes(a)
+            yield raw, source
             pos = offset + raw.nbytes
         if self.stored_bytes > pos:
-            yield memoryview(_ZEROS)[: self.stored_bytes - pos]
+            yield memoryview(_ZEROS)[: self.stored_bytes - pos], None
 
     @property
     def crc(self) -> int:
@@ -103,12 +117,24 @@ def write_weights_file(f: IO[bytes], layout: WeightsLayout) -> int:
     worker = threading.Thread(target=run_crc, name="flowc-weights-crc", daemon=True)
     worker.start()
     written = 0
+    out = _out_fd(f)
+    copy_ok = out is not None
     try:
-        for chunk in layout.chunks():
+        for chunk, source in layout.sourced_chunks():
             for at in range(0, chunk.nbytes, _PIECE):
                 piece = chunk[at : at + _PIECE]
                 pieces.put(piece)
-                f.write(piece)
+                if copy_ok and out is not None and source is not None:
+                    copy_ok = _copy_range(source[0], source[1] + at, out, piece.nbytes)
+                    if copy_ok:
+                        written += piece.nbytes
+                        continue
+                    # Back to the piece's start: what was copied of it is written again.
+                    os.lseek(out, HEADER_BYTES + written, os.SEEK_SET)
+                if out is not None:
+                    _write_all(out, piece)
+                else:
+                    f.write(piece)
                 written += piece.nbytes
     finally:
         pieces.put(None)
@@ -119,6 +145,42 @@ def write_weights_file(f: IO[bytes], layout: WeightsLayout) -> int:
     f.write(np.array([crc], "<u8").tobytes())
     f.seek(0, os.SEEK_END)
     return crc
+
+
+def _out_fd(f: IO[bytes]) -> int | None:
+    """The descriptor to write ``f`` through (flushed, at its position), or None when ``f`` is
+    no file (a BytesIO)."""
+    try:
+        fd = f.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    f.flush()
+    os.lseek(fd, f.tell(), os.SEEK_SET)
+    return fd
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data.nbytes:
+        data = data[os.write(fd, data) :]
+
+
+def _copy_range(src: int, offset: int, out: int, count: int) -> bool:
+    """Copy ``count`` bytes of ``src`` from ``offset`` to ``out`` at its position, in the
+    kernel. False (having copied some or none; ``out``'s position is then unknown) where the
+    kernel or the file systems do not support it: the caller writes instead."""
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None:
+        return False
+    while count:
+        try:
+            n = copy(src, out, count, offset)
+        except OSError:
+            return False
+        if n <= 0:  # the source file shrank under the mapping
+            return False
+        count -= n
+        offset += n
+    return True
 
 
 def same_file_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -42,6 +42,7 @@ from onnx import TensorProto, helper
 
 from flowc.errors import ModelLoadError
 from flowc.frontend.onnx_validate import _expected_raw_bytes, element_count, element_type
+from flowc.ir.mapped_files import register_mapped_file
 
 # Element types whose raw bytes NumPy reads as they are (numpy_helper.to_array's frombuffer
 # path); packed sub-byte types and strings are unpacked by onnx, so they stay in the proto.
@@ -229,6 +230,8 @@ class _Reader:
                 size = os.fstat(f.fileno()).st_size
                 # An empty file cannot be mapped; it holds data only for empty tensors.
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+                if mapped is not None:
+                    register_mapped_file(mapped, f.fileno())  # weights copied file to file
             self.maps[location] = mapped if mapped is not None else mmap.mmap(-1, 1)
             self.sizes[location] = size
         size = self.sizes[location]
@@ -259,6 +262,7 @@ def read_lean(path: Path) -> LeanModel | None:
             if os.fstat(f.fileno()).st_size == 0:
                 return None
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            register_mapped_file(buf, f.fileno())  # embedded weights copied file to file
     except (OSError, ValueError):
         return None
     try:
