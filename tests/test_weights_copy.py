@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import write_weights
+from flowc.codegen.weights import WeightsLayout, write_weights_file
 from flowc.frontend.onnx import import_onnx
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager
 
@@ -124,3 +125,29 @@ def test_mapped_weights_are_copied_file_to_file(
     offsets = {v.name: o for v, o in layout.offsets.items()}
     _check(path, target, offsets)
     assert target.stat().st_size == HEADER + layout.stored_bytes
+
+
+def test_shards_of_mapped_weights_are_copied_from_their_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank's row shard is a view at an offset inside the mapped constant (copied from
+    there); a column shard is not contiguous (written from a copy): both as sliced."""
+    path = _save(tmp_path, external=True)
+    big = next(c for c in import_onnx(path).constants if c.name == "big")
+    assert big.const is not None
+    arr = big.const
+    shards = [arr[550:], arr[:, 1000:], arr[3:4]]  # rows, columns, one row
+    parts: list[tuple[int, Callable[[], np.ndarray]]] = []
+    pos = 0
+    for s in shards:
+        parts.append((pos, lambda s=s: s))
+        pos += s.nbytes + (-s.nbytes) % 256
+    layout = WeightsLayout({}, pos, pos, 0, parts)
+    calls: list[int] = []
+    monkeypatch.setattr(os, "copy_file_range", _counting(os.copy_file_range, None, calls))
+    with open(tmp_path / "w.bin", "w+b") as f:
+        crc = write_weights_file(f, layout)
+    data = (tmp_path / "w.bin").read_bytes()[HEADER:]
+    assert calls and crc == zlib.crc32(data)
+    for (at, _), s in zip(parts, shards, strict=True):
+        assert data[at : at + s.nbytes] == np.ascontiguousarray(s).tobytes()
