@@ -112,8 +112,6 @@ def _counting(
 def test_mapped_weights_are_copied_file_to_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool, fail_after: int | None
 ) -> None:
-    if not hasattr(os, "copy_file_range"):
-        pytest.skip("no os.copy_file_range on this platform")
     path = _save(tmp_path, external)
     graph = PassManager(COMPILE_PIPELINE).run(import_onnx(path))
     layout = layout_weights(graph)
