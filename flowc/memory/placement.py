@@ -362,26 +362,46 @@ class _Search:
         start = p.start[self.members]
         end = p.end[self.members]
         width = end - start
-        area = self.size * width
-        fullest = p.fullest[self.members]
-        size = self.size
-        idx = np.arange(m)
-        keysets = (
-            (fullest, width, area),
-            (width, area, fullest),
-            (end, width, area),
-            (-start, area, width),
-            (-start, size, width),
-            (start, width, area),
-            (fullest, area, width),
-        )
-        self.ranks: list[np.ndarray] = []
-        for keys in keysets:
-            order = np.lexsort((idx, -keys[2], -keys[1], -keys[0]))
-            rank = np.empty(m, dtype=np.int64)
-            rank[order] = idx
-            self.ranks.append(rank)
+        self.keys = {
+            "T": p.fullest[self.members],
+            "W": width,
+            "A": self.size * width,
+            "Z": self.size,
+            "E": end,
+            "-S": -start,
+            "S": start,
+        }
+        # Tie-break strategies tried in turn: (keys, dynamic). Static: one rank for the whole
+        # search. Dynamic (MiniMalloc's SubSolve): whenever a placement splits the unplaced
+        # buffers into groups apart in time, each group is searched afresh from its lowest
+        # offsets with a rank recomputed from what is left -- "T" then means the fullest
+        # section's bytes still to place. On the MiniMalloc set, dynamic TWA fits I in
+        # about 1,800 nodes where no static order does in 25,000, but loses F (static TWA:
+        # about 300); no one order suits every instance, so each strategy here is the first
+        # to fit at least one of them, the most useful first.
+        self.strategies: list[tuple[tuple[str, str, str], bool]] = [
+            (("T", "W", "A"), False),
+            (("T", "W", "A"), True),
+            (("W", "A", "T"), False),
+            (("E", "W", "A"), False),
+            (("-S", "A", "W"), False),
+            (("-S", "Z", "W"), False),
+            (("S", "W", "A"), False),
+            (("T", "A", "W"), False),
+        ]
+        self.ranks = [self._rank(keys, np.arange(m), None) for keys, _ in self.strategies]
         self.nodes = 0
+
+    def _rank(
+        self, names: tuple[str, str, str], ids: np.ndarray, fullest: np.ndarray | None
+    ) -> np.ndarray:
+        """Ranks 0.. of buffers ``ids`` by three keys, larger first (then by index); with
+        ``fullest``, the "T" key is that array (one entry per id) instead of the static one."""
+        cols = [fullest if (k == "T" and fullest is not None) else self.keys[k][ids] for k in names]
+        order = np.lexsort((ids, -cols[2], -cols[1], -cols[0]))
+        rank = np.empty(len(ids), dtype=np.int64)
+        rank[order] = np.arange(len(ids))
+        return rank
 
     def solve(self, capacity: int, budget: int) -> tuple[list[int] | None, bool]:
         """(offsets, exhausted): offsets when a placement within ``capacity`` was found.
@@ -396,26 +416,34 @@ class _Search:
         limit = self.m
         while True:
             limit *= 2
-            for rank in self.ranks:
+            for (names, dynamic), rank in zip(self.strategies, self.ranks, strict=True):
                 take = min(limit, budget - used)
                 if take <= 0:
                     self.nodes = used
                     raise _OutOfWork
                 try:
-                    sol, exhausted = self._dfs(capacity, take, rank)
+                    sol, exhausted = self._dfs(capacity, take, rank, names if dynamic else None)
                 except _OutOfWork:
                     used += take
                     continue
                 self.nodes += used
                 return sol, exhausted
 
-    def _dfs(self, capacity: int, limit: int, rank: np.ndarray) -> tuple[list[int] | None, bool]:
+    def _dfs(
+        self,
+        capacity: int,
+        limit: int,
+        rank: np.ndarray,
+        dynamic: tuple[str, str, str] | None,
+    ) -> tuple[list[int] | None, bool]:
         """One depth-first search with one tie-break order; raises _OutOfWork past
         ``limit`` nodes. After each placement, the unplaced buffers that no longer share a
         section with each other split into groups searched one after the other: a group
         that fails fails the placement, without retrying the other groups' choices
-        (MiniMalloc's dynamic decomposition)."""
+        (MiniMalloc's dynamic decomposition). With ``dynamic`` (the rank's keys), each such
+        group starts afresh (any offset, its own rank from the bytes left to place)."""
         m = self.m
+        rank = rank.copy()  # dynamic groups rewrite their members' ranks
         size = self.size
         align = self.align
         big = np.iinfo(np.int64).max // 4
@@ -494,6 +522,23 @@ class _Search:
             cuts = np.flatnonzero(lo[order][1:] >= reach[:-1]) + 1
             return np.split(order, cuts) if len(cuts) else [order]
 
+        def fresh(groups: list[np.ndarray]) -> bool:
+            # The groups are independent now: each is a problem of its own over the
+            # placed buffers, searched from its lowest offsets (canonical within itself)
+            # with a rank from what it has left to place. Ranks are restored on failure,
+            # so the enclosing search sees the order it started with.
+            assert dynamic is not None
+            saved = []
+            for g in groups:
+                saved.append((g, rank[g].copy()))
+                left = np.array([int(total[lo[j] : hi[j]].max()) for j in g.tolist()])
+                rank[g] = self._rank(dynamic, g, left)
+                if not search(g, -1, -1):
+                    for h, r in reversed(saved):
+                        rank[h] = r
+                    return False
+            return True
+
         def search(members: np.ndarray, last_off: int, last_rank: int) -> bool:
             self.nodes += 1
             if self.nodes > limit:
@@ -521,7 +566,11 @@ class _Search:
                     if len(rest) == 0:
                         return True
                     rb = int(rank[b])
-                    if all(search(g, o, rb) for g in split(rest)):
+                    groups = split(rest)
+                    if dynamic is None or len(groups) == 1:
+                        if all(search(g, o, rb) for g in groups):
+                            return True
+                    elif fresh(groups):
                         return True
                 undo(mark)
                 if hatless:
