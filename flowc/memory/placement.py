@@ -34,7 +34,10 @@ have bytes.
    order often finishes in a single dive where another thrashes). After each placement,
    the unplaced buffers that no longer share a time step split into groups searched one
    after the other, so a failing group never makes the search retry another group's
-   choices (MiniMalloc's dynamic decomposition).
+   choices (MiniMalloc's dynamic decomposition). One strategy (dynamic TWA, as
+   MiniMalloc's SubSolve) searches each such group afresh: from its own lowest offsets,
+   ranked by the bytes still to place in its fullest section rather than the initial
+   ones.
 
 The work limit counts search nodes, never seconds, so the result is the same on every run
 and machine. A placement is ``optimal`` when its peak equals the lower bound, or when the
