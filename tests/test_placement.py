@@ -92,6 +92,34 @@ def test_greedy_alone_is_valid_and_not_below_the_optimum(seed: int) -> None:
     assert result.peak >= brute_force_peak(ivs) >= result.lower_bound
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_every_search_strategy_alone_is_exact(seed: int) -> None:
+    # place() stops at the first strategy that finishes, on small instances always the
+    # first; here each one (the dynamic ones restart split groups from their lowest
+    # offsets with new ranks) must fit the brute-force optimum and prove the byte below
+    # it impossible. Lifetimes spread over 10 steps so that placements split the rest.
+    from flowc.memory.placement import _Problem, _Search
+
+    rng = random.Random(5000 + seed)
+    ivs = []
+    for i in range(6):
+        a = rng.randrange(0, 9)
+        ivs.append(Interval(i, a, a + rng.randrange(1, 5), rng.randrange(1, 5)))
+    p = _Problem(ivs)
+    for group in p.components():
+        search = _Search(p, group)
+        members = search.members.tolist()
+        group_opt = brute_force_peak([ivs[i] for i in members])
+        for (names, dynamic), rank in zip(search.strategies, search.ranks, strict=True):
+            keys = names if dynamic else None
+            sol, _ = search._dfs(group_opt, 10_000, rank, keys)
+            assert sol is not None, (names, dynamic)
+            offsets = {ivs[i].id: o for i, o in zip(members, sol, strict=True)}
+            check_placement([ivs[i] for i in members], offsets, capacity=group_opt)
+            sol, exhausted = search._dfs(group_opt - 1, 10_000, rank, keys)
+            assert sol is None and exhausted, (names, dynamic)
+
+
 def test_search_closes_the_hole_greedy_leaves() -> None:
     # Found by random search: the best of the greedy orderings is a byte above the optimum.
     ivs = [
