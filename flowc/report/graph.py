@@ -28,7 +28,7 @@ from typing import Any
 
 from flowc.errors import FlowcError
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ops.registry import get_op
+from flowc.ops.registry import find_op
 
 # Nodes above which the graph is collapsed (the compiled DenseNet-121 has 308, GPT-2 small
 # 172: dot lays out a few hundred labelled nodes in about a second).
@@ -68,10 +68,8 @@ STAGE_COLOR = "#6a3d9a"
 
 
 def family_of(op: str) -> str:
-    try:
-        return get_op(op).family
-    except Exception:  # an op unknown to the registry (fused kinds all register): still drawn
-        return "other"
+    opdef = find_op(op)  # an op unknown to the registry is still drawn
+    return opdef.family if opdef is not None else "other"
 
 
 def printable(text: str, limit: int = MAX_NAME) -> str:
