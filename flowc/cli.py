@@ -26,6 +26,7 @@ from rich.table import Table
 
 from flowc import __version__
 from flowc.errors import FlowcError, FlowcWarning, InputError
+from flowc.formatting import human_bytes, human_flops
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -445,24 +446,6 @@ def load(
         for name, seconds in pm.timings:
             err.print(f"  {name}: {seconds * 1e3:.1f} ms", markup=False)
     return graph
-
-
-# -- formatting --------------------------------------------------------------------------------
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}"
-
-
-def human_flops(n: int) -> str:
-    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("KFLOP", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3f} {unit}"
-    return f"{n} FLOP"
 
 
 # -- commands ----------------------------------------------------------------------------------

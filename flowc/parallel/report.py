@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flowc.cli import human_bytes
+from flowc.formatting import human_bytes
 from flowc.ir.graph import Graph
 from flowc.parallel import Parallelized
 from flowc.parallel.layout import broadcast, local_type
