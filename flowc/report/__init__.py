@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flowc.atomic_file import write_file_atomic
 from flowc.errors import FlowcError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.report.graph import (
@@ -255,23 +255,10 @@ def write_report(
     text, written = render(report, progress)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{PAGE}.", suffix=".tmp", dir=directory)
     except OSError as e:
         raise FlowcError(f"cannot write {directory / PAGE}: {e.strerror or e}") from None
     path = directory / PAGE
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise FlowcError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomic(path, text.encode("utf-8"))
     written.path = path
     return written
 

@@ -21,14 +21,14 @@ metadata, so the same schedule gives the same bytes.
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowc.atomic_file import write_file_atomic
 from flowc.errors import FlowcError
 
 COLOR_BY = ("stage", "microbatch", "kind")
@@ -423,25 +423,11 @@ def draw_gantt(
 
 
 def _save(fig: Any, path: Path) -> None:
-    """Render ``fig`` to ``path`` through a temporary file in the same folder (so the rename
-    is atomic); PNG metadata without matplotlib's version, so the bytes are reproducible."""
+    """Render ``fig`` to ``path`` atomically; PNG metadata without matplotlib's version, so
+    the bytes are reproducible."""
+    png = io.BytesIO()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
+        fig.savefig(png, format="png", dpi=DPI, metadata={"Software": None})
+    except OSError as e:  # rendering failed: nothing was written
         raise FlowcError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        # mkstemp's file is private (0600); the picture gets a new file's usual permissions.
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=DPI, metadata={"Software": None})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise FlowcError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file_atomic(path, png.getvalue())
