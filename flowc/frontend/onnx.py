@@ -32,7 +32,7 @@ from flowc.frontend.onnx_functions import (
 )
 from flowc.frontend.onnx_validate import element_type, sparse_array, tensor_array, validate_model
 from flowc.frontend.onnx_weights import LeanModel, read_lean
-from flowc.ir.builder import GraphBuilder
+from flowc.ir.builder import AdapterNode, GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value
 from flowc.ir.types import TensorType
@@ -47,63 +47,6 @@ class ImportOptions:
     dims: Mapping[str, int] = field(default_factory=dict)
     # A weights file (.npz or .safetensors) for a DSL program's load(...) params.
     weights: str | None = None
-
-
-class OnnxNode:
-    """One ONNX node as an import adapter sees it; the adapter may edit inputs and attrs."""
-
-    def __init__(
-        self,
-        builder: GraphBuilder,
-        op_type: str,
-        opset: int,
-        name: str,
-        inputs: list[Value | None],
-        attrs: dict[str, Any],
-        output_names: list[str],
-    ) -> None:
-        self.builder = builder
-        self.op_type = op_type
-        self.opset = opset
-        self.name = name
-        self.inputs = inputs
-        self.attrs = attrs
-        self.output_names = output_names
-
-    def input(self, i: int) -> Value | None:
-        return self.inputs[i] if i < len(self.inputs) else None
-
-    def set_input(self, i: int, v: Value | None) -> None:
-        while len(self.inputs) <= i:
-            self.inputs.append(None)
-        self.inputs[i] = v
-
-    def const(self, suffix: str, array: Any, dtype: Any = None) -> Value:
-        """A new constant value named after this node."""
-        return self.builder.constant(
-            f"{self.name or self.op_type}/{suffix}", np.asarray(array, dtype=dtype)
-        )
-
-    def attr_to_input(self, attr: str, index: int, dtype: Any = np.int64) -> None:
-        """Move a list attribute of an old opset into input ``index`` (the newer form)."""
-        if attr in self.attrs:
-            self.set_input(index, self.const(attr, self.attrs.pop(attr), dtype))
-
-    def emit(
-        self,
-        op: str,
-        inputs: Sequence[Value | None],
-        attrs: Mapping[str, Any] | None = None,
-        suffix: str = "",
-        output_names: list[str] | None = None,
-        num_outputs: int | None = None,
-    ) -> list[Value]:
-        """Add a helper node (folded when its inputs are constant)."""
-        base = self.name or self.op_type
-        name = f"{base}/{suffix}" if suffix else base
-        return self.builder.emit(
-            op, inputs, attrs, name=name, output_names=output_names, num_outputs=num_outputs
-        )
 
 
 def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -484,7 +427,7 @@ def _convert_node(
     inputs: list[Value | None] = [env[i] if i else None for i in node.input]
     attrs = {a.name: _attr_value(a) for a in node.attribute}
     out_names = list(node.output)
-    onode = OnnxNode(builder, node.op_type, opset, node.name, inputs, attrs, out_names)
+    onode = AdapterNode(builder, node.op_type, opset, node.name, inputs, attrs, out_names)
     outs: list[Value] | None = None
     if opdef.onnx_import is not None:
         outs = opdef.onnx_import(onode)

@@ -192,3 +192,62 @@ class GraphBuilder:
                 return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
         return node.outputs
+
+
+class AdapterNode:
+    """One node as its op's adapter sees it (an ONNX node being imported, or a node the
+    lower_ops pass rewrites): the adapter may edit inputs and attrs, and add helper nodes
+    through the builder."""
+
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        op_type: str,
+        opset: int,
+        name: str,
+        inputs: list[Value | None],
+        attrs: dict[str, Any],
+        output_names: list[str],
+    ) -> None:
+        self.builder = builder
+        self.op_type = op_type
+        self.opset = opset
+        self.name = name
+        self.inputs = inputs
+        self.attrs = attrs
+        self.output_names = output_names
+
+    def input(self, i: int) -> Value | None:
+        return self.inputs[i] if i < len(self.inputs) else None
+
+    def set_input(self, i: int, v: Value | None) -> None:
+        while len(self.inputs) <= i:
+            self.inputs.append(None)
+        self.inputs[i] = v
+
+    def const(self, suffix: str, array: Any, dtype: Any = None) -> Value:
+        """A new constant value named after this node."""
+        return self.builder.constant(
+            f"{self.name or self.op_type}/{suffix}", np.asarray(array, dtype=dtype)
+        )
+
+    def attr_to_input(self, attr: str, index: int, dtype: Any = np.int64) -> None:
+        """Move a list attribute of an old opset into input ``index`` (the newer form)."""
+        if attr in self.attrs:
+            self.set_input(index, self.const(attr, self.attrs.pop(attr), dtype))
+
+    def emit(
+        self,
+        op: str,
+        inputs: Sequence[Value | None],
+        attrs: Mapping[str, Any] | None = None,
+        suffix: str = "",
+        output_names: list[str] | None = None,
+        num_outputs: int | None = None,
+    ) -> list[Value]:
+        """Add a helper node (folded when its inputs are constant)."""
+        base = self.name or self.op_type
+        name = f"{base}/{suffix}" if suffix else base
+        return self.builder.emit(
+            op, inputs, attrs, name=name, output_names=output_names, num_outputs=num_outputs
+        )

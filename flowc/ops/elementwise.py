@@ -35,7 +35,7 @@ from flowc.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "elementwise"
@@ -95,7 +95,7 @@ def _cast_expr(a: Attrs, present: tuple[bool, ...]) -> str:
     return "static_cast<$T>($0)"
 
 
-def _castlike_import(n: OnnxNode) -> list[Value]:
+def _castlike_import(n: AdapterNode) -> list[Value]:
     """CastLike is Cast to the second input's type: import it as that, so kernels never read
     the second input (it gives a type, not data)."""
     x, like = n.input(0), n.input(1)
@@ -631,7 +631,7 @@ def _clip_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.asarray(r, dtype=x.dtype)
 
 
-def _clip_import(n: OnnxNode) -> None:
+def _clip_import(n: AdapterNode) -> None:
     if n.opset < 11:
         # Opsets 6..10 give the bounds as attributes; the default is the full float range.
         x = n.input(0)

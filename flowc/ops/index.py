@@ -25,7 +25,7 @@ from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs, row_ma
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
 
 FAMILY = "index"
 
@@ -437,7 +437,7 @@ defop(
 )
 
 
-def _scatter_import(n: OnnxNode) -> list[Value]:
+def _scatter_import(n: AdapterNode) -> list[Value]:
     # Scatter (opsets 9-10) is ScatterElements under its old name, without reductions.
     return n.emit("ScatterElements", n.inputs, n.attrs, output_names=n.output_names[:1])
 
@@ -822,7 +822,7 @@ def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     return sr.same_axes(ctx, outs, (d for d in range(rank) if d != axis))
 
 
-def _topk_import(n: OnnxNode) -> None:
+def _topk_import(n: AdapterNode) -> None:
     if n.opset < 10 and "k" in n.attrs:
         n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
 
@@ -986,7 +986,7 @@ def _compress_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.compress(cond.astype(bool), x, axis=None if axis is None else int(axis))
 
 
-def _compress_import(n: OnnxNode) -> list[Value] | None:
+def _compress_import(n: AdapterNode) -> list[Value] | None:
     """With the condition known, Compress is a Gather of the kept positions."""
     x, cond = n.input(0), n.input(1)
     if x is None or cond is None or cond.const is None:

@@ -34,7 +34,7 @@ from flowc.ops.registry import InferCtx, SbpSignature, defop, first
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "linalg"
@@ -186,7 +186,7 @@ def _einsum_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs
 class _Lowering:
     """Emits the ops that compute an einsum into the importing graph."""
 
-    def __init__(self, n: OnnxNode, eq: Equation, dtype: DType) -> None:
+    def __init__(self, n: AdapterNode, eq: Equation, dtype: DType) -> None:
         self.n = n
         self.eq = eq
         self.dtype = dtype
@@ -293,7 +293,7 @@ class _Lowering:
         return self.sum_out(v, full, set(out))
 
 
-def _einsum_import(n: OnnxNode) -> list[Value]:
+def _einsum_import(n: AdapterNode) -> list[Value]:
     ins: list[Value] = []
     for k, v in enumerate(n.inputs):
         if v is None:

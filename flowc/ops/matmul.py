@@ -22,7 +22,7 @@ from flowc.ops.registry import InferCtx, SbpSignature, broadcast_shapes, defop, 
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
 
 FAMILY = "matmul"
 
@@ -668,7 +668,7 @@ def _gemm_flops(ins: list[TensorType | None], outs: list[TensorType], at: Attrs)
     return 2 * outs[0].numel * k + 2 * outs[0].numel
 
 
-def _gemm_import(n: OnnxNode) -> None:
+def _gemm_import(n: AdapterNode) -> None:
     # Opsets 1-6 ask for broadcast=1 before C may broadcast; the canonical form always
     # broadcasts, which is a superset.
     n.attrs.pop("broadcast", None)

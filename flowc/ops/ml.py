@@ -48,7 +48,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "ml"
@@ -57,7 +57,7 @@ TEMPLATE = "ml.cu.j2"
 NO_STRINGS = "flowc has no string tensors"
 
 
-def _validate(n: OnnxNode, op: str) -> Attrs:
+def _validate(n: AdapterNode, op: str) -> Attrs:
     """Run a registry op's inference on an ONNX node before lowering it (the lowering's own
     nodes would report errors in their terms, not the node's); its attributes with defaults."""
     opdef = get_op(op)
@@ -77,7 +77,7 @@ def _validate(n: OnnxNode, op: str) -> Attrs:
     return ctx.attrs
 
 
-def _out_name(n: OnnxNode, k: int = 0) -> list[str] | None:
+def _out_name(n: AdapterNode, k: int = 0) -> list[str] | None:
     return [n.output_names[k]] if k < len(n.output_names) and n.output_names[k] else None
 
 
@@ -104,7 +104,7 @@ def _binarizer_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.asarray(x > float(a["threshold"])).astype(x.dtype)
 
 
-def _binarizer_import(n: OnnxNode) -> list[Value]:
+def _binarizer_import(n: AdapterNode) -> list[Value]:
     """X > threshold as Greater, then Cast back to X's type. The threshold is a float32
     attribute: float inputs compare with it exactly in their own type; integer inputs compare
     in float64 (rounding it to an integer type would move it)."""
@@ -165,7 +165,7 @@ def _afe_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.ascontiguousarray(y.reshape(1, -1) if x.ndim == 1 else y)
 
 
-def _afe_import(n: OnnxNode) -> list[Value]:
+def _afe_import(n: AdapterNode) -> list[Value]:
     """Gather along X's last axis with the flattened indices (a vector X gains a leading 1)."""
     _validate(n, f"{DOMAIN}.ArrayFeatureExtractor")
     x, idx = n.inputs[0], n.inputs[1]
@@ -297,7 +297,7 @@ def _label_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return y
 
 
-def _label_import(n: OnnxNode) -> None:
+def _label_import(n: AdapterNode) -> None:
     """Refuse string maps as unsupported (not as a shape error); others import as they are."""
     for k in ("keys_strings", "values_strings"):
         if n.attrs.get(k) is not None:
@@ -791,7 +791,7 @@ def _tree_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
     return x.shape[0] * len(ints(a["tree_roots"])) * 8
 
 
-def _tree_import(n: OnnxNode) -> list[Value] | None:
+def _tree_import(n: AdapterNode) -> list[Value] | None:
     """float16 X runs in float32 (flowc's float16 is storage only)."""
     x = n.inputs[0] if n.inputs else None
     if x is None or x.type.dtype != DType.F16:

@@ -38,7 +38,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "norm"
@@ -383,7 +383,7 @@ def _batchnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return y.astype(x.dtype, copy=False)
 
 
-def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
+def _batchnorm_import(n: AdapterNode) -> list[Value] | None:
     # is_test and consumed_inputs (opsets < 7) describe training bookkeeping; spatial=1 (the
     # default before opset 9) is the per-channel form every later opset uses.
     if int(n.attrs.get("spatial", 1)) == 0:
@@ -407,7 +407,7 @@ def _batchnorm_import(n: OnnxNode) -> list[Value] | None:
     return n.emit("BatchNormalization", n.inputs, n.attrs, output_names=n.output_names[:1])
 
 
-def _batchnorm_training(n: OnnxNode) -> list[Value]:
+def _batchnorm_training(n: AdapterNode) -> list[Value]:
     """training_mode=1 (opsets 14+): normalize with the batch's own statistics (population
     variance over every axis but the channel) and return the updated running mean and
     variance, input * momentum + batch * (1 - momentum). Imported as the reductions and
@@ -578,7 +578,7 @@ def _groupnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return y.astype(x.dtype)
 
 
-def _groupnorm_import(n: OnnxNode) -> None:
+def _groupnorm_import(n: AdapterNode) -> None:
     if n.opset >= 21:
         return
     # Opset 18 gives scale and bias per group; the canonical (opset 21) form is per channel,

@@ -41,7 +41,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "quant"
@@ -453,32 +453,32 @@ _CONV_ATTRS = {
 # -- import lowering ------------------------------------------------------------------------------
 
 
-def _required(n: OnnxNode, i: int, what: str) -> Value:
+def _required(n: AdapterNode, i: int, what: str) -> Value:
     v = n.input(i)
     if v is None:
         raise ShapeError(f"{n.op_type} node {n.name!r}: input {i} ({what}) is required")
     return v
 
 
-def _check(n: OnnxNode, ok: bool, msg: str) -> None:
+def _check(n: AdapterNode, ok: bool, msg: str) -> None:
     if not ok:
         raise ShapeError(f"{n.op_type} node {n.name!r}: {msg}")
 
 
-def _cast(n: OnnxNode, v: Value, dt: DType, suffix: str) -> Value:
+def _cast(n: AdapterNode, v: Value, dt: DType, suffix: str) -> Value:
     if v.type.dtype == dt:
         return v
     return n.emit("Cast", [v], {"to": dt.onnx}, suffix=suffix)[0]
 
 
-def _reshape(n: OnnxNode, v: Value, shape: Sequence[int], suffix: str) -> Value:
+def _reshape(n: AdapterNode, v: Value, shape: Sequence[int], suffix: str) -> Value:
     if v.type.shape == tuple(shape):
         return v
     return n.emit("Reshape", [v, n.const(f"{suffix}_shape", list(shape), np.int64)], {}, suffix)[0]
 
 
 def _shifted(
-    n: OnnxNode, data: Value, zp: Value | None, dt: DType, what: str, shape: Sequence[int] | None
+    n: AdapterNode, data: Value, zp: Value | None, dt: DType, what: str, shape: Sequence[int] | None
 ) -> Value:
     """Cast(data) - Cast(zp) in ``dt``; zp reshaped to ``shape`` when it is a vector there."""
     _check(n, data.type.dtype in _INT8, f"{what} must be int8 or uint8, got {data.type.dtype}")
@@ -512,7 +512,7 @@ def _channel_shape(v: Value, rank: int) -> list[int] | None:
 
 
 def _requantize(
-    n: OnnxNode, acc: Value, multiplier: Value, y_zp: Value | None, out: DType
+    n: AdapterNode, acc: Value, multiplier: Value, y_zp: Value | None, out: DType
 ) -> list[Value]:
     """QuantizeLinear(acc * multiplier) in float64 with the output zero point."""
     d = n.emit(
@@ -529,7 +529,7 @@ def _requantize(
 
 
 def _multiplier(
-    n: OnnxNode, scales: Sequence[tuple[Value, list[int] | None]], y_scale: Value
+    n: AdapterNode, scales: Sequence[tuple[Value, list[int] | None]], y_scale: Value
 ) -> Value:
     """scale_a * scale_b / y_scale in the scales' type (each reshaped where given)."""
     parts = [
@@ -567,7 +567,7 @@ def _matmul_integer_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.matmul(_shift_ref(x, za), _shift_ref(w, zb))
 
 
-def _matmul_integer_import(n: OnnxNode) -> list[Value]:
+def _matmul_integer_import(n: AdapterNode) -> list[Value]:
     a, b = _required(n, 0, "A"), _required(n, 1, "B")
     za, zb = n.input(2), n.input(3)
     sa = _shifted(n, a, za, DType.I32, "A", _row_shape(za, a) if za is not None else None)
@@ -619,7 +619,7 @@ def _qlinear_matmul_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _requantize_ref(acc, m, zy)
 
 
-def _qlinear_matmul_import(n: OnnxNode) -> list[Value]:
+def _qlinear_matmul_import(n: AdapterNode) -> list[Value]:
     a, sa = _required(n, 0, "a"), _required(n, 1, "a_scale")
     b, sb = _required(n, 3, "b"), _required(n, 4, "b_scale")
     sy = _required(n, 6, "y_scale")
@@ -673,7 +673,7 @@ def _conv_integer_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return y.astype(np.int64).astype(np.int32)
 
 
-def _conv_integer_import(n: OnnxNode) -> list[Value]:
+def _conv_integer_import(n: AdapterNode) -> list[Value]:
     x, w = _required(n, 0, "x"), _required(n, 1, "w")
     zx, zw = n.input(2), n.input(3)
     sx = _shifted(n, x, zx, DType.F64, "x", None)
@@ -732,7 +732,7 @@ def _qlinear_conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _requantize_ref(acc, m, zy)
 
 
-def _qlinear_conv_import(n: OnnxNode) -> list[Value]:
+def _qlinear_conv_import(n: AdapterNode) -> list[Value]:
     x, sx = _required(n, 0, "x"), _required(n, 1, "x_scale")
     w, sw = _required(n, 3, "w"), _required(n, 4, "w_scale")
     sy = _required(n, 6, "y_scale")

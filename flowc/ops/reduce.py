@@ -34,7 +34,7 @@ from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, first, get_
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
 
 FAMILY = "reduce"
 
@@ -549,7 +549,7 @@ def reduction(
             r = r.reshape([d for k, d in enumerate(r.shape) if k not in axes])
         return _to(r, x.dtype)
 
-    def adapt(n: OnnxNode) -> None:
+    def adapt(n: AdapterNode) -> None:
         if n.opset < new_since:
             n.attr_to_input("axes", 1)
 

@@ -27,7 +27,7 @@ from flowc.ir.types import Sbp, TensorType
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 
@@ -105,7 +105,7 @@ class InferCtx:
 InferFn = Callable[[InferCtx], list[TensorType]]
 RefFn = Callable[[list[np.ndarray | None], Attrs], "np.ndarray | Sequence[np.ndarray]"]
 FlopsFn = Callable[[list[TensorType | None], list[TensorType], Attrs], int]
-OnnxAdapter = Callable[["OnnxNode"], "list[Value] | None"]
+OnnxAdapter = Callable[["AdapterNode"], "list[Value] | None"]
 SbpFn = Callable[[InferCtx, list[TensorType]], "list[SbpSignature]"]
 LocalizeFn = Callable[[Node, list[TensorType], list[TensorType]], dict[int, np.ndarray]]
 EmitFn = Callable[["Program", Node], None]

@@ -35,7 +35,7 @@ from flowc.ops.conv import compute_dtype
 from flowc.ops.registry import InferCtx, defop, get_op
 
 if TYPE_CHECKING:
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "rnn"
@@ -442,7 +442,7 @@ _STEPS: dict[str, StepFn] = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_s
 class _Unroll:
     """Emits one node's recurrence, step by step, into the importing graph."""
 
-    def __init__(self, n: OnnxNode, cfg: _Config, dtype: np.dtype) -> None:
+    def __init__(self, n: AdapterNode, cfg: _Config, dtype: np.dtype) -> None:
         self.n = n
         self.cfg = cfg
         self.dtype = dtype
@@ -715,7 +715,7 @@ def _is_zero(v: Value) -> bool:
     return v.const is not None and not np.any(v.const)
 
 
-def _import(n: OnnxNode) -> list[Value]:
+def _import(n: AdapterNode) -> list[Value]:
     # Opset 1 named whether Y is produced; the output list says that in every opset.
     n.attrs.pop("output_sequence", None)
     opdef = get_op(n.op_type)

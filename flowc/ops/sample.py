@@ -37,7 +37,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
 
 FAMILY = "sample"
 
@@ -84,7 +84,7 @@ _GS_BOUND = float(2**40)
 _CUBIC_A = -0.75  # Keys' cubic convolution coefficient, as PyTorch and onnxruntime use
 
 
-def _gridsample_import(n: OnnxNode) -> None:
+def _gridsample_import(n: AdapterNode) -> None:
     # Opset 16 spelled the 2-D modes bilinear and bicubic; opset 20 made them N-D.
     mode = n.attrs.get("mode")
     if n.opset < 20 and mode in ("bilinear", "bicubic"):
@@ -267,7 +267,7 @@ defop(
 # -- RoiAlign -----------------------------------------------------------------------------------
 
 
-def _roialign_import(n: OnnxNode) -> None:
+def _roialign_import(n: AdapterNode) -> None:
     # Opset 10 had no coordinate_transformation_mode and did not shift by half a pixel.
     if n.opset < 16:
         n.attrs.setdefault("coordinate_transformation_mode", "output_half_pixel")

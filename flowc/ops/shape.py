@@ -37,7 +37,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "shape"
@@ -231,7 +231,7 @@ def _reshape_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _move(x, shape, lambda v: v.reshape(shape))
 
 
-def _reshape_import(n: OnnxNode) -> None:
+def _reshape_import(n: AdapterNode) -> None:
     if n.opset < 5:
         n.attrs.pop("consumed_inputs", None)
         n.attr_to_input("shape", 1)
@@ -354,7 +354,7 @@ def _squeeze_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     return _reshape_sbp(ctx, outs) if ctx.has(1) else [sr.partial(ctx, outs)]
 
 
-def _axes_attr_to_input(n: OnnxNode) -> None:
+def _axes_attr_to_input(n: AdapterNode) -> None:
     if n.opset < 13:
         n.attr_to_input("axes", 1)
 
@@ -462,7 +462,7 @@ def _concat_emit(prog: Program, node: Node) -> None:
         at += x.type.shape[axis]
 
 
-def _concat_import(n: OnnxNode) -> None:
+def _concat_import(n: AdapterNode) -> None:
     if n.opset < 4:
         n.attrs.setdefault("axis", 1)
 
@@ -556,7 +556,7 @@ def _split_emit(prog: Program, node: Node) -> None:
         at += shape[axis]
 
 
-def _split_import(n: OnnxNode) -> None:
+def _split_import(n: AdapterNode) -> None:
     if n.opset < 13:
         n.attr_to_input("split", 1)
     x = n.input(0)
@@ -668,7 +668,7 @@ def _slice_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return x[slices]
 
 
-def _slice_import(n: OnnxNode) -> None:
+def _slice_import(n: AdapterNode) -> None:
     if n.opset < 10:
         n.attr_to_input("starts", 1)
         n.attr_to_input("ends", 2)
@@ -889,7 +889,7 @@ def _pad_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.pad(kept, grow, mode=mode)
 
 
-def _pad_import(n: OnnxNode) -> None:
+def _pad_import(n: AdapterNode) -> None:
     if n.opset < 11:
         if "paddings" in n.attrs:  # opset 1's name for pads
             n.attrs["pads"] = n.attrs.pop("paddings")
@@ -1120,7 +1120,7 @@ defop("Range", FAMILY, infer=_range_infer, reference=_range_ref, inputs=3, emit=
 # -- Identity, Dropout: they vanish on import ---------------------------------------------------
 
 
-def _identity_import(n: OnnxNode) -> list[Value]:
+def _identity_import(n: AdapterNode) -> list[Value]:
     x = n.input(0)
     assert x is not None
     return [x]
@@ -1147,7 +1147,7 @@ def _dropout_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     return [x, make_splat(True, x.shape, np.dtype(np.bool_))]
 
 
-def _dropout_import(n: OnnxNode) -> list[Value]:
+def _dropout_import(n: AdapterNode) -> list[Value]:
     x = n.input(0)
     assert x is not None
     training = n.input(2)
@@ -1508,7 +1508,7 @@ def _resize_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs
     return 2 * taps * resized * outs[0].numel
 
 
-def _legacy_resize(n: OnnxNode, scales: Value | None) -> list[Value]:
+def _legacy_resize(n: AdapterNode, scales: Value | None) -> list[Value]:
     """Resize-10 and Upsample: asymmetric coordinates; nearest truncates on an axis that grows
     and rounds up on one that shrinks (onnxruntime's rule for these opsets). The canonical op
     has one nearest_mode, so a mix of growing and shrinking axes becomes two Resizes (nearest
@@ -1535,7 +1535,7 @@ def _legacy_resize(n: OnnxNode, scales: Value | None) -> list[Value]:
     return resize(shrunk, up, "floor", output_names=n.output_names)
 
 
-def _resize_import(n: OnnxNode) -> list[Value] | None:
+def _resize_import(n: AdapterNode) -> list[Value] | None:
     if n.opset < 11:
         return _legacy_resize(n, n.input(1))
     if n.attrs.get("antialias") and n.attrs.get("mode", "nearest") in ("linear", "cubic"):
@@ -1585,7 +1585,7 @@ def _antialias_weights(
     return w
 
 
-def _antialias_resize(n: OnnxNode) -> list[Value]:
+def _antialias_resize(n: AdapterNode) -> list[Value]:
     """An antialiased linear/cubic Resize as one constant matrix product per resized axis:
     the filter's footprint depends on the scale, which flowc knows at compile time, so the
     whole resize is a static linear map and needs no kernel of its own."""
@@ -1771,7 +1771,7 @@ def _upsample_infer(ctx: InferCtx) -> list[TensorType]:
     return _resize_types(ctx, _upsample_attrs(ctx.attrs), None, scales, None)
 
 
-def _upsample_import(n: OnnxNode) -> list[Value]:
+def _upsample_import(n: AdapterNode) -> list[Value]:
     if "scales" in n.attrs:  # opset 7 gives the scales as an attribute
         return _legacy_resize(n, n.const("scales", n.attrs.pop("scales"), np.float32))
     return _legacy_resize(n, n.input(1))

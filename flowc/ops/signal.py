@@ -32,7 +32,7 @@ from flowc.ir.types import TensorType
 from flowc.ops.registry import InferCtx, defop, first, get_op
 
 if TYPE_CHECKING:
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "signal"
@@ -213,7 +213,7 @@ def _compute_type(dt: DType) -> DType:
 
 
 def lower_dft(
-    n: OnnxNode,
+    n: AdapterNode,
     x: Value,
     axis: int,
     length: int,
@@ -269,7 +269,7 @@ def lower_dft(
     return v
 
 
-def _node_ctx(n: OnnxNode) -> InferCtx:
+def _node_ctx(n: AdapterNode) -> InferCtx:
     opdef = get_op(n.op_type)
     return InferCtx(
         n.op_type,
@@ -281,7 +281,7 @@ def _node_ctx(n: OnnxNode) -> InferCtx:
     )
 
 
-def _dft_import(n: OnnxNode) -> list[Value]:
+def _dft_import(n: AdapterNode) -> list[Value]:
     if n.opset < 20:
         # Opsets 17-19 give the axis as an attribute (default 1); 20 made it input 2.
         axis = n.attrs.pop("axis", 1)
@@ -362,7 +362,7 @@ def _stft_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _dft_numpy(frames, 2, p.length, False, p.onesided).astype(x.dtype)
 
 
-def _stft_import(n: OnnxNode) -> list[Value]:
+def _stft_import(n: AdapterNode) -> list[Value]:
     p = _StftParams(_node_ctx(n))
     x, window = n.inputs[0], n.input(2)
     assert x is not None

@@ -35,7 +35,7 @@ from flowc.ops.registry import (
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "softmax"
@@ -90,7 +90,7 @@ def _reference(kernel: Kernel) -> Callable[[list[np.ndarray | None], Attrs], np.
     return ref
 
 
-def _coerce_2d(n: OnnxNode) -> list[Value] | None:
+def _coerce_2d(n: AdapterNode) -> list[Value] | None:
     """Opsets < 13: normalize jointly over dims axis.. by flattening them into one."""
     if n.opset >= 13:
         return None

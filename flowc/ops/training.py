@@ -33,7 +33,7 @@ from flowc.ops.registry import (
 )
 
 if TYPE_CHECKING:
-    from flowc.frontend.onnx import OnnxNode
+    from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
 
 FAMILY = "training"
@@ -179,7 +179,7 @@ def _momentum_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 class _Lowering:
     """Emits one node's update as element-wise ops in the optimized tensors' type."""
 
-    def __init__(self, n: OnnxNode, rule: _Rule, dtype: DType) -> None:
+    def __init__(self, n: AdapterNode, rule: _Rule, dtype: DType) -> None:
         self.n = n
         self.rule = rule
         self.dt = dtype
@@ -227,11 +227,11 @@ class _Lowering:
         return self.op("Where", self.started, then, otherwise, suffix=what)
 
 
-def _name(n: OnnxNode, k: int) -> str | None:
+def _name(n: AdapterNode, k: int) -> str | None:
     return n.output_names[k] if k < len(n.output_names) and n.output_names[k] else None
 
 
-def _prepare(n: OnnxNode, rule: _Rule) -> tuple[_Lowering, list[list[Value]], Attrs]:
+def _prepare(n: AdapterNode, rule: _Rule) -> tuple[_Lowering, list[list[Value]], Attrs]:
     opdef = get_op(f"{DOMAIN}.{rule.op}")
     ctx = InferCtx(
         rule.op,
@@ -252,7 +252,7 @@ def _prepare(n: OnnxNode, rule: _Rule) -> tuple[_Lowering, list[list[Value]], At
     return low, groups, ctx.attrs
 
 
-def _adagrad_import(n: OnnxNode) -> list[Value]:
+def _adagrad_import(n: AdapterNode) -> list[Value]:
     rule = _RULES["Adagrad"]
     low, groups, a = _prepare(n, rule)
     count = len(groups)
@@ -271,7 +271,7 @@ def _adagrad_import(n: OnnxNode) -> list[Value]:
     return new_x + new_h
 
 
-def _adam_import(n: OnnxNode) -> list[Value]:
+def _adam_import(n: AdapterNode) -> list[Value]:
     rule = _RULES["Adam"]
     low, groups, a = _prepare(n, rule)
     count = len(groups)
@@ -313,7 +313,7 @@ def _adam_import(n: OnnxNode) -> list[Value]:
     return new_x + new_v + new_h
 
 
-def _momentum_import(n: OnnxNode) -> list[Value]:
+def _momentum_import(n: AdapterNode) -> list[Value]:
     rule = _RULES["Momentum"]
     low, groups, a = _prepare(n, rule)
     count = len(groups)

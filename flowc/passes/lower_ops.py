@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx
 
-from flowc.ir.builder import GraphBuilder
+from flowc.ir.builder import AdapterNode, GraphBuilder
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
@@ -33,7 +33,6 @@ def _needs_lowering(node: Node) -> bool:
 def lower_ops(graph: Graph) -> Graph:
     if not any(_needs_lowering(n) for n in graph.nodes):
         return graph
-    from flowc.frontend.onnx import OnnxNode  # the adapters' view of a node
 
     opset = onnx.defs.onnx_opset_version()
     nodes = graph.nodes
@@ -46,7 +45,7 @@ def lower_ops(graph: Graph) -> Graph:
             graph.nodes.append(node)
             continue
         names = [o.name for o in node.outputs]
-        onode = OnnxNode(
+        onode = AdapterNode(
             builder, node.op, opset, node.name, list(node.inputs), dict(node.attrs), names
         )
         adapter = get_op(node.op).onnx_import
