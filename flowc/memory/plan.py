@@ -232,7 +232,7 @@ def _slice_first(node: Node) -> int | None:
     """The element offset of a Slice's output in its input when the output is one
     contiguous run of it (static, step 1, the dims before the first sliced one multiply to
     1); None otherwise."""
-    from flowc.ops.shape import _slice_plan
+    from flowc.ops.resize import _slice_plan
 
     x = node.inputs[0]
     assert x is not None
