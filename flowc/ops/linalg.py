@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
+from flowc.ops.common import NodeLowering, required_inputs
 from flowc.ops.conv import float_ctype
 from flowc.ops.matmul import _NUMERIC as MATMUL_TYPES
 from flowc.ops.registry import InferCtx, SbpSignature, defop, first
@@ -183,24 +183,20 @@ def _einsum_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs
 # -- Einsum: the lowering ---------------------------------------------------------------------
 
 
-class _Lowering:
+class _Lowering(NodeLowering):
     """Emits the ops that compute an einsum into the importing graph."""
 
     def __init__(self, n: AdapterNode, eq: Equation, dtype: DType) -> None:
-        self.n = n
+        super().__init__(n, dtype)
         self.eq = eq
-        self.dtype = dtype
-        self.step = 0
 
     def emit(
         self, op: str, inputs: list[Value | None], attrs: dict[str, object] | None = None
     ) -> Value:
-        self.step += 1
-        return self.n.emit(op, inputs, attrs, suffix=f"einsum{self.step}_{op.lower()}")[0]
+        return self.n.emit(op, inputs, attrs, suffix=f"einsum{self.next_step()}_{op.lower()}")[0]
 
     def const(self, what: str, values: list[int]) -> Value:
-        self.step += 1
-        return self.n.const(f"einsum{self.step}_{what}", values, np.int64)
+        return self.n.const(f"einsum{self.next_step()}_{what}", values, np.int64)
 
     def reshape(self, v: Value, shape: list[int]) -> Value:
         if tuple(shape) == v.type.shape:
@@ -294,11 +290,7 @@ class _Lowering:
 
 
 def _einsum_import(n: AdapterNode) -> list[Value]:
-    ins: list[Value] = []
-    for k, v in enumerate(n.inputs):
-        if v is None:
-            raise ShapeError(f"Einsum node {n.name!r}: input {k} is required")
-        ins.append(v)
+    ins = required_inputs(n)
     ctx = InferCtx(
         "Einsum", n.name, [v.type for v in ins], [v.const for v in ins], Attrs(n.attrs), 1
     )

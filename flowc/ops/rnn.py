@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
+from flowc.ops.common import adapter_ctx, ref_params
 from flowc.ops.conv import compute_dtype
-from flowc.ops.registry import InferCtx, defop, get_op
+from flowc.ops.registry import InferCtx, defop
 
 if TYPE_CHECKING:
     from flowc.ir.builder import AdapterNode
@@ -294,18 +294,9 @@ def _flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> in
 # -- the NumPy reference ------------------------------------------------------------------------
 
 
-def _ref_ctx(op: str, xs: list[np.ndarray | None], a: Attrs) -> InferCtx:
-    types = [None if v is None else TensorType(v.shape, DType.from_numpy(v.dtype)) for v in xs]
-    return InferCtx(op, "", types, list(xs), a, 1)
-
-
 def _reference(op: str) -> Callable[[list[np.ndarray | None], Attrs], list[np.ndarray]]:
     def ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
-        ctx = _ref_ctx(op, xs, a)
-        try:
-            cfg = _config(ctx)
-        except ShapeError as e:
-            raise ValueError(e.message) from None
+        cfg = ref_params(_config, op, xs, a)
         x = xs[X_]
         assert x is not None
         ct = compute_dtype(x.dtype)
@@ -340,10 +331,11 @@ def _reference(op: str) -> Callable[[list[np.ndarray | None], Attrs], list[np.nd
         yh, yc = zeros.copy(), zeros.copy()
         for d in range(cfg.dirs):
             step = _STEPS[op]
+            cell = _Cell(cfg, cfg.acts[d], w[d], r[d], b[d], p[d])
             h, c = h0[d], c0[d]
             times = range(cfg.seq - 1, -1, -1) if cfg.reverse[d] else range(cfg.seq)
             for t in times:
-                nh, nc = step(cfg, cfg.acts[d], xt[t], h, c, w[d], r[d], b[d], p[d])
+                nh, nc = step(cell, xt[t], h, c)
                 live = (t < lens)[:, None]
                 y[t, d] = np.where(live, nh, 0)
                 h, c = np.where(live, nh, h), np.where(live, nc, c)
@@ -358,79 +350,69 @@ def _reference(op: str) -> Callable[[list[np.ndarray | None], Attrs], list[np.nd
     return ref
 
 
-StepFn = Callable[
-    [_Config, Sequence[_Act], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, Any],
-    tuple[np.ndarray, np.ndarray],
-]
+@dataclass(frozen=True)
+class _Cell:
+    """One direction of a layer, as a reference step sees it: weights and activations."""
+
+    cfg: _Config
+    acts: tuple[_Act, ...]
+    w: np.ndarray  # [G*H, input]
+    r: np.ndarray  # [G*H, H]
+    b: np.ndarray  # [2*G*H]: Wb, then Rb
+    p: np.ndarray  # [3*H]: LSTM's peepholes i, o, f (zeros when P is omitted)
+
+    def gate(self, fn: _Act, v: np.ndarray) -> np.ndarray:
+        """``fn`` of a gate's input, after the clip every gate input gets."""
+        clip = self.cfg.clip
+        return fn.ref(v if clip is None else np.clip(v, -clip, clip))
 
 
-def _clipped(cfg: _Config, v: np.ndarray) -> np.ndarray:
-    return v if cfg.clip is None else np.clip(v, -cfg.clip, cfg.clip)
+# One time step: (cell, x_t, h, c) -> (new h, new c).
+StepFn = Callable[[_Cell, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def _rnn_step(
-    cfg: _Config,
-    acts: Sequence[_Act],
-    x: np.ndarray,
-    h: np.ndarray,
-    c: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray,
-    p: np.ndarray,
+    cell: _Cell, x: np.ndarray, h: np.ndarray, c: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    hs = cfg.hidden
-    pre = x @ w.T + h @ r.T + b[:hs] + b[hs:]
-    return acts[0].ref(_clipped(cfg, pre)), c
+    hs = cell.cfg.hidden
+    b = cell.b
+    pre = x @ cell.w.T + h @ cell.r.T + b[:hs] + b[hs:]
+    return cell.gate(cell.acts[0], pre), c
 
 
 def _gru_step(
-    cfg: _Config,
-    acts: Sequence[_Act],
-    x: np.ndarray,
-    h: np.ndarray,
-    c: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray,
-    p: np.ndarray,
+    cell: _Cell, x: np.ndarray, h: np.ndarray, c: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    hs = cfg.hidden
-    f, g = acts
-    wb, rb = b[: 3 * hs], b[3 * hs :]
-    xw = x @ w.T + wb
+    hs = cell.cfg.hidden
+    f, g = cell.acts
+    r = cell.r
+    wb, rb = cell.b[: 3 * hs], cell.b[3 * hs :]
+    xw = x @ cell.w.T + wb
     hr = h @ r.T + rb
-    z = f.ref(_clipped(cfg, xw[:, :hs] + hr[:, :hs]))
-    rr = f.ref(_clipped(cfg, xw[:, hs : 2 * hs] + hr[:, hs : 2 * hs]))
-    if cfg.linear_before_reset:
+    z = cell.gate(f, xw[:, :hs] + hr[:, :hs])
+    rr = cell.gate(f, xw[:, hs : 2 * hs] + hr[:, hs : 2 * hs])
+    if cell.cfg.linear_before_reset:
         pre = xw[:, 2 * hs :] + rr * hr[:, 2 * hs :]
     else:
         pre = xw[:, 2 * hs :] + (rr * h) @ r[2 * hs :].T + rb[2 * hs :]
-    cand = g.ref(_clipped(cfg, pre))
+    cand = cell.gate(g, pre)
     return (1 - z) * cand + z * h, c
 
 
 def _lstm_step(
-    cfg: _Config,
-    acts: Sequence[_Act],
-    x: np.ndarray,
-    h: np.ndarray,
-    c: np.ndarray,
-    w: np.ndarray,
-    r: np.ndarray,
-    b: np.ndarray,
-    p: np.ndarray,
+    cell: _Cell, x: np.ndarray, h: np.ndarray, c: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    hs = cfg.hidden
-    f, g, hact = acts
-    gates = x @ w.T + h @ r.T + b[: 4 * hs] + b[4 * hs :]
+    hs = cell.cfg.hidden
+    f, g, hact = cell.acts
+    b, p = cell.b, cell.p
+    gates = x @ cell.w.T + h @ cell.r.T + b[: 4 * hs] + b[4 * hs :]
     gi, go, gf, gc = (gates[:, k * hs : (k + 1) * hs] for k in range(4))
     pi, po, pf = p[:hs], p[hs : 2 * hs], p[2 * hs :]
-    i = f.ref(_clipped(cfg, gi + pi * c))
-    fg = 1 - i if cfg.input_forget else f.ref(_clipped(cfg, gf + pf * c))
-    cell = fg * c + i * g.ref(_clipped(cfg, gc))
-    o = f.ref(_clipped(cfg, go + po * cell))
-    return o * hact.ref(cell), cell
+    i = cell.gate(f, gi + pi * c)
+    fg = 1 - i if cell.cfg.input_forget else cell.gate(f, gf + pf * c)
+    new_c = fg * c + i * cell.gate(g, gc)
+    o = cell.gate(f, go + po * new_c)
+    return o * hact.ref(new_c), new_c
 
 
 _STEPS: dict[str, StepFn] = {"RNN": _rnn_step, "GRU": _gru_step, "LSTM": _lstm_step}
@@ -718,16 +700,7 @@ def _is_zero(v: Value) -> bool:
 def _import(n: AdapterNode) -> list[Value]:
     # Opset 1 named whether Y is produced; the output list says that in every opset.
     n.attrs.pop("output_sequence", None)
-    opdef = get_op(n.op_type)
-    ctx = InferCtx(
-        n.op_type,
-        n.name,
-        [v.type if v is not None else None for v in n.inputs],
-        [v.const if v is not None else None for v in n.inputs],
-        Attrs(n.attrs).merged(opdef.attrs),
-        max(len(n.output_names), 1),
-    )
-    cfg = _config(ctx)
+    cfg = _config(adapter_ctx(n, max(len(n.output_names), 1)))
     x = n.input(X_)
     assert x is not None
     return _Unroll(n, cfg, x.type.dtype.np).run()

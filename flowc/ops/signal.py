@@ -20,7 +20,6 @@ Reshape (memory planning aliases it, no kernel runs).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +28,8 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, defop, first, get_op
+from flowc.ops.common import adapter_ctx, ref_params
+from flowc.ops.registry import InferCtx, defop, first
 
 if TYPE_CHECKING:
     from flowc.ir.builder import AdapterNode
@@ -140,19 +140,9 @@ def _dft_numpy(x: np.ndarray, axis: int, length: int, inverse: bool, onesided: b
     return _pack(y, x.dtype)
 
 
-def _ctx_of(op: str, name: str, xs: Sequence[np.ndarray | None], attrs: Attrs) -> InferCtx:
-    """An InferCtx over concrete arrays, so the reference resolves its parameters exactly as
-    inference does."""
-    types = [None if a is None else TensorType(a.shape, DType.from_numpy(a.dtype)) for a in xs]
-    return InferCtx(op, name, types, list(xs), attrs, 1)
-
-
 def _dft_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = first(xs)
-    try:
-        p = _DftParams(_ctx_of("DFT", "", xs, a))
-    except ShapeError as e:
-        raise ValueError(e.message) from None
+    p = ref_params(_DftParams, "DFT", xs, a)
     return _dft_numpy(x, p.axis, p.length, p.inverse, p.onesided)
 
 
@@ -269,24 +259,12 @@ def lower_dft(
     return v
 
 
-def _node_ctx(n: AdapterNode) -> InferCtx:
-    opdef = get_op(n.op_type)
-    return InferCtx(
-        n.op_type,
-        n.name,
-        [v.type if v is not None else None for v in n.inputs],
-        [v.const if v is not None else None for v in n.inputs],
-        Attrs(n.attrs).merged(opdef.attrs),
-        len(n.output_names),
-    )
-
-
 def _dft_import(n: AdapterNode) -> list[Value]:
     if n.opset < 20:
         # Opsets 17-19 give the axis as an attribute (default 1); 20 made it input 2.
         axis = n.attrs.pop("axis", 1)
         n.set_input(2, n.const("axis", axis, np.int64))
-    p = _DftParams(_node_ctx(n))
+    p = _DftParams(adapter_ctx(n, len(n.output_names)))
     x = n.inputs[0]
     assert x is not None
     return [
@@ -351,10 +329,7 @@ def _frame_index(frames: int, step: int, length: int) -> np.ndarray:
 
 def _stft_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = first(xs)
-    try:
-        p = _StftParams(_ctx_of("STFT", "", xs, a))
-    except ShapeError as e:
-        raise ValueError(e.message) from None
+    p = ref_params(_StftParams, "STFT", xs, a)
     frames = x[:, _frame_index(p.frames, p.step, p.length), :]  # [batch, frames, length, parts]
     window = xs[2] if len(xs) > 2 else None
     if window is not None:
@@ -363,7 +338,7 @@ def _stft_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _stft_import(n: AdapterNode) -> list[Value]:
-    p = _StftParams(_node_ctx(n))
+    p = _StftParams(adapter_ctx(n, len(n.output_names)))
     x, window = n.inputs[0], n.input(2)
     assert x is not None
     index = n.const("frame_index", _frame_index(p.frames, p.step, p.length), np.int64)
@@ -491,10 +466,7 @@ def _mel_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _mel_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    try:
-        p = _MelParams(_ctx_of("MelWeightMatrix", "", xs, a))
-    except ShapeError as e:
-        raise ValueError(e.message) from None
+    p = ref_params(_MelParams, "MelWeightMatrix", xs, a)
     return p.matrix().astype(p.dtype.np)
 
 

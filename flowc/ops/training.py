@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
+from flowc.ops.common import NodeLowering, adapter_ctx, required_inputs
 from flowc.ops.registry import (
     InferCtx,
     OnnxAdapter,
     RefFn,
     defop,
     elementwise_flops,
-    get_op,
 )
 
 if TYPE_CHECKING:
@@ -176,14 +175,11 @@ def _momentum_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 # -- lowering to element-wise ops -------------------------------------------------------------
 
 
-class _Lowering:
+class _Lowering(NodeLowering):
     """Emits one node's update as element-wise ops in the optimized tensors' type."""
 
-    def __init__(self, n: AdapterNode, rule: _Rule, dtype: DType) -> None:
-        self.n = n
-        self.rule = rule
-        self.dt = dtype
-        self.steps = 0
+    def __init__(self, n: AdapterNode, dtype: DType) -> None:
+        super().__init__(n, dtype)
         r, t = n.inputs[0], n.inputs[1]
         assert r is not None and t is not None
         count = self.scalar(t, "T")
@@ -202,17 +198,17 @@ class _Lowering:
         return self.n.emit("Reshape", [v, shape], suffix=f"{what}_scalar")[0]
 
     def const(self, value: float, what: str) -> Value:
-        return self.n.const(what, value, self.dt.np)
+        return self.n.const(what, value, self.dtype.np)
 
     def cast(self, v: Value, what: str) -> Value:
-        if v.type.dtype == self.dt:
+        if v.type.dtype == self.dtype:
             return v
-        return self.n.emit("Cast", [v], {"to": self.dt.onnx}, suffix=f"{what}_{self.dt}")[0]
+        return self.n.emit("Cast", [v], {"to": self.dtype.onnx}, suffix=f"{what}_{self.dtype}")[0]
 
     def op(self, op: str, *ins: Value, suffix: str = "", out: str | None = None) -> Value:
-        self.steps += 1
+        step = self.next_step()  # counted even when a suffix is given
         names = [out] if out else None
-        (v,) = self.n.emit(op, list(ins), suffix=suffix or f"step{self.steps}", output_names=names)
+        (v,) = self.n.emit(op, list(ins), suffix=suffix or f"step{step}", output_names=names)
         return v
 
     def scale(self, c: float, v: Value, what: str) -> Value:
@@ -232,23 +228,11 @@ def _name(n: AdapterNode, k: int) -> str | None:
 
 
 def _prepare(n: AdapterNode, rule: _Rule) -> tuple[_Lowering, list[list[Value]], Attrs]:
-    opdef = get_op(f"{DOMAIN}.{rule.op}")
-    ctx = InferCtx(
-        rule.op,
-        n.name,
-        [v.type if v is not None else None for v in n.inputs],
-        [v.const if v is not None else None for v in n.inputs],
-        Attrs(n.attrs).merged(opdef.attrs),
-        len(n.output_names),
-    )
+    ctx = adapter_ctx(n, len(n.output_names), op=rule.op, registered=f"{DOMAIN}.{rule.op}")
     count = _count(ctx, rule)
-    ins: list[Value] = []
-    for k, v in enumerate(n.inputs[2:]):
-        if v is None:
-            raise ShapeError(f"{rule.op} node {n.name!r}: input {k + 2} is required")
-        ins.append(v)
+    ins = required_inputs(n, 2, rule.op)
     groups = [[ins[m * count + j] for m in range(rule.per_tensor)] for j in range(count)]
-    low = _Lowering(n, rule, groups[0][0].type.dtype)
+    low = _Lowering(n, groups[0][0].type.dtype)
     return low, groups, ctx.attrs
 
 
