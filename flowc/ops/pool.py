@@ -28,7 +28,16 @@ from flowc.ops.conv import (
     window,
     window_view,
 )
-from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, node_attrs
+from flowc.ops.registry import (
+    EmitFn,
+    InferCtx,
+    InferFn,
+    RefFn,
+    SbpFn,
+    SbpSignature,
+    defop,
+    node_attrs,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -223,6 +232,30 @@ def _pool_sbp(linear: bool) -> SbpFn:
     return sbp
 
 
+def _window_pool(
+    name: str,
+    infer: InferFn,
+    reference: RefFn,
+    attrs: dict[str, object],
+    linear: bool,
+    emit: EmitFn,
+    outputs: tuple[int, int] = (1, 1),
+) -> None:
+    """Declare a windowed pool: the window attributes plus ``attrs``, a FLOP per kernel tap
+    of each output element, the SBP signatures of ``_pool_sbp``."""
+    defop(
+        name,
+        FAMILY,
+        infer=infer,
+        reference=reference,
+        attrs={**_WINDOW_ATTRS, **attrs},
+        outputs=outputs,
+        flops=_pool_flops,
+        sbp=_pool_sbp(linear),
+        emit=emit,
+    )
+
+
 # -- MaxPool --------------------------------------------------------------------------------------
 
 
@@ -270,16 +303,14 @@ def _maxpool_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     return [np.ascontiguousarray(y), indices.astype(np.int64)]
 
 
-defop(
+_window_pool(
     "MaxPool",
-    FAMILY,
-    infer=_maxpool_infer,
-    reference=_maxpool_ref,
-    attrs={**_WINDOW_ATTRS, "storage_order": 0},
-    outputs=(1, 2),
-    flops=_pool_flops,
-    sbp=_pool_sbp(linear=False),
+    _maxpool_infer,
+    _maxpool_ref,
+    {"storage_order": 0},
+    linear=False,
     emit=_maxpool_emit,
+    outputs=(1, 2),
 )
 
 
@@ -306,38 +337,31 @@ def _avgpool_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return (total / count.astype(ct)).astype(x.dtype)
 
 
-defop(
+_window_pool(
     "AveragePool",
-    FAMILY,
-    infer=_avgpool_infer,
-    reference=_avgpool_ref,
-    attrs={**_WINDOW_ATTRS, "count_include_pad": 0},
-    flops=_pool_flops,
-    sbp=_pool_sbp(linear=True),
+    _avgpool_infer,
+    _avgpool_ref,
+    {"count_include_pad": 0},
+    linear=True,
     emit=_sum_pool_emit,
 )
+
+
+def _lp_norm(x: np.ndarray, a: Attrs, total: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """The p-norm (p: the attribute) of each window ``total`` sums, taken in float64."""
+    p = float(a["p"])
+    return (total(np.abs(x.astype(np.float64)) ** p) ** (1.0 / p)).astype(x.dtype)
 
 
 def _lppool_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = xs[0]
     assert x is not None
     geo = _geometry(x.shape, a)
-    p = float(a["p"])
-    powered = np.abs(x.astype(np.float64)) ** p
-    total = window_view(powered, geo, 0.0).sum(axis=_kernel_axes(len(geo.out)))
-    return (total ** (1.0 / p)).astype(x.dtype)
+    axes = _kernel_axes(len(geo.out))
+    return _lp_norm(x, a, lambda powered: window_view(powered, geo, 0.0).sum(axis=axes))
 
 
-defop(
-    "LpPool",
-    FAMILY,
-    infer=_avgpool_infer,
-    reference=_lppool_ref,
-    attrs={**_WINDOW_ATTRS, "p": 2},
-    flops=_pool_flops,
-    sbp=_pool_sbp(linear=False),
-    emit=_sum_pool_emit,
-)
+_window_pool("LpPool", _avgpool_infer, _lppool_ref, {"p": 2}, linear=False, emit=_sum_pool_emit)
 
 
 # -- global pools -----------------------------------------------------------------------------------
@@ -372,9 +396,7 @@ def _global_max(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 def _global_lp(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x = xs[0]
     assert x is not None
-    p = float(a["p"])
-    total = (np.abs(x.astype(np.float64)) ** p).sum(axis=_spatial_axes(x), keepdims=True)
-    return (total ** (1.0 / p)).astype(x.dtype)
+    return _lp_norm(x, a, lambda powered: powered.sum(axis=_spatial_axes(x), keepdims=True))
 
 
 def _global_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
@@ -383,31 +405,18 @@ def _global_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs
     return x.numel
 
 
-defop(
-    "GlobalAveragePool",
-    FAMILY,
-    infer=_global_infer,
-    reference=_global_avg,
-    flops=_global_flops,
-    sbp=_pool_sbp(linear=True),
-    emit=_global_emit,
-)
-defop(
-    "GlobalMaxPool",
-    FAMILY,
-    infer=_global_infer,
-    reference=_global_max,
-    flops=_global_flops,
-    sbp=_pool_sbp(linear=False),
-    emit=_global_emit,
-)
-defop(
-    "GlobalLpPool",
-    FAMILY,
-    infer=_global_infer,
-    reference=_global_lp,
-    attrs={"p": 2},
-    flops=_global_flops,
-    sbp=_pool_sbp(linear=False),
-    emit=_global_emit,
-)
+for _op, _ref, _attrs, _linear in (
+    ("GlobalAveragePool", _global_avg, None, True),
+    ("GlobalMaxPool", _global_max, None, False),
+    ("GlobalLpPool", _global_lp, {"p": 2}, False),
+):
+    defop(
+        _op,
+        FAMILY,
+        infer=_global_infer,
+        reference=_ref,
+        attrs=_attrs,
+        flops=_global_flops,
+        sbp=_pool_sbp(linear=_linear),
+        emit=_global_emit,
+    )

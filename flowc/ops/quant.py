@@ -19,8 +19,8 @@ may name them; code generation knows them only through that lowering.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import onnx.numpy_helper
@@ -30,6 +30,8 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops.common import ref_params
+from flowc.ops.conv import _CONV_ATTRS  # ConvInteger and QLinearConv take Conv's attributes
 from flowc.ops.norm import offset_expr
 from flowc.ops.registry import (
     InferCtx,
@@ -135,14 +137,80 @@ def _param_index(p: tuple[int, ...], x: tuple[int, ...], axis: int, block: int) 
     return idx
 
 
+def _dtype_attr(ctx: InferCtx, name: str) -> DType | None:
+    """The element type an attribute names by its ONNX code (None for 0: not given)."""
+    if not ctx.attr(name):
+        return None
+    try:
+        return DType.from_onnx(int(ctx.attr(name)))
+    except ValueError as e:
+        raise ctx.fail(f"bad {name}: {e}") from None
+
+
+def _linear_result(ctx: InferCtx, out: DType, prefix: str) -> list[TensorType]:
+    """x's shape in ``out``, once the scale (input 1) and the zero point (input 2, optional)
+    are seen to cover x; ``prefix`` names them (y for QuantizeLinear, x for Dequantize)."""
+    x = ctx.shape(0)
+    axis, block = int(ctx.attr("axis")), int(ctx.attr("block_size"))
+    _granularity(ctx, 1, f"{prefix}_scale", x, axis, block)
+    if ctx.has(2):
+        _granularity(ctx, 2, f"{prefix}_zero_point", x, axis, block)
+    return [ctx.type(0).with_dtype(out)]
+
+
+def _ref_operands(
+    xs: list[np.ndarray | None], a: Attrs
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Callable[[np.ndarray], np.ndarray]]:
+    """A reference call's x, scale and zero point (None when omitted), and the function that
+    spreads a parameter over x's shape."""
+    x, scale, zp = xs[0], xs[1], xs[2] if len(xs) > 2 else None
+    assert x is not None and scale is not None
+    axis, block = int(a["axis"]), int(a["block_size"])
+    return x, scale, zp, lambda p: _expand(p, x.shape, axis, block)
+
+
+class _Linear:
+    """What the kernels of quant.cu.j2 need of a Quantize/DequantizeLinear node: x, the scale,
+    the zero point (None when omitted), y, the attributes and the parameters' axis and block
+    size."""
+
+    def __init__(self, node: Node) -> None:
+        x, scale = node.inputs[0], node.inputs[1]
+        assert x is not None and scale is not None
+        self.x, self.scale = x, scale
+        self.zp = node.inputs[2] if len(node.inputs) > 2 else None
+        self.y = node.outputs[0]
+        self.attrs = node_attrs(node)
+        self.axis, self.block = int(self.attrs["axis"]), int(self.attrs["block_size"])
+
+    def index(self, p: Value) -> str:
+        return _param_index(p.type.shape, self.x.type.shape, self.axis, self.block)
+
+    def launch(self, prog: Program, macro: str, zp: Value | None, **params: str) -> None:
+        """Render ``macro`` and launch it over y's elements; ``zp``: the zero point the
+        kernel reads (None: it reads none)."""
+        x, scale, y = self.x, self.scale, self.y
+        name = prog.kernel(
+            "quant.cu.j2",
+            macro,
+            xt=prog.ctype(x),
+            st=prog.ctype(scale),
+            zt=prog.ctype(zp) if zp is not None else "",
+            yt=prog.ctype(y),
+            scale_index=self.index(scale),
+            zp_index=self.index(zp) if zp is not None else "",
+            **params,
+        )
+        args = [prog.cptr(x), prog.cptr(scale), *([prog.cptr(zp)] if zp is not None else [])]
+        n = y.type.numel
+        prog.launch(name, n, [*args, prog.ptr(y), f"(int64_t){n}"])
+
+
 # -- QuantizeLinear -------------------------------------------------------------------------------
 
 
 def _quantize_out(ctx: InferCtx) -> DType:
-    try:
-        attr = DType.from_onnx(int(ctx.attr("output_dtype"))) if ctx.attr("output_dtype") else None
-    except ValueError as e:
-        raise ctx.fail(f"bad output_dtype: {e}") from None
+    attr = _dtype_attr(ctx, "output_dtype")
     if ctx.has(2):
         zp = ctx.dtype(2)
         if attr is not None and attr != zp:
@@ -171,38 +239,25 @@ def _quantize_infer(ctx: InferCtx) -> list[TensorType]:
     scale = ctx.dtype(1)
     if scale not in _SCALES | {DType.I32}:
         raise ctx.fail(f"y_scale must be one of {_names([*_SCALES, DType.I32])}, got {scale}")
-    precision = int(ctx.attr("precision"))
-    if precision:
-        try:
-            p = DType.from_onnx(precision)
-        except ValueError as e:
-            raise ctx.fail(f"bad precision: {e}") from None
-        if p not in _DEQUANTIZED:
-            raise ctx.fail(f"precision must be one of {_names(list(_DEQUANTIZED))}, got {p}")
-    out = _quantize_out(ctx)
-    axis, block = int(ctx.attr("axis")), int(ctx.attr("block_size"))
-    _granularity(ctx, 1, "y_scale", x.shape, axis, block)
-    if ctx.has(2):
-        _granularity(ctx, 2, "y_zero_point", x.shape, axis, block)
-    return [x.with_dtype(out)]
+    p = _dtype_attr(ctx, "precision")
+    if p is not None and p not in _DEQUANTIZED:
+        raise ctx.fail(f"precision must be one of {_names(list(_DEQUANTIZED))}, got {p}")
+    return _linear_result(ctx, _quantize_out(ctx), "y")
 
 
 def _quantize_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, scale, zp = xs[0], xs[1], xs[2] if len(xs) > 2 else None
-    assert x is not None and scale is not None
-    attr = int(a["output_dtype"])
-    out = DType.from_numpy(zp.dtype) if zp is not None else DType.from_onnx(attr or DType.U8.onnx)
-    axis, block = int(a["axis"]), int(a["block_size"])
+    x, scale, zp, expand = _ref_operands(xs, a)
+    out = ref_params(_quantize_out, "QuantizeLinear", xs, a)
     div = _division_type(DType.from_numpy(scale.dtype), int(a["precision"]))
     wide = np.float64 if div == DType.F64 else np.float32
-    s = _expand(scale, x.shape, axis, block)
+    s = expand(scale)
     with np.errstate(all="ignore"):
         # Divide in the division type (NumPy rounds float16/bfloat16 results to the type).
         q = (x.astype(div.np) / s.astype(div.np)).astype(wide)
         if out in INT_RANGES:
             v = np.rint(q.astype(np.float64))
             if zp is not None:
-                v = v + _expand(zp, x.shape, axis, block).astype(np.float64)
+                v = v + expand(zp).astype(np.float64)
             lo, hi = INT_RANGES[out]
             # NaN saturates to the low end, as fmax does in the kernel.
             return np.clip(np.where(np.isnan(v), lo, v), lo, hi).astype(out.np)
@@ -211,23 +266,18 @@ def _quantize_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
                 return onnx.numpy_helper.saturate_cast(q.astype(np.float32), out.np)
             return q.astype(out.np)
         if zp is not None:
-            q = q + _expand(zp, x.shape, axis, block).astype(wide)
+            q = q + expand(zp).astype(wide)
         return q.astype(out.np)
 
 
 def _quantize_emit(prog: Program, node: Node) -> None:
-    x, scale = node.inputs[0], node.inputs[1]
-    zp = node.inputs[2] if len(node.inputs) > 2 else None
-    assert x is not None and scale is not None
-    y = node.outputs[0]
-    n = y.type.numel
-    if n == 0:
+    q = _Linear(node)
+    if q.y.type.numel == 0:
         return
-    a = node_attrs(node)
-    axis, block = int(a["axis"]), int(a["block_size"])
-    div = _division_type(scale.type.dtype, int(a["precision"]))
+    a = q.attrs
+    div = _division_type(q.scale.type.dtype, int(a["precision"]))
     wide = "double" if div == DType.F64 else "float"
-    out = y.type.dtype
+    out = q.y.type.dtype
     if out in INT_RANGES:
         kind = "int"
     elif out in FLOAT8:
@@ -235,26 +285,17 @@ def _quantize_emit(prog: Program, node: Node) -> None:
     else:
         kind = "float"
     lo, hi = INT_RANGES.get(out, (0, 0))
-    name = prog.kernel(
-        "quant.cu.j2",
+    q.launch(
+        prog,
         "quantize_linear",
-        xt=prog.ctype(x),
-        st=prog.ctype(scale),
-        zt=prog.ctype(zp) if zp is not None and kind != "float8" else "",
-        yt=prog.ctype(y),
+        q.zp if kind != "float8" else None,  # a float8 result adds no zero point
         wide=wide,
         div_t=ctype(div) if ctype(div) != wide else "",
-        scale_index=_param_index(scale.type.shape, x.type.shape, axis, block),
-        zp_index=_param_index(zp.type.shape, x.type.shape, axis, block) if zp is not None else "",
         kind=kind,
         lo=f"{float(lo)!r}",
         hi=f"{float(hi)!r}",
         saturate="true" if int(a["saturate"]) else "false",
     )
-    args = [prog.cptr(x), prog.cptr(scale)]
-    if zp is not None and kind != "float8":
-        args.append(prog.cptr(zp))
-    prog.launch(name, n, [*args, prog.ptr(y), f"(int64_t){n}"])
 
 
 _QUANTIZE_DEFAULTS = Attrs(
@@ -277,13 +318,7 @@ defop(
 
 
 def _dequantize_out(ctx: InferCtx) -> DType:
-    if ctx.attr("output_dtype"):
-        try:
-            out = DType.from_onnx(int(ctx.attr("output_dtype")))
-        except ValueError as e:
-            raise ctx.fail(f"bad output_dtype: {e}") from None
-    else:
-        out = ctx.dtype(1)
+    out = _dtype_attr(ctx, "output_dtype") or ctx.dtype(1)
     if out not in _DEQUANTIZED:
         raise ctx.fail(
             f"cannot dequantize to {out} (give output_dtype, one of {_names(list(_DEQUANTIZED))})"
@@ -301,52 +336,27 @@ def _dequantize_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"x_scale must be one of {_names(list(_SCALES))}, got {ctx.dtype(1)}")
     if ctx.has(2) and ctx.dtype(2) != x.dtype:
         raise ctx.fail(f"x_zero_point has type {ctx.dtype(2)}, expected x's type {x.dtype}")
-    out = _dequantize_out(ctx)
-    axis, block = int(ctx.attr("axis")), int(ctx.attr("block_size"))
-    _granularity(ctx, 1, "x_scale", x.shape, axis, block)
-    if ctx.has(2):
-        _granularity(ctx, 2, "x_zero_point", x.shape, axis, block)
-    return [x.with_dtype(out)]
+    return _linear_result(ctx, _dequantize_out(ctx), "x")
 
 
 def _dequantize_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, scale, zp = xs[0], xs[1], xs[2] if len(xs) > 2 else None
-    assert x is not None and scale is not None
-    attr = int(a["output_dtype"])
-    out = DType.from_onnx(attr) if attr else DType.from_numpy(scale.dtype)
-    axis, block = int(a["axis"]), int(a["block_size"])
+    x, scale, zp, expand = _ref_operands(xs, a)
+    out = ref_params(_dequantize_out, "DequantizeLinear", xs, a)
     wide = np.float64 if out == DType.F64 else np.float32
     with np.errstate(all="ignore"):
         v = x.astype(wide)
         if zp is not None:
-            v = v - _expand(zp, x.shape, axis, block).astype(wide)
-        v = v * _expand(scale, x.shape, axis, block).astype(wide)
+            v = v - expand(zp).astype(wide)
+        v = v * expand(scale).astype(wide)
         return v.astype(out.np)
 
 
 def _dequantize_emit(prog: Program, node: Node) -> None:
-    x, scale = node.inputs[0], node.inputs[1]
-    zp = node.inputs[2] if len(node.inputs) > 2 else None
-    assert x is not None and scale is not None
-    y = node.outputs[0]
-    n = y.type.numel
-    if n == 0:
+    q = _Linear(node)
+    if q.y.type.numel == 0:
         return
-    a = node_attrs(node)
-    axis, block = int(a["axis"]), int(a["block_size"])
-    name = prog.kernel(
-        "quant.cu.j2",
-        "dequantize_linear",
-        xt=prog.ctype(x),
-        st=prog.ctype(scale),
-        zt=prog.ctype(zp) if zp is not None else "",
-        yt=prog.ctype(y),
-        wide="double" if y.type.dtype == DType.F64 else "float",
-        scale_index=_param_index(scale.type.shape, x.type.shape, axis, block),
-        zp_index=_param_index(zp.type.shape, x.type.shape, axis, block) if zp is not None else "",
-    )
-    args = [prog.cptr(x), prog.cptr(scale), *([prog.cptr(zp)] if zp is not None else [])]
-    prog.launch(name, n, [*args, prog.ptr(y), f"(int64_t){n}"])
+    wide = "double" if q.y.type.dtype == DType.F64 else "float"
+    q.launch(prog, "dequantize_linear", q.zp, wide=wide)
 
 
 defop(
@@ -406,6 +416,30 @@ def _requantize_ref(acc: np.ndarray, multiplier: np.ndarray, zp: np.ndarray) -> 
     return _quantize_ref([d, np.array(1.0), zp], _QUANTIZE_DEFAULTS)
 
 
+def _matmul_types(ctx: InferCtx, a: int, b: int) -> TensorType:
+    """The MatMul result type (shapes checked by MatMul's own inference) of inputs a and b
+    taken as int32."""
+    sub = InferCtx(
+        "MatMul",
+        ctx.node_name,
+        [ctx.type(a).with_dtype(DType.I32), ctx.type(b).with_dtype(DType.I32)],
+        [None, None],
+        Attrs(),
+        1,
+    )
+    return get_op("MatMul").infer(sub)[0]
+
+
+def _qlinear_check(ctx: InferCtx, a: str, b: str) -> None:
+    """A QLinear product's 8-bit inputs (a and its zero point at 0 and 2, b and its zero point
+    at 3 and 5, y_zero_point at 7), each zero point of its operand's type; ``a``, ``b``: the
+    operands' names."""
+    za, zb = f"{a}_zero_point", f"{b}_zero_point"
+    _check_int8(ctx, (0, 2, 3, 5, 7), (a, za, b, zb, "y_zero_point"))
+    _check_pair(ctx, 0, 2, (a, za))
+    _check_pair(ctx, 3, 5, (b, zb))
+
+
 def _conv_types(ctx: InferCtx, x: TensorType, w: TensorType) -> TensorType:
     """The Conv result type (geometry checked by Conv's own inference) for x and w."""
     conv = get_op("Conv")
@@ -438,16 +472,6 @@ def _per_channel_check(ctx: InferCtx, i: int, name: str, channels: int) -> None:
                 f"{name} must be one value or one per output channel ({channels}), "
                 f"got shape {list(p)}"
             )
-
-
-_CONV_ATTRS = {
-    "auto_pad": "NOTSET",
-    "group": 1,
-    "dilations": None,
-    "kernel_shape": None,
-    "pads": None,
-    "strides": None,
-}
 
 
 # -- import lowering ------------------------------------------------------------------------------
@@ -528,6 +552,30 @@ def _requantize(
     )
 
 
+class _QLinearInputs(NamedTuple):
+    a: Value
+    a_scale: Value
+    a_zp: Value | None
+    b: Value
+    b_scale: Value
+    b_zp: Value | None
+    y_scale: Value
+    y_zp: Value | None
+    out: DType  # the result's type: y_zero_point's (a's when it is omitted)
+
+
+def _qlinear_inputs(n: AdapterNode, a: str, b: str) -> _QLinearInputs:
+    """A QLinear product's inputs (``a``, ``b``: the operands' names), the required ones
+    checked present, and its 8-bit result type."""
+    va, sa = _required(n, 0, a), _required(n, 1, f"{a}_scale")
+    vb, sb = _required(n, 3, b), _required(n, 4, f"{b}_scale")
+    sy = _required(n, 6, "y_scale")
+    za, zb, zy = n.input(2), n.input(5), n.input(7)
+    out = zy.type.dtype if zy is not None else va.type.dtype
+    _check(n, out in _INT8, f"y_zero_point must be int8 or uint8, got {out}")
+    return _QLinearInputs(va, sa, za, vb, sb, zb, sy, zy, out)
+
+
 def _multiplier(
     n: AdapterNode, scales: Sequence[tuple[Value, list[int] | None]], y_scale: Value
 ) -> Value:
@@ -547,16 +595,7 @@ def _matmul_integer_infer(ctx: InferCtx) -> list[TensorType]:
     _check_int8(ctx, (0, 1, 2, 3), ("A", "B", "a_zero_point", "b_zero_point"))
     _check_pair(ctx, 0, 2, ("A", "a_zero_point"))
     _check_pair(ctx, 1, 3, ("B", "b_zero_point"))
-    mm = get_op("MatMul")
-    sub = InferCtx(
-        "MatMul",
-        ctx.node_name,
-        [ctx.type(0).with_dtype(DType.I32), ctx.type(1).with_dtype(DType.I32)],
-        [None, None],
-        Attrs(),
-        1,
-    )
-    return mm.infer(sub)
+    return [_matmul_types(ctx, 0, 1)]
 
 
 def _matmul_integer_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -575,38 +614,15 @@ def _matmul_integer_import(n: AdapterNode) -> list[Value]:
     return n.emit("MatMul", [sa, sb], {}, output_names=n.output_names)
 
 
-defop(
-    "MatMulInteger",
-    FAMILY,
-    infer=_matmul_integer_infer,
-    reference=_matmul_integer_ref,
-    inputs=(2, 4),
-    onnx_import=_matmul_integer_import,
-    dsl_name="matmul_integer",
-)
-
-
 # -- QLinearMatMul --------------------------------------------------------------------------------
 
 
 def _qlinear_matmul_infer(ctx: InferCtx) -> list[TensorType]:
-    _check_int8(ctx, (0, 2, 3, 5, 7), ("a", "a_zero_point", "b", "b_zero_point", "y_zero_point"))
-    _check_pair(ctx, 0, 2, ("a", "a_zero_point"))
-    _check_pair(ctx, 3, 5, ("b", "b_zero_point"))
+    _qlinear_check(ctx, "a", "b")
     for i, name in ((1, "a_scale"), (4, "b_scale"), (6, "y_scale")):
         if ctx.dtype(i) not in (DType.F32, DType.F16, DType.BF16):
             raise ctx.fail(f"{name} must be float32, float16 or bfloat16, got {ctx.dtype(i)}")
-    mm = get_op("MatMul").infer(
-        InferCtx(
-            "MatMul",
-            ctx.node_name,
-            [ctx.type(0).with_dtype(DType.I32), ctx.type(3).with_dtype(DType.I32)],
-            [None, None],
-            Attrs(),
-            1,
-        )
-    )[0]
-    return [mm.with_dtype(ctx.dtype(7))]
+    return [_matmul_types(ctx, 0, 3).with_dtype(ctx.dtype(7))]
 
 
 def _qlinear_matmul_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -620,12 +636,7 @@ def _qlinear_matmul_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _qlinear_matmul_import(n: AdapterNode) -> list[Value]:
-    a, sa = _required(n, 0, "a"), _required(n, 1, "a_scale")
-    b, sb = _required(n, 3, "b"), _required(n, 4, "b_scale")
-    sy = _required(n, 6, "y_scale")
-    za, zb, zy = n.input(2), n.input(5), n.input(7)
-    out = zy.type.dtype if zy is not None else a.type.dtype
-    _check(n, out in _INT8, f"y_zero_point must be int8 or uint8, got {out}")
+    a, sa, za, b, sb, zb, sy, zy, out = _qlinear_inputs(n, "a", "b")
     acc = n.emit(
         "MatMul",
         [
@@ -637,17 +648,6 @@ def _qlinear_matmul_import(n: AdapterNode) -> list[Value]:
     )[0]
     m = _multiplier(n, [(sa, _row_shape(sa, a)), (sb, None)], sy)
     return _requantize(n, acc, m, zy, out)
-
-
-defop(
-    "QLinearMatMul",
-    FAMILY,
-    infer=_qlinear_matmul_infer,
-    reference=_qlinear_matmul_ref,
-    inputs=8,
-    onnx_import=_qlinear_matmul_import,
-    dsl_name="qlinear_matmul",
-)
 
 
 # -- ConvInteger ----------------------------------------------------------------------------------
@@ -684,24 +684,11 @@ def _conv_integer_import(n: AdapterNode) -> list[Value]:
     return n.emit("Cast", [acc], {"to": DType.I32.onnx}, output_names=n.output_names)
 
 
-defop(
-    "ConvInteger",
-    FAMILY,
-    infer=_conv_integer_infer,
-    reference=_conv_integer_ref,
-    attrs=_CONV_ATTRS,
-    inputs=(2, 4),
-    onnx_import=_conv_integer_import,
-)
-
-
 # -- QLinearConv ----------------------------------------------------------------------------------
 
 
 def _qlinear_conv_infer(ctx: InferCtx) -> list[TensorType]:
-    _check_int8(ctx, (0, 2, 3, 5, 7), ("x", "x_zero_point", "w", "w_zero_point", "y_zero_point"))
-    _check_pair(ctx, 0, 2, ("x", "x_zero_point"))
-    _check_pair(ctx, 3, 5, ("w", "w_zero_point"))
+    _qlinear_check(ctx, "x", "w")
     for i, name in ((1, "x_scale"), (4, "w_scale"), (6, "y_scale")):
         if ctx.dtype(i) != DType.F32:
             raise ctx.fail(f"{name} must be float32, got {ctx.dtype(i)}")
@@ -733,12 +720,8 @@ def _qlinear_conv_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _qlinear_conv_import(n: AdapterNode) -> list[Value]:
-    x, sx = _required(n, 0, "x"), _required(n, 1, "x_scale")
-    w, sw = _required(n, 3, "w"), _required(n, 4, "w_scale")
-    sy = _required(n, 6, "y_scale")
-    zx, zw, zy, b = n.input(2), n.input(5), n.input(7), n.input(8)
-    out = zy.type.dtype if zy is not None else x.type.dtype
-    _check(n, out in _INT8, f"y_zero_point must be int8 or uint8, got {out}")
+    x, sx, zx, w, sw, zw, sy, zy, out = _qlinear_inputs(n, "x", "w")
+    b = n.input(8)
     rank = w.type.rank
     ins = [
         _shifted(n, x, zx, DType.F64, "x", None),
@@ -753,13 +736,53 @@ def _qlinear_conv_import(n: AdapterNode) -> list[Value]:
     return _requantize(n, acc, m, zy, out)
 
 
-defop(
-    "QLinearConv",
-    FAMILY,
-    infer=_qlinear_conv_infer,
-    reference=_qlinear_conv_ref,
-    attrs=_CONV_ATTRS,
-    inputs=(8, 9),
-    onnx_import=_qlinear_conv_import,
-    dsl_name="qlinear_conv",
-)
+# -- registration of the integer products ---------------------------------------------------------
+
+for _op, _infer, _ref, _import, _inputs, _attrs, _dsl in (
+    (
+        "MatMulInteger",
+        _matmul_integer_infer,
+        _matmul_integer_ref,
+        _matmul_integer_import,
+        (2, 4),
+        None,
+        "matmul_integer",
+    ),
+    (
+        "QLinearMatMul",
+        _qlinear_matmul_infer,
+        _qlinear_matmul_ref,
+        _qlinear_matmul_import,
+        (8, 8),
+        None,
+        "qlinear_matmul",
+    ),
+    (
+        "ConvInteger",
+        _conv_integer_infer,
+        _conv_integer_ref,
+        _conv_integer_import,
+        (2, 4),
+        _CONV_ATTRS,
+        "",
+    ),
+    (
+        "QLinearConv",
+        _qlinear_conv_infer,
+        _qlinear_conv_ref,
+        _qlinear_conv_import,
+        (8, 9),
+        _CONV_ATTRS,
+        "qlinear_conv",
+    ),
+):
+    defop(
+        _op,
+        FAMILY,
+        infer=_infer,
+        reference=_ref,
+        attrs=_attrs,
+        inputs=_inputs,
+        onnx_import=_import,
+        dsl_name=_dsl,
+    )
