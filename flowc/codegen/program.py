@@ -25,7 +25,9 @@ from flowc import __version__
 from flowc.codegen.cpp import (
     CodegenError,
     c_comment,
+    c_float,
     c_ident,
+    c_int,
     c_literal,
     c_string,
     cmake_comment,
@@ -70,6 +72,8 @@ def template_env() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters.update(
+        c_float=c_float,
+        c_int=c_int,
         c_string=c_string,
         c_comment=c_comment,
         cmake_comment=cmake_comment,
@@ -185,6 +189,7 @@ class Program:
         # Library plans made once in create() (kind -> the C++ statements that make them, in
         # index order); run() only executes them. See library_plan().
         self.plans: dict[str, list[tuple[str, str]]] = {}
+        self._modules: dict[str, Any] = {}  # template -> its module (see _macro)
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -241,15 +246,18 @@ class Program:
         FMA math); bf16/fp16 programs store narrow types and accumulate in float32."""
         return self.precision == "tf32"
 
-    def library_plan(self, kind: str, make: str) -> str:
+    def library_plan(self, kind: str, template: str, macro: str, **values: Any) -> str:
         """A library plan of ``kind`` (flowc::GemmPlan for "gemm", flowc::ConvPlan for
         "conv": descriptors, layouts and the chosen algorithm) made once in create() by the
-        C++ expression ``make``, a flowc::Status in which ``{plan}`` stands for the plan's
-        address; returns the C++ expression of the plan for run(). Identical plans are made
-        once. Each plan type has a ``flowc::destroy_plan(T*)`` that release() calls."""
+        flowc::Status expression macro ``macro`` of templates/kernels/<template> renders with
+        ``values`` and ``plan``, the plan's address; returns the C++ expression of the plan
+        for run(). Identical plans are made once. Each plan type has a
+        ``flowc::destroy_plan(T*)`` that release() calls."""
         if kind not in PLAN_TYPES:
             raise AssertionError(f"unknown library plan kind {kind!r}")
         self._needs_workspace()
+        # Rendered with a placeholder address, which plan_inits replaces: equal text, one plan.
+        make = self.render(template, macro, plan="{plan}", **values)
         made = self.plans.setdefault(kind, [])
         for k, (existing, _) in enumerate(made):
             if existing == make:
@@ -320,48 +328,91 @@ class Program:
 
     def kernel(self, template: str, macro: str, **params: Any) -> str:
         """Render a kernel from templates/kernels/<template>; returns its (unique) name."""
-        mod = self.env.get_template(f"kernels/{template}").module
-        body = str(getattr(mod, macro)(name="KERNEL_NAME", **params))
+        body = str(self._macro(f"kernels/{template}", macro)(name="KERNEL_NAME", **params))
         name = self._kernels.get(body)
         if name is None:
             name = f"k{len(self._kernels)}_{macro}"
             self._kernels[body] = name
         return name
 
+    def _macro(self, template: str, macro: str) -> Any:
+        """Macro ``macro`` of templates/<template> (modules cached: a statement per call)."""
+        mod = self._modules.get(template)
+        if mod is None:
+            mod = self._modules[template] = self.env.get_template(template).module
+        return getattr(mod, macro)
+
+    def render(self, template: str, macro: str, **values: Any) -> str:
+        """The C++ text of macro ``macro`` of templates/kernels/<template> with ``values``
+        (an expression or statements for an op to pass on; see emit)."""
+        return str(self._macro(f"kernels/{template}", macro)(**values))
+
+    def emit(self, template: str, macro: str, **values: Any) -> None:
+        """Append the run() statement(s) macro ``macro`` of templates/kernels/<template>
+        renders with ``values`` (pointer expressions from ptr/cptr, sizes, literals)."""
+        self.statements.append(self.render(template, macro, **values))
+
+    def _run(self, macro: str, **values: Any) -> str:
+        return str(self._macro("run.cu.j2", macro)(**values))
+
     def launch(
         self, kernel: str, total: int, args: list[str], *, block: int = BLOCK, shared: int = 0
     ) -> None:
         """Launch a grid-stride kernel over ``total`` work items."""
-        if total <= 0:
-            return
-        grid = min((total + block - 1) // block, MAX_GRID)
-        self.statements.append(
-            f"FLOWC_LAUNCH({kernel}, dim3({grid}), dim3({block}), {shared}, {self.stream}, {', '.join(args)});"
-        )
+        if total > 0:
+            self.launch_grid(
+                kernel, [min((total + block - 1) // block, MAX_GRID)], block, args, shared
+            )
 
     def launch_blocks(
         self, kernel: str, blocks: int, block: int, shared: int, args: list[str]
     ) -> None:
         """Launch one block per item (block-cooperative kernels)."""
-        if blocks <= 0:
-            return
+        if blocks > 0:
+            self.launch_grid(kernel, [blocks], block, args, shared)
+
+    def launch_grid(
+        self, kernel: str, grid: list[int], block: int, args: list[str], shared: int = 0
+    ) -> None:
+        """Launch ``grid`` (x, and y when given) blocks of ``block`` threads."""
         self.statements.append(
-            f"FLOWC_LAUNCH({kernel}, dim3({blocks}), dim3({block}), {shared}, {self.stream}, {', '.join(args)});"
+            self._run(
+                "launch",
+                kernel=kernel,
+                grid=grid,
+                block=block,
+                shared=shared,
+                stream=self.stream,
+                args=args,
+            )
         )
 
-    def call(self, expr: str, what: str) -> None:
-        """A library call returning flowc::Status; failure makes run() return its message."""
+    def call(self, template: str, macro: str, what: str, **values: Any) -> None:
+        """A library call, the flowc::Status expression macro ``macro`` of
+        templates/kernels/<template> renders; failure makes run() return its message,
+        headed by ``what``."""
+        expr = self.render(template, macro, **values)
+        self.statements.append(self._run("call", expr=expr, what=what))
+
+    def copy(self, dst: Value, src: Value) -> None:
+        """``src``'s bytes to ``dst`` (the same size) on the current stream."""
+        self.memcpy(self._raw(dst), self._raw(src), dst.type.nbytes)
+
+    def memcpy(self, dst: str, src: str, nbytes: int) -> None:
+        """``nbytes`` bytes from the address ``src`` to ``dst`` (pointer expressions: ptr,
+        cptr, maybe plus an element offset) on the current stream."""
         self.statements.append(
-            f'{{ flowc::Status st = {expr}; if (!st.ok()) return fail(m, {c_string(what)} + std::string(": ") + st.message()); }}'
+            self._run("memcpy", dst=dst, src=src, nbytes=nbytes, stream=self.stream)
         )
 
     def stmt(self, code: str) -> None:
+        """A run() statement given as C++ text. Deprecated: emit (a template's macro) or
+        launch/call/memcpy/zero instead; kept until ops/shape.py's last use moves."""
         self.statements.append(code)
 
-    def copy(self, dst: Value, src: Value) -> None:
-        self.stmt(
-            f"cudaMemcpyAsync({self._raw(dst)}, {self._raw(src)}, {dst.type.nbytes}, cudaMemcpyDeviceToDevice, {self.stream});"
-        )
+    def zero(self, dst: str, nbytes: int) -> None:
+        """``nbytes`` zero bytes at the address ``dst`` (ptr/ptr_void) on the current stream."""
+        self.statements.append(self._run("zero", dst=dst, nbytes=nbytes, stream=self.stream))
 
     def fail(self, message: str) -> CodegenError:
         node = self.node
@@ -390,9 +441,11 @@ def _fill_statements(prog: Program) -> list[str]:
         k = prog.kernel("common.cu.j2", "fill", ctype=t)
         n = c.type.numel
         grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
+        offset = prog.weights.offsets[c]
         fills.append(
-            f"FLOWC_LAUNCH({k}, dim3({grid}), dim3({BLOCK}), 0, stream, "
-            f"reinterpret_cast<{t}*>(weights + {prog.weights.offsets[c]}), {lit}, (int64_t){n});"
+            prog._run(
+                "fill", kernel=k, grid=grid, block=BLOCK, ctype=t, offset=offset, value=lit, n=n
+            )
         )
     return fills
 
@@ -413,13 +466,12 @@ def emit_schedule(prog: Program, poison: bool) -> int:
     num_events = fork + (ns if ns > 1 else 0)  # the actors' events, then fork and joins
 
     def wait(stream: int, event: int) -> None:
-        call = f"cudaStreamWaitEvent(streams[{stream}], events[{event}], 0);"
         # Debug builds: FLOWC_DROP_EVENT=k leaves event k's wait out (the mutation tests).
-        prog.stmt(f"if (keep_event({event})) {call}" if poison else call)
+        prog.statements.append(prog._run("wait", stream=stream, event=event, guard=poison))
         prog.ops.append(StreamOp("wait", stream, event=event))
 
     def record(stream: int, event: int) -> None:
-        prog.stmt(f"cudaEventRecord(events[{event}], streams[{stream}]);")
+        prog.statements.append(prog._run("record", stream=stream, event=event))
         prog.ops.append(StreamOp("record", stream, event=event))
 
     first_write, death = _poison_points(plan) if poison else ({}, {})
@@ -427,7 +479,9 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         # Debug builds: every arena byte starts as NaN (0xff..); a buffer is poisoned again
         # right before its first write and once its last access ran, so a read from a wrong
         # offset, or one no event orders, shows up as NaN.
-        prog.stmt(f"cudaMemsetAsync(arena, 0xff, {plan.arena_bytes}, streams[0]);")
+        prog.statements.append(
+            prog._run("poison", offset=None, nbytes=plan.arena_bytes, stream="streams[0]")
+        )
     # Every stream starts after what the caller queued before run() (the inputs), and is
     # joined back into the caller's stream -- each by an event of its own only where the
     # schedule's events do not order it already (a redundant wait only costs time).
@@ -445,8 +499,10 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         for e in schedule.waits.get(a, []):
             wait(st, e.id)
         for at, nbytes in first_write.get(t, []):
-            prog.stmt(f"cudaMemsetAsync(arena + {at}, 0xff, {nbytes}, {prog.stream});")
-        prog.stmt(f"trace_begin(m, {a}, {prog.stream});")
+            prog.statements.append(
+                prog._run("poison", offset=at, nbytes=nbytes, stream=prog.stream)
+            )
+        prog.statements.append(prog._run("trace", mark="begin", actor=a, stream=prog.stream))
         opdef = get_op(node.op)
         if node in plan.elided:
             pass  # its results are aliases of its inputs' bytes (the memory plan's): no code
@@ -462,9 +518,11 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             opdef.emit(prog, node)
             prog.node = None
         prog.ops.append(StreamOp("run", st, node))
-        prog.stmt(f"trace_end(m, {a}, {prog.stream});")
+        prog.statements.append(prog._run("trace", mark="end", actor=a, stream=prog.stream))
         for b in death.get(t, []):
-            prog.stmt(f"cudaMemsetAsync(arena + {b.offset}, 0xff, {b.size}, {prog.stream});")
+            prog.statements.append(
+                prog._run("poison", offset=b.offset, nbytes=b.size, stream=prog.stream)
+            )
         for e in schedule.records.get(a, []):
             record(st, e.id)
     prog.current_stream = 0
@@ -491,15 +549,9 @@ def _output_copies(prog: Program) -> None:
     graph = prog.graph
     first_index: dict[Value, int] = {}
     for k, o in enumerate(graph.outputs):
-        if o in first_index:
-            prog.stmt(
-                f"cudaMemcpyAsync(outputs[{k}], outputs[{first_index[o]}], {o.type.nbytes}, "
-                "cudaMemcpyDeviceToDevice, streams[0]);"
-            )
-        elif o.producer is None:  # an input or a constant is itself an output
-            prog.stmt(
-                f"cudaMemcpyAsync(outputs[{k}], {prog._raw(o)}, {o.type.nbytes}, cudaMemcpyDeviceToDevice, streams[0]);"
-            )
+        if o in first_index or o.producer is None:  # an input or a constant is an output
+            src = first_index[o] if o in first_index else prog._raw(o)
+            prog.statements.append(prog._run("output_copy", k=k, src=src, nbytes=o.type.nbytes))
         first_index.setdefault(o, k)
 
 

@@ -95,9 +95,16 @@ def _emit_collective(prog: Program, node: Node) -> None:
         "AllToAll": ("all_to_all", x.type.numel // group_size(attrs)),
     }[node.op]
     prog.call(
-        f"flowc::comm::{fn[0]}(*m->world, {int(attrs['mesh_axis'])}, {prog.cptr_void(x)}, "
-        f"{prog.ptr_void(y)}, {c_int(fn[1], 'size_t')}, {x.type.dtype.onnx}, {prog.stream})",
+        "comm.cu.j2",
+        "collective",
         f"{node.op} {node.name}",
+        fn=fn[0],
+        axis=int(attrs["mesh_axis"]),
+        src=prog.cptr_void(x),
+        dst=prog.ptr_void(y),
+        count=fn[1],
+        dtype=x.type.dtype.onnx,
+        stream=prog.stream,
     )
 
 
@@ -180,9 +187,14 @@ def _emit_shard_zero(prog: Program, node: Node) -> None:
     assert x is not None
     n = y.type.nbytes
     coord = prog.mesh_coord(int(node.attrs["mesh_axis"]))
-    prog.stmt(
-        f"if ({coord} == 0) cudaMemcpyAsync({prog.ptr_void(y)}, {prog.cptr_void(x)}, {n}, "
-        f"cudaMemcpyDeviceToDevice, {prog.stream}); else cudaMemsetAsync({prog.ptr_void(y)}, 0, {n}, {prog.stream});"
+    prog.emit(
+        "comm.cu.j2",
+        "shard_zero",
+        coord=coord,
+        dst=prog.ptr_void(y),
+        src=prog.cptr_void(x),
+        nbytes=n,
+        stream=prog.stream,
     )
 
 
@@ -248,10 +260,8 @@ def _emit_exchange(prog: Program, node: Node) -> None:
     else:
         parts = [(v, "kRecv") for v in node.outputs]
     peers = node.attrs.get("peers")
-    table = ""
-    if peers is None:
-        peer = [f"m->world->rank + ({int(node.attrs['peer'])})"] * len(parts)
-    else:
+    rows = None
+    if peers is not None:
         # A reshard: per transfer, each rank of the stage has its own partner (world ranks,
         # indexed by the rank's place in its stage), from a table fixed at compile time.
         rows = [[int(p) for p in row] for row in peers]
@@ -259,21 +269,19 @@ def _emit_exchange(prog: Program, node: Node) -> None:
             raise AssertionError(
                 f"{node.op} {node.name}: {len(rows)} peer rows, {len(parts)} transfers"
             )
-        cells = ", ".join("{" + ", ".join(map(str, row)) + "}" for row in rows)
-        table = (
-            f"static const int peers[{len(rows)}][{len(rows[0])}] = {{{cells}}}; "
-            f"const int local = m->world->rank - {int(node.attrs['base'])}; "
-        )
-        peer = [f"peers[{j}][local]" for j in range(len(rows))]
-    items = ", ".join(
-        f"{{flowc::comm::Transfer::{kind}, {who}, {prog.ptr_void(v)}, "
-        f"{c_int(v.type.numel, 'size_t')}, {v.type.dtype.onnx}}}"
-        for (v, kind), who in zip(parts, peer, strict=True)
-    )
+    transfers = [
+        {"kind": kind, "ptr": prog.ptr_void(v), "count": v.type.numel, "dtype": v.type.dtype.onnx}
+        for v, kind in parts
+    ]
     prog.call(
-        f"[&]() {{ {table}flowc::comm::Transfer ts[] = {{{items}}}; "
-        f"return flowc::comm::exchange(*m->world, ts, {len(parts)}, {prog.stream}); }}()",
+        "comm.cu.j2",
+        "exchange",
         f"{node.op} {node.name}",
+        transfers=transfers,
+        peer=int(node.attrs.get("peer", 0)),
+        peers=rows,
+        base=int(node.attrs.get("base", 0)),
+        stream=prog.stream,
     )
 
 

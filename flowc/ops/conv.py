@@ -300,11 +300,12 @@ def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
     return 2 * outs[0].numel * math.prod(w.shape[1:])
 
 
-# Element types the convolution wrapper (runtime_cpp/flowc/conv.h) takes, as its DataType.
+# Element types the convolution wrapper (runtime_cpp/flowc/conv.h) takes, as its DataType
+# enumerator.
 _LIBRARY_TYPES = {
-    DType.F32: "flowc::DataType::kF32",
-    DType.F16: "flowc::DataType::kF16",
-    DType.BF16: "flowc::DataType::kBF16",
+    DType.F32: "kF32",
+    DType.F16: "kF16",
+    DType.BF16: "kBF16",
 }
 # What the direct kernels accumulate in, per element type.
 _ACC_TYPES = {DType.F32: "float", DType.F64: "double", DType.F16: "float", DType.BF16: "float"}
@@ -373,28 +374,29 @@ def _emit_conv(prog: Program, node: Node, residual: Value | None, relu: bool) ->
         return
     fields = library_fields(node)
     if fields is not None:
-        desc: dict[str, object] = {
-            **fields,
-            "type": _LIBRARY_TYPES[dt],
-            "math": "flowc::ConvMath::kTF32" if prog.tf32 else "flowc::ConvMath::kExact",
-            "has_bias": "true" if b is not None else "false",
-            "has_residual": "true" if residual is not None else "false",
-            "relu": "true" if relu else "false",
-        }
-        sets = " ".join(f"d.{k} = {v};" for k, v in desc.items())
         plan = prog.library_plan(
             "conv",
-            f"[&]() {{ flowc::ConvDesc d; {sets} return flowc::plan_conv({prog.conv}, d, {{plan}}); }}()",
+            "conv.cu.j2",
+            "conv_plan",
+            handle=prog.conv,
+            geometry=fields,
+            type=_LIBRARY_TYPES[dt],
+            tf32=prog.tf32,
+            has_bias=b is not None,
+            has_residual=residual is not None,
+            relu=relu,
         )
-        args = [
-            prog.cptr(x),
-            prog.cptr(w),
-            prog.cptr(b) if b is not None else "nullptr",
-            prog.cptr(residual) if residual is not None else "nullptr",
-            prog.ptr(y),
-        ]
         prog.call(
-            f"flowc::run_conv({plan}, {', '.join(args)}, {prog.stream})", f"{node.op} {node.name}"
+            "conv.cu.j2",
+            "conv_run",
+            f"{node.op} {node.name}",
+            plan=plan,
+            x=prog.cptr(x),
+            w=prog.cptr(w),
+            b=prog.cptr(b) if b is not None else None,
+            z=prog.cptr(residual) if residual is not None else None,
+            y=prog.ptr(y),
+            stream=prog.stream,
         )
         return
     a = node_attrs(node)

@@ -232,19 +232,6 @@ def _base_align(prog: Program, v: Value) -> int:
     return ARENA_ALIGN
 
 
-def _offsets_loop(axes: list[_Axis], indent: str) -> list[str]:
-    """C++ lines that turn the outer index `o` into element offsets oa, ob, oc."""
-    lines = [f"{indent}int64_t rest = o, oa = 0, ob = 0, oc = 0;"]
-    for ax in reversed(axes):
-        sa, sb, sc = ax.steps
-        lines.append(
-            f"{indent}{{ const int64_t q = rest % {ax.size}; rest /= {ax.size}; "
-            f"oa += q * {sa}; ob += q * {sb}; oc += q * {sc}; }}"
-        )
-    lines.append(f"{indent}(void)rest;")
-    return lines
-
-
 @dataclass
 class GemmCall:
     """One GEMM node's operands for emit_gemm: values with how they are read, and the
@@ -304,58 +291,47 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
     if g.residual is not None:
         c_bases.append(_base_align(prog, g.residual))
     align_c = _alignment(min(c_bases), batched[2], *(s[2] for s in outer_steps), itemsize=size)
-    epilogue = _EPILOGUES[g.activation][g.bias is not None]
-    desc = [
-        f"flowc::GemmDesc d = flowc::packed_gemm({m}, {n}, {k}, {str(trans_a).lower()}, "
-        f"{str(trans_b).lower()}, {batch});",
-        f"d.lda = {lda};",
-        f"d.ldb = {ldb};",
-    ]
-    if batch > 1:
-        desc += [f"d.stride_a = {stride_a};", f"d.stride_b = {stride_b};"]
-        desc.append(f"d.stride_c = {stride_c};")
-    if g.alpha != 1.0:
-        desc.append(f"d.alpha = {c_float(g.alpha)};")
-    if g.beta != 0.0:
-        desc.append(f"d.beta = {c_float(g.beta)};")
-    if dt != DType.F32:
-        desc.append(f"d.type = flowc::DataType::{_GEMM_TYPES[dt]};")
-    elif prog.tf32:
-        desc.append("d.tf32 = true;")
-    if epilogue != "kNone":
-        desc.append(f"d.epilogue = flowc::GemmEpilogue::{epilogue};")
-    desc.append(f"d.align_a = {align_a}; d.align_b = {align_b}; d.align_c = {align_c};")
-    make = "[&]() { " + " ".join(desc) + f" return flowc::plan_gemm({prog.blas}, d, {{plan}}); }}()"
-    plan = prog.library_plan("gemm", make)
-    t = CTYPES[dt]
-    pa = f"{prog.cptr(g.a)} + {a.offset}" if a.offset else prog.cptr(g.a)
-    pb = f"{prog.cptr(g.b)} + {b.offset}" if b.offset else prog.cptr(g.b)
-    pc = prog.cptr(g.residual) if g.residual is not None else "nullptr"
-    pd = prog.ptr(g.out)
-    bias = prog.cptr(g.bias) if g.bias is not None else "nullptr"
+    plan = prog.library_plan(
+        "gemm",
+        "matmul.cu.j2",
+        "gemm_plan",
+        handle=prog.blas,
+        m=m,
+        n=n,
+        k=k,
+        trans_a=trans_a,
+        trans_b=trans_b,
+        batch=batch,
+        lda=lda,
+        ldb=ldb,
+        strides=batched if batch > 1 else None,
+        alpha=g.alpha,
+        beta=g.beta,
+        type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
+        tf32=prog.tf32,
+        epilogue=_EPILOGUES[g.activation][g.bias is not None],
+        align=(align_a, align_b, align_c),
+    )
+    operands = {
+        "plan": plan,
+        "a": prog.cptr(g.a),
+        "a_offset": a.offset,
+        "b": prog.cptr(g.b),
+        "b_offset": b.offset,
+        "c": prog.cptr(g.residual) if g.residual is not None else None,
+        "d": prog.ptr(g.out),
+        "bias": prog.cptr(g.bias) if g.bias is not None else None,
+        "stream": prog.stream,
+    }
+    what = f"{node.op} {node.name}"
     if not outer:
-        prog.call(
-            f"flowc::run_gemm({plan}, {pa}, {pb}, {pc}, {pd}, {bias}, {prog.stream})",
-            f"{node.op} {node.name}",
-        )
+        prog.call("matmul.cu.j2", "gemm_run", what, **operands)
         return
-    c_loop = "pc + oc" if g.residual is not None else "nullptr"
-    lines = [
-        "[&]() -> flowc::Status {",
-        f"    const {t}* pa = {pa};",
-        f"    const {t}* pb = {pb};",
-        *([f"    const {t}* pc = {pc};"] if g.residual is not None else []),
-        f"    {t}* pd = {pd};",
-        f"    for (int64_t o = 0; o < {math.prod(ax.size for ax in outer)}; ++o) {{",
-        *_offsets_loop(outer, "      "),
-        f"      const flowc::Status s = flowc::run_gemm({plan}, pa + oa, pb + ob, {c_loop}, "
-        f"pd + oc, {bias}, {prog.stream});",
-        "      if (!s.ok()) return s;",
-        "    }",
-        "    return flowc::Status::Ok();",
-        "  }()",
-    ]
-    prog.call("\n  ".join(lines), f"{node.op} {node.name}")
+    count = math.prod(ax.size for ax in outer)
+    loop = [{"size": ax.size, "steps": ax.steps} for ax in outer]
+    prog.call(
+        "matmul.cu.j2", "gemm_loop", what, ctype=CTYPES[dt], axes=loop, count=count, **operands
+    )
 
 
 def _direct(
@@ -409,7 +385,7 @@ def _direct(
 
 
 def _zero(prog: Program, out: Value) -> None:
-    prog.stmt(f"cudaMemsetAsync({prog.ptr(out)}, 0, {out.type.nbytes}, {prog.stream});")
+    prog.zero(prog.ptr(out), out.type.nbytes)
 
 
 def _promoted(v: Value, first: bool) -> tuple[int, ...]:

@@ -498,7 +498,7 @@ def _tfidf_emit(prog: Program, node: Node) -> None:
         return
     if not t.grams or x.type.shape[-1] == 0:
         # Nothing can match: every output is 0.
-        prog.stmt(f"cudaMemsetAsync({prog.ptr_void(y)}, 0, {y.type.nbytes}, {prog.stream});")
+        prog.zero(prog.ptr_void(y), y.type.nbytes)
         return
     first_gram = [0] * (t.out_size + 1)
     for _, coord, _ in t.grams:

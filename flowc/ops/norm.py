@@ -315,10 +315,7 @@ def _batchnorm_emit(prog: Program, node: Node) -> None:
         fast_divmod(channels),
         c_float(float(node_attrs(node)["epsilon"]), t),
     ]
-    prog.stmt(
-        f"FLOWC_LAUNCH({name}, dim3({grid_x}, {grid_y}), dim3({threads}), 0, {prog.stream}, "
-        f"{', '.join(args)});"
-    )
+    prog.launch_grid(name, [grid_x, grid_y], threads, args)
 
 
 def _lrn_emit(prog: Program, node: Node) -> None:

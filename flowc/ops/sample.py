@@ -642,7 +642,7 @@ def _maxunpool_emit(prog: Program, node: Node) -> None:
     x, ind, y = _input(node, 0), _input(node, 1), node.outputs[0]
     t = float_ctype(prog, x)
     shape = _unpool_shape(x.type.shape, node_attrs(node))
-    prog.stmt(f"cudaMemsetAsync({prog.ptr_void(y)}, 0, {y.type.nbytes}, {prog.stream});")
+    prog.zero(prog.ptr_void(y), y.type.nbytes)
     n = x.type.numel
     if n == 0:
         return
