@@ -1,10 +1,13 @@
-"""How flowc prints quantities: byte counts and FLOPs, the same in every command and report.
+"""How flowc prints quantities: byte counts, FLOPs and shapes, the same in every command and
+report.
 
 A leaf module (no flowc imports), so reports in any layer may use it without importing the
 command line.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 
 def human_bytes(n: int) -> str:
@@ -23,3 +26,8 @@ def human_flops(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3f} {unit}"
     return f"{n} FLOP"
+
+
+def dims_text(dims: Iterable[int]) -> str:
+    """``(2, 4)`` -> ``2x4``: a mesh or shape as the command line writes it (--mesh 2x4)."""
+    return "x".join(map(str, dims))

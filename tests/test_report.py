@@ -24,7 +24,7 @@ from conftest import SHARED_MODELS, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from test_models import LIGHT_DIR
 
-from flowc.cli import load
+from flowc.cli.loading import load
 from flowc.ir.graph import Graph
 from flowc.report.graph import collapse
 

@@ -656,7 +656,7 @@ def cmd_check(a: argparse.Namespace) -> int:
         c["limit"] = max(2 * torch_err, ERROR_FLOOR)
         if dry and c["precision"] == "tf32":
             # PyTorch has no TF32 on a CPU (its error is fp32's): flowc verify's own bound.
-            from flowc.cli import VERIFY_TOLERANCE
+            from flowc.cli.verify import VERIFY_TOLERANCE
 
             c["limit"] = max(c["limit"], VERIFY_TOLERANCE["tf32"])
         c["status"] = "ok" if c["flowc_error"] <= c["limit"] else "WRONG"

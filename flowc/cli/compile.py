@@ -1,0 +1,170 @@
+"""`flowc compile`: MODEL to a standalone C++ project; compile_model() is what compile and
+verify share."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import click
+
+from flowc.cli.common import choose_target, err, out, progress
+from flowc.cli.loading import load_model, load_parallel, parallel_settings
+from flowc.cli.options import (
+    ModelArgs,
+    ParallelArgs,
+    ScheduleArgs,
+    model_options,
+    output_option,
+    parallel_options,
+    schedule_options,
+    target_option,
+)
+from flowc.errors import InputError
+from flowc.formatting import dims_text
+
+
+@click.command(
+    name="compile", short_help="Compile MODEL (ONNX or .flow) into a standalone C++ project."
+)
+@model_options
+@output_option("project", "Project directory OUT/.", directory=True, required=True)
+@target_option(
+    ["cuda", "host"],
+    "The build to suggest; both build from the same OUT/ (default: cuda where nvcc is found, "
+    "else host).",
+)
+@click.option(
+    "--arch", default="sm_90", show_default=True, help="CUDA architecture for the CUDA build."
+)
+@click.option("--prefix", default=None, help="C symbol prefix (default: from the model's name).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into a non-empty OUT/ that is no flowc project (still deletes nothing).",
+)
+@schedule_options
+@parallel_options
+def compile_cmd(
+    model: ModelArgs,
+    project: Path,
+    target: str | None,
+    arch: str,
+    prefix: str | None,
+    force: bool,
+    schedule: ScheduleArgs,
+    parallel: ParallelArgs,
+) -> None:
+    """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
+    CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
+    a non-empty OUT/ that is no flowc project is refused unless --force."""
+    import re
+    import shlex
+
+    from flowc.codegen.cpp import is_c_ident
+    from flowc.codegen.project import check_project_dir
+
+    # Everything the command line decides is checked before the (slow) model work.
+    if re.fullmatch(r"sm_[0-9]+", arch) is None:
+        raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
+    if prefix is not None and not is_c_ident(prefix):
+        raise InputError(
+            f"--prefix {prefix!r} is not a C identifier",
+            hint="use ASCII letters, digits and underscores, not starting with a digit",
+        )
+    check_project_dir(project, force)
+    popts = parallel_settings(model, parallel)
+    target = choose_target(target, "build")
+    compile_model(model, project, popts, schedule, prefix=prefix, arch=arch[3:], force=force)
+    shown = shlex.quote(str(project))
+    out.print(
+        f"wrote {shown}/; build it with: flowc build {shown} --target {target}",
+        markup=False,
+    )
+
+
+def compile_model(
+    model: ModelArgs,
+    project: Path,
+    popts: Any,
+    schedule: ScheduleArgs,
+    prefix: str | None = None,
+    arch: str = "90",
+    force: bool = False,
+) -> None:
+    """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
+    verify share. --print-pass-times prints every stage's time at the end."""
+    from flowc.codegen.cpp import c_ident
+    from flowc.compiler import PipelineSpec, StageTimes, compile_graph, compile_pipeline
+
+    streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
+    cuda_graph = not schedule.no_cuda_graph
+
+    times = StageTimes()
+    if isinstance(popts, PipelineSpec) and schedule_for != "latency":
+        raise InputError(
+            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
+            "latency only",
+            hint="leave out --schedule-for, or compile without --pipeline",
+        )
+    # What every kind of program is generated with.
+    shared: dict[str, Any] = dict(
+        source=model.path.name,
+        arch=arch,
+        force=force,
+        times=times,
+        precision=precision,
+    )
+    if isinstance(popts, PipelineSpec):
+        graph = load_model(model, for_compile=True, times=times, precision=precision)
+        spec = popts
+        progress(
+            f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "
+            f"{dims_text(spec.mesh.shape)}, {spec.microbatches} micro-batch"
+            + ("es" if spec.microbatches != 1 else "")
+        )
+        compiled = compile_pipeline(graph, project, spec, prefix=prefix, streams=streams, **shared)
+        progress(compiled.partition.summary().splitlines()[0])
+    elif popts is None:
+        graph = load_model(model, for_compile=True, times=times, precision=precision)
+        progress(f"generating {project}/")
+        compile_graph(
+            graph,
+            project,
+            prefix=prefix,
+            streams=streams,
+            cuda_graph=cuda_graph,
+            schedule_for=schedule_for,
+            **shared,
+        )
+    else:
+        if precision in ("bf16", "fp16"):
+            raise InputError(
+                f"--precision {precision} with --mesh: narrow storage is not placed over a "
+                "mesh yet",
+                hint="use --precision fp32 or tf32 with --mesh, or --pipeline P",
+            )
+
+        # The memory limit counts the arena of the program as compiled: the same streams.
+        popts = dataclasses.replace(popts, streams=streams)
+        logical, result = load_parallel(model, popts, times=times)
+        progress(
+            f"generating {project}/ for {popts.mesh.size} ranks "
+            f"({result.memory.total} bytes per device)"
+        )
+        compile_graph(
+            result.physical.graph,
+            project,
+            prefix=prefix or c_ident(logical.name),
+            physical=result.physical,
+            streams=popts.stream_count(),
+            cuda_graph=cuda_graph,
+            profile=result.profile,  # the one the memory limit was measured with
+            schedule_for=schedule_for,
+            **shared,
+        )
+    if model.print_times:
+        err.print("stage times:", markup=False)
+        for line in times.lines():
+            err.print(line, markup=False)

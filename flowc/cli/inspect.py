@@ -1,0 +1,216 @@
+"""`flowc inspect`: what a model holds, and with options what flowc makes of it (the memory
+plan, a mesh's parallel plan, the static schedule, a report page)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from flowc.cli.common import err, out, recording
+from flowc.cli.inspect_views import (
+    print_pipeline,
+    print_plan_view,
+    print_schedule,
+    write_report_page,
+)
+from flowc.cli.loading import load_model, parallel_settings
+from flowc.cli.options import (
+    ModelArgs,
+    ParallelArgs,
+    ScheduleArgs,
+    choice_option,
+    flag_option,
+    model_options,
+    parallel_options,
+    path_option,
+    schedule_options,
+)
+from flowc.errors import InputError
+from flowc.formatting import human_bytes, human_flops
+
+
+@click.command(
+    name="inspect", short_help="Summarize MODEL; with options its plan, memory, schedule."
+)
+@model_options
+@flag_option("--print-ir", "Write the IR (DSL text) to stdout; the summary goes to stderr.")
+@flag_option("--memory", "Plan memory: arena bytes, lower bound, naive sum.")
+@flag_option(
+    "--schedule",
+    "Print the static schedule per rank: streams, firing order, events, modeled "
+    "start/end, makespan and critical path.",
+    dest="show_schedule",
+)
+@path_option(
+    "--gantt",
+    metavar="OUT.png",
+    help="Draw the modeled schedule as a Gantt chart (PNG); implies --schedule.",
+)
+@choice_option(
+    "--pipeline-schedule",
+    ["gpipe", "1f1b"],
+    "With --pipeline and --schedule: simulate this micro-batch order on the stages' "
+    "modeled forward times (1f1b adds backward actors at a synthetic 2x the forward time).",
+)
+@path_option(
+    "--report",
+    directory=True,
+    metavar="DIR",
+    help="Write DIR/index.html: the graph (Graphviz dot), memory over time, the schedule's "
+    "Gantt chart and these tables (with --memory's) on one self-contained page. "
+    "docs/report.md.",
+)
+@schedule_options
+@parallel_options
+def inspect(
+    model: ModelArgs,
+    print_ir: bool,
+    memory: bool,
+    show_schedule: bool,
+    gantt: Path | None,
+    pipeline_schedule: str | None,
+    report: Path | None,
+    schedule: ScheduleArgs,  # its --no-cuda-graph: the schedule printed is the same either way
+    parallel: ParallelArgs,
+) -> None:
+    """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
+    parallel plan beside the data-parallel and all-broadcast ones; with --schedule, the
+    static schedule the compiled program runs."""
+    from flowc.ir.graph import is_splat
+    from flowc.ops.registry import get_op
+
+    streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
+
+    show_schedule = show_schedule or gantt is not None
+    if streams is not None and not show_schedule:
+        raise InputError("--streams needs --schedule", hint="e.g. --schedule --streams 2")
+    if gantt is not None and gantt.suffix.lower() != ".png":
+        raise InputError(f"--gantt {gantt}: a Gantt chart is drawn as PNG", hint="give OUT.png")
+    popts = parallel_settings(model, parallel)
+    from flowc.compiler import PipelineSpec
+
+    if pipeline_schedule is not None and not (isinstance(popts, PipelineSpec) and show_schedule):
+        raise InputError(
+            "--pipeline-schedule needs --pipeline P and --schedule",
+            hint="e.g. --pipeline 4 --microbatches 8 --schedule --pipeline-schedule 1f1b",
+        )
+    if isinstance(popts, PipelineSpec) and schedule_for != "latency":
+        raise InputError(
+            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
+            "latency only",
+            hint="leave out --schedule-for, or inspect without --pipeline",
+        )
+    if report is not None:
+        from flowc.report import check_target
+
+        # Before the slow steps: a missing `dot` or a file in the way fails at once.
+        check_target(report)
+    if isinstance(popts, PipelineSpec) and report is not None:
+        raise InputError(
+            "--report with --pipeline is not supported yet",
+            hint="inspect the model without --pipeline (a .flow program's stage blocks are "
+            "marked in the report's graph)",
+        )
+    if isinstance(popts, PipelineSpec):
+        print_pipeline(model, popts, show_schedule, pipeline_schedule or "gpipe", streams, gantt)
+        return
+    if popts is not None:
+        logical, result, recorded = print_plan_view(
+            model, popts, print_ir, record=report is not None
+        )
+        if show_schedule:
+            print_schedule(
+                err if print_ir else out,
+                result.physical.graph,
+                streams,
+                gantt,
+                popts.mesh.shape,
+                schedule_for,
+            )
+        if report is not None:
+            write_report_page(
+                report, model.path, recorded, logical, result, popts, streams, schedule_for
+            )
+        return
+
+    # With --memory or --schedule the graph is the one code generation uses: after fusion.
+    memory = memory or report is not None
+    compiled = memory or show_schedule
+    graph = load_model(model, for_compile=compiled, precision=precision)
+    console = err if print_ir else out
+    if report is not None:
+        # The page shows what is printed here: record it (wide: tables are not squeezed).
+        console = recording(console)
+    if print_ir:
+        sys.stdout.write(str(graph))
+        sys.stdout.flush()
+    meta = graph.meta
+    console.print(
+        f"[bold]{escape(model.path.name)}[/]  graph {escape(repr(graph.name))}"
+        + (f", {meta['format']} opset {meta['opset']}" if "opset" in meta else "")
+        + (f", from {meta['producer']}" if meta.get("producer") else "")
+    )
+    io = Table(title="inputs and outputs", title_justify="left", show_edge=False)
+    io.add_column("kind")
+    io.add_column("name")
+    io.add_column("type")
+    for v in graph.inputs:
+        io.add_row("input", escape(v.name), str(v.type))
+    for v in graph.outputs:
+        io.add_row("output", escape(v.name), str(v.type))
+    console.print(io)
+    from flowc.passes.manager import DEFAULT_PIPELINE, compile_pipeline
+
+    # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
+    passes = ", ".join(compile_pipeline(precision) if compiled else DEFAULT_PIPELINE)
+    ops = Table(
+        title=f"ops ({len(graph.nodes)} nodes after {passes})",
+        title_justify="left",
+        show_edge=False,
+    )
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    ops.add_column("FLOPs", justify="right")
+    flops_by_op: dict[str, int] = {}
+    for n in graph.nodes:
+        flops_by_op[n.op] = flops_by_op.get(n.op, 0) + get_op(n.op).count_flops(n)
+    for op, count in graph.op_counts().items():
+        ops.add_row(op, str(count), human_flops(flops_by_op[op]))
+    console.print(ops)
+    total = sum(c.type.nbytes for c in graph.constants)
+    splat = sum(c.type.nbytes for c in graph.constants if c.const is not None and is_splat(c.const))
+    console.print(
+        f"parameters: {len(graph.constants)} tensors, {human_bytes(total)}"
+        + (f" ({human_bytes(splat)} of them fills, not stored)" if splat else "")
+    )
+    console.print(f"estimated FLOPs: {human_flops(sum(flops_by_op.values()))} per run")
+    if memory:
+        from flowc.compiler import plan_schedule, schedule_graph
+
+        sched = schedule_graph(graph, schedule_for=schedule_for)
+        plan = plan_schedule(sched)
+        console.print(
+            f"memory plan: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
+            f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
+            f"naive sum {plan.naive_bytes} B; {len(plan.buffers)} buffers, "
+            f"{plan.inplace} outputs written in place; {plan.concat_inplace} Concat inputs "
+            f"written into their slice, {plan.views_inplace} Split/Slice outputs as views"
+        )
+        if plan.workspaces:
+            streams_ = ", ".join(str(s) for s in sorted(plan.workspaces))
+            console.print(
+                f"  of which library workspaces: {len(plan.workspaces)} x "
+                f"{human_bytes(plan.workspace_bytes)} (cuBLASLt/cuDNN scratch of stream(s) "
+                f"{streams_}; the cost profile's [device] workspace)",
+                markup=False,
+            )
+    if show_schedule:
+        print_schedule(console, graph, streams, gantt, None, schedule_for)
+    if report is not None:
+        write_report_page(
+            report, model.path, console, graph, None, None, streams, schedule_for, sched, plan
+        )

@@ -1,0 +1,379 @@
+"""The options several commands share, each declared once here.
+
+A group of options (the model and its import switches, the schedule, the mesh) reaches its
+command as one frozen object (ModelArgs, ScheduleArgs, ParallelArgs) instead of a dozen
+keyword arguments, so a command's signature names what is its own. The single options that
+recur (--target, --input, --seed, -o, --sanitize) are factories taking what differs between
+the commands (choices, default, help), so each command's help text stays its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from flowc.errors import InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+Decorator = Callable[[F], F]
+
+
+# -- parsing option values ---------------------------------------------------------------------
+
+
+def parse_dims(text: str, what: str) -> tuple[int, ...]:
+    parts = text.lower().replace(",", "x").split("x") if text else []
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise InputError(
+            f"{what}: {text!r} is not a shape", hint="write dims as 1x3x224x224"
+        ) from None
+    if any(d < 0 for d in dims):
+        raise InputError(f"{what}: {text!r} has a negative dimension")
+    return dims
+
+
+def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise InputError(
+                f"--shape {item!r}: expected NAME=DIMS", hint="e.g. --shape input=1x3x224x224"
+            )
+        shapes[name] = parse_dims(dims, f"--shape {name}")
+    return shapes
+
+
+def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
+    dims = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name:
+            raise InputError(f"--dim {item!r}: expected SYMBOL=N", hint="e.g. --dim batch=1")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise InputError(f"--dim {item!r}: {value!r} is not an integer") from None
+        if dims[name] < 1:
+            raise InputError(f"--dim {item!r}: a dimension must be at least 1")
+    return dims
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """``1000000``, ``64MiB``, ``1.5GB``, ``512k`` -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    if m is None:
+        raise InputError(f"{what} {text!r}: expected a byte count like 1000000, 64MiB or 1.5GB")
+    scale = (1024 if m.group(3) else 1000) ** "_kmgt".index(m.group(2) or "_")
+    return int(float(m.group(1)) * scale)
+
+
+# -- option groups -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """MODEL and how to import it: --shape, --dim, --weights and the pass-manager switches."""
+
+    path: Path
+    shapes: tuple[str, ...]
+    dims: tuple[str, ...]
+    weights: str | None
+    dump_after: tuple[str, ...]
+    print_times: bool
+
+
+@dataclass(frozen=True)
+class ScheduleArgs:
+    """How the compiled program runs: streams, CUDA Graph, schedule objective, precision."""
+
+    streams: int | None
+    no_cuda_graph: bool
+    schedule_for: str
+    precision: str
+
+
+@dataclass(frozen=True)
+class ParallelArgs:
+    """The mesh, the placement search and the pipeline, as given on the command line."""
+
+    mesh: str | None
+    parallel: str
+    sbps: tuple[str, ...]
+    mem_limit: str | None
+    cost_profile: Path | None
+    search_nodes: int | None
+    pipeline: int | None
+    microbatches: int
+    stage_boundary: str | None
+
+
+# -- kinds of option ---------------------------------------------------------------------------
+# Constructors for the kinds that recur, so each option below is one line of what is its own.
+
+
+def text_option(
+    name: str, metavar: str, help: str, dest: str | None = None, multiple: bool = False
+) -> Decorator[Any]:
+    """A string option (or, ``multiple``, a repeatable one) read by the command itself."""
+    decls = [name] if dest is None else [name, dest]
+    return click.option(*decls, metavar=metavar, multiple=multiple, help=help)
+
+
+def flag_option(name: str, help: str, dest: str | None = None) -> Decorator[Any]:
+    """An on/off switch, off unless given."""
+    decls = [name] if dest is None else [name, dest]
+    return click.option(*decls, is_flag=True, help=help)
+
+
+def count_option(
+    name: str,
+    metavar: str,
+    help: str,
+    *,
+    low: int,
+    high: int | None = None,
+    default: int | None = None,
+) -> Decorator[Any]:
+    """A whole number from ``low`` (to ``high``); click refuses others with the range."""
+    return click.option(
+        name,
+        type=click.IntRange(min=low, max=high),
+        default=default,
+        show_default=default is not None,
+        metavar=metavar,
+        help=help,
+    )
+
+
+def choice_option(
+    name: str, choices: Sequence[str], help: str | None, default: str | None = None
+) -> Decorator[Any]:
+    """One of ``choices``; a default is shown in the help."""
+    return click.option(
+        name,
+        type=click.Choice(list(choices)),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
+
+
+def path_option(
+    *decls: str, help: str, metavar: str | None = None, directory: bool = False
+) -> Decorator[Any]:
+    """A file (or, ``directory``, a folder) to read or write; None when not given."""
+    kind = click.Path(file_okay=not directory, dir_okay=directory, path_type=Path)
+    return click.option(*decls, type=kind, metavar=metavar, help=help)
+
+
+def _with_options(fn: F, dest: str, cls: type[Any], options: Sequence[Decorator[Any]]) -> F:
+    """``fn`` taking ``options`` (in the order the help lists them) as one ``cls`` object
+    named ``dest``: each option's value is the field of its name. functools.wraps keeps the
+    docstring (the command's help) and the options declared below this group."""
+    names = tuple(cls.__dataclass_fields__)
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        group = cls(**{n: kwargs.pop(n) for n in names})
+        return fn(*args, **kwargs, **{dest: group})
+
+    wrapped: Any = command
+    for option in reversed(options):  # click lists the last decorator applied first
+        wrapped = option(wrapped)
+    return wrapped
+
+
+# -- option groups -----------------------------------------------------------------------------
+
+
+def model_options(fn: F) -> F:
+    """MODEL, --shape, --dim, --print-pass-times, --dump-ir-after, --weights -> ``model``."""
+    model = click.argument("path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+    weights = click.option(
+        "--weights",
+        type=click.Path(dir_okay=False),
+        help="Weights (.npz or .safetensors) for a .flow program's load(...) params.",
+    )
+    return _with_options(
+        fn,
+        "model",
+        ModelArgs,
+        [
+            model,
+            text_option(
+                "--shape",
+                "NAME=DIMS",
+                "Whole shape of an input, e.g. x=1x3x224x224.",
+                dest="shapes",
+                multiple=True,
+            ),
+            text_option(
+                "--dim", "SYMBOL=N", "Value of a symbolic dimension.", dest="dims", multiple=True
+            ),
+            flag_option(
+                "--print-pass-times", "Print how long each pass took (to stderr).", "print_times"
+            ),
+            text_option(
+                "--dump-ir-after",
+                "PASS",
+                "Print the IR after this pass (to stderr); repeatable.",
+                dest="dump_after",
+                multiple=True,
+            ),
+            weights,
+        ],
+    )
+
+
+def schedule_options(fn: F) -> F:
+    """--streams, --schedule-for, --no-cuda-graph, --precision -> ``schedule``."""
+    return _with_options(
+        fn,
+        "schedule",
+        ScheduleArgs,
+        [
+            count_option(
+                "--streams",
+                "N",
+                "Compute streams per device for independent branches (default: as many as "
+                "the schedule's simulation finds worth their events, at most 4).",
+                low=1,
+                high=32,
+            ),
+            choice_option(
+                "--schedule-for",
+                ["latency", "memory"],
+                "latency: order and overlap the nodes for the modeled run time; memory: run "
+                "them in the order of least peak memory (exact search where it is small "
+                "enough), on one compute stream unless --streams asks for more. docs/memory.md.",
+                default="latency",
+            ),
+            flag_option(
+                "--no-cuda-graph",
+                "Launch the schedule's kernels directly in every run() instead of replaying "
+                "one CUDA Graph of it (a mesh's programs always launch directly).",
+            ),
+            choice_option(
+                "--precision",
+                ["fp32", "tf32", "bf16", "fp16"],
+                "fp32: exact float32 GEMMs and convolutions; tf32: those on tensor cores with "
+                "TF32 inputs; bf16/fp16: weights and activations stored narrow, GEMMs and "
+                "convolutions on tensor cores accumulating in float32, softmax, norms and "
+                "reductions in float32 (inputs and outputs stay float32). docs/performance.md.",
+                default="fp32",
+            ),
+        ],
+    )
+
+
+def parallel_options(fn: F) -> F:
+    """--mesh, --parallel, --sbp, --mem-limit, --cost-profile, --search-nodes, --pipeline,
+    --microbatches, --stage-boundary -> ``parallel``."""
+    return _with_options(
+        fn,
+        "parallel",
+        ParallelArgs,
+        [
+            text_option(
+                "--mesh",
+                "N|AxB",
+                "Devices to run on: 4, or 2x4 for a 2-D mesh (one MPI rank per device).",
+            ),
+            choice_option(
+                "--parallel",
+                ["auto", "data", "none"],
+                "auto: searched; data: inputs split on batch, parameters whole; none: all whole.",
+                default="auto",
+            ),
+            text_option(
+                "--sbp",
+                "NAME=SBP",
+                "Fix the layout of an input, parameter or value: x=S(0), w=(B,S(1)), x=S0.",
+                dest="sbps",
+                multiple=True,
+            ),
+            text_option(
+                "--mem-limit", "BYTES", "Per-device bytes for parameters + arena, e.g. 64MiB."
+            ),
+            path_option(
+                "--cost-profile",
+                help="Device and link rates for the search (TOML; default: H200 with NVLink).",
+            ),
+            count_option(
+                "--search-nodes",
+                "N",
+                "Branch-and-bound nodes the placement search may use (a work limit: the same "
+                "plan on any machine; default 2000).",
+                low=0,
+            ),
+            count_option(
+                "--pipeline",
+                "P",
+                "Pipeline parallelism: P stages on mesh axis 0 (--mesh P: a device per stage; "
+                "--mesh PxK: K per stage); the cuts come from --stage-boundary, the program's "
+                "stage blocks, or the partition balancing the stages.",
+                low=1,
+            ),
+            count_option(
+                "--microbatches",
+                "M",
+                "With --pipeline: split the batch (axis 0) into M micro-batches that stream "
+                "through the stages.",
+                low=1,
+                default=1,
+            ),
+            text_option(
+                "--stage-boundary",
+                "VALUE,...",
+                "With --pipeline P: the last value of each stage but the last (P-1 names), "
+                "instead of the automatic partition.",
+            ),
+        ],
+    )
+
+
+# -- single options that several commands take -------------------------------------------------
+
+
+def target_option(
+    choices: Sequence[str], help: str | None, default: str | None = None
+) -> Decorator[Any]:
+    """--target, with the command's own choices, default and help."""
+    return choice_option("--target", choices, help, default)
+
+
+def input_option(help: str = "An input array.") -> Decorator[Any]:
+    """--input NAME=PATH.npy, repeatable -> ``inputs``."""
+    return text_option("--input", "NAME=PATH.npy", help, dest="inputs", multiple=True)
+
+
+def seed_option(help: str) -> Decorator[Any]:
+    """--seed N (default 0) for the seeded random inputs."""
+    return click.option("--seed", default=0, show_default=True, help=help)
+
+
+def output_option(
+    dest: str, help: str, *, directory: bool = False, required: bool = False
+) -> Decorator[Any]:
+    """-o/--output: a file (OUT.npz, OUT.flow) or, with ``directory``, a project folder."""
+    kind = click.Path(file_okay=not directory, dir_okay=directory, path_type=Path)
+    return click.option("-o", "--output", dest, type=kind, required=required, help=help)
+
+
+def sanitize_option(help: str) -> Decorator[Any]:
+    """--sanitize address,undefined: the host build with sanitizers."""
+    return text_option("--sanitize", "address,undefined", help)
+
+
+def project_argument(fn: F) -> F:
+    """PROJECT: a directory made by `flowc compile`."""
+    return click.argument("project", type=click.Path(file_okay=False, path_type=Path))(fn)
