@@ -55,7 +55,7 @@ MAX_ELEMENTS = 1 << 48
 
 
 # Ops whose references turn splat inputs into a zero-stride splat result without
-# materializing it (flowc/ops/shape.py: _move, ConstantOfShape), besides views.
+# materializing it (flowc/ops/movement.py: move_data; ConstantOfShape), besides views.
 SPLAT_PRESERVING_OPS = frozenset({"ConstantOfShape", "Expand", "Transpose", "Tile"})
 
 

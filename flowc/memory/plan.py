@@ -232,7 +232,7 @@ def _slice_first(node: Node) -> int | None:
     """The element offset of a Slice's output in its input when the output is one
     contiguous run of it (static, step 1, the dims before the first sliced one multiply to
     1); None otherwise."""
-    from flowc.ops.resize import _slice_plan
+    from flowc.ops.slicing import slice_plan
 
     x = node.inputs[0]
     assert x is not None
@@ -244,7 +244,7 @@ def _slice_first(node: Node) -> int | None:
         return None
     if starts is None or ends is None or any(s != 1 for s in steps or []):
         return None
-    slices, shape = _slice_plan(ValueError, x.type.shape, starts, ends, axes, steps)
+    slices, shape = slice_plan(ValueError, x.type.shape, starts, ends, axes, steps)
     if tuple(shape) != tuple(node.outputs[0].type.shape):
         return None
     cut = [k for k, (d, e) in enumerate(zip(x.type.shape, shape, strict=True)) if d != e]

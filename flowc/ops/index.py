@@ -1,26 +1,29 @@
-"""Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and Scatter, its
-deprecated opset 9-10 name), ScatterND, TensorScatter, ReverseSequence, Trilu, TopK, OneHot
-and EyeLike, and GatherShard: the Gather a rank runs on its chunk of a table split along the
-gathered axis (vocabulary-parallel embeddings).
+"""Reads and writes at positions a tensor names: Gather, GatherElements, GatherND and
+GatherShard (the Gather a rank runs on its chunk of a table split along the gathered axis:
+vocabulary-parallel embeddings), ScatterElements (and Scatter, its deprecated opset 9-10
+name), ScatterND, TensorScatter (a KV-cache write at per-batch indices) and ReverseSequence
+(per-batch lengths). The positions are only known at run time, so every kernel checks them
+and raises the model's error flag instead of touching memory out of bounds.
 
 Negative indices count from the end of their axis. An index outside [-n, n) is an error
 (onnxruntime rejects it too); the reference raises IndexError naming the axis and the range.
-NonZero is not supported: its output shape depends on the data.
+Ops that pick by value (TopK, NonZero, Unique, Compress) are in selection.py, those whose
+output is a pattern of coordinates (Trilu, OneHot, EyeLike) in masks.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.codegen.cpp import c_int
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
+from flowc.ops.movement import arg, node_input
 from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs, row_major_strides
 
 if TYPE_CHECKING:
@@ -28,12 +31,6 @@ if TYPE_CHECKING:
     from flowc.ir.builder import AdapterNode
 
 FAMILY = "index"
-
-
-def _in(xs: Sequence[np.ndarray | None], i: int) -> np.ndarray:
-    x = xs[i] if i < len(xs) else None
-    assert x is not None, f"input {i} is missing"
-    return x
 
 
 def _int_indices(ctx: InferCtx, i: int, what: str = "indices") -> TensorType:
@@ -57,15 +54,16 @@ def _wrap(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
 # raises the model's error flag (which run() reports) instead of touching memory out of bounds.
 
 
-def _input(node: Node, i: int) -> Value:
-    v = node.inputs[i] if i < len(node.inputs) else None
-    assert v is not None, f"{node.op} node {node.name!r}: input {i} is missing"
-    return v
-
-
 def _indexed(prog: Program, kernel: str, n: int, args: list[str]) -> None:
     """Launch a kernel that checks indices: it also gets the error flag."""
     prog.launch(kernel, n, [*args, "error_flag", f"(int64_t){n}"])
+
+
+def _indexed_over(prog: Program, kernel: str, out: Value, reads: list[Value | None]) -> None:
+    """``_indexed`` with a thread per element of ``out``, reading ``reads`` (None: an absent
+    optional input, passed as nothing) and writing out."""
+    ptrs = [prog.cptr(v) for v in reads if v is not None]
+    _indexed(prog, kernel, out.type.numel, [*ptrs, prog.ptr(out)])
 
 
 # -- Gather family -----------------------------------------------------------------------------
@@ -81,14 +79,14 @@ def _gather_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x = _in(xs, 0)
+    x = arg(xs, 0)
     axis = a["axis"] % x.ndim
-    i = _wrap(_in(xs, 1), x.shape[axis], f"index on axis {axis}")
+    i = _wrap(arg(xs, 1), x.shape[axis], f"index on axis {axis}")
     return np.asarray(np.take(x, i, axis=axis))  # a 0-d result would be a NumPy scalar
 
 
 def _gather_emit(prog: Program, node: Node) -> None:
-    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    x, ind, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     axis = node_attrs(node)["axis"] % x.type.rank
     name = prog.kernel(
         "index.cu.j2",
@@ -99,7 +97,7 @@ def _gather_emit(prog: Program, node: Node) -> None:
         count=ind.type.numel,
         inner=math.prod(x.type.shape[axis + 1 :]),
     )
-    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+    _indexed_over(prog, name, out, [x, ind])
 
 
 def _gather_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
@@ -172,13 +170,13 @@ def _gather_shard_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _gather_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x = _in(xs, 0)
+    x = arg(xs, 0)
     axis = a["axis"] % x.ndim
     rows = x.shape[axis]
     chunk, count = 0, 1
     for m, n in _shard_digits(a):
         chunk, count = chunk * n + int(a["coords"][m]), count * n
-    i = _wrap(_in(xs, 1), rows * count, f"index on axis {axis}") - chunk * rows
+    i = _wrap(arg(xs, 1), rows * count, f"index on axis {axis}") - chunk * rows
     inside = (i >= 0) & (i < rows)
     picked = np.take(x, np.where(inside, i, 0), axis=axis)
     mask = inside.reshape((1,) * axis + inside.shape + (1,) * (x.ndim - axis - 1))
@@ -186,7 +184,7 @@ def _gather_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _gather_shard_emit(prog: Program, node: Node) -> None:
-    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    x, ind, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     a = node_attrs(node)
     axis = a["axis"] % x.type.rank
     rows = x.type.shape[axis]
@@ -218,10 +216,9 @@ defop(
 )
 
 
-def _gather_elements_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.type(0)
-    ind = _int_indices(ctx, 1)
-    axis = ctx.axis(ctx.attr("axis"), x.rank)
+def _check_fits(ctx: InferCtx, ind: TensorType, x: TensorType, axis: int) -> None:
+    """GatherElements' and ScatterElements' indices: the data's rank, and no longer than the
+    data on the other axes (they address its corner)."""
     if ind.rank != x.rank or any(
         i > d for k, (i, d) in enumerate(zip(ind.shape, x.shape, strict=True)) if k != axis
     ):
@@ -229,11 +226,18 @@ def _gather_elements_infer(ctx: InferCtx) -> list[TensorType]:
             f"indices of shape {list(ind.shape)} must have the data's rank and fit inside "
             f"the data's shape {list(x.shape)} outside axis {axis}"
         )
+
+
+def _gather_elements_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    ind = _int_indices(ctx, 1)
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    _check_fits(ctx, ind, x, axis)
     return [x.with_shape(ind.shape)]
 
 
 def _gather_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, ind = _in(xs, 0), _in(xs, 1)
+    x, ind = arg(xs, 0), arg(xs, 1)
     axis = a["axis"] % x.ndim
     # Indices may be smaller than the data on the other axes: read the matching corner.
     corner = tuple(slice(None) if k == axis else slice(0, n) for k, n in enumerate(ind.shape))
@@ -242,7 +246,7 @@ def _gather_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _gather_elements_emit(prog: Program, node: Node) -> None:
-    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    x, ind, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     if x.type.rank == 0:
         raise prog.fail("cannot gather elements from a scalar")
     axis = node_attrs(node)["axis"] % x.type.rank
@@ -260,7 +264,7 @@ def _gather_elements_emit(prog: Program, node: Node) -> None:
         dim=x.type.shape[axis],
         dim_stride=xs[axis],
     )
-    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+    _indexed_over(prog, name, out, [x, ind])
 
 
 defop(
@@ -296,7 +300,7 @@ def _gather_nd_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _gather_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, ind = _in(xs, 0), _in(xs, 1)
+    x, ind = arg(xs, 0), arg(xs, 1)
     b = a["batch_dims"]
     m = ind.shape[-1]
     batch = int(np.prod(x.shape[:b], dtype=np.int64))
@@ -309,7 +313,7 @@ def _gather_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _gather_nd_emit(prog: Program, node: Node) -> None:
-    x, ind, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    x, ind, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     b = node_attrs(node)["batch_dims"]
     m = ind.type.shape[-1]
     xs = row_major_strides(x.type.shape)
@@ -325,7 +329,7 @@ def _gather_nd_emit(prog: Program, node: Node) -> None:
         rows_per_batch=math.prod(ind.type.shape[b:-1]),
         batch_stride=math.prod(x.type.shape[b:]),
     )
-    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(ind), prog.ptr(out)])
+    _indexed_over(prog, name, out, [x, ind])
 
 
 defop(
@@ -375,18 +379,12 @@ def _scatter_elements_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"updates are {upd.dtype} but the data is {x.dtype}")
     if ind.shape != upd.shape:
         raise ctx.fail(f"indices {list(ind.shape)} and updates {list(upd.shape)} differ in shape")
-    if ind.rank != x.rank or any(
-        i > d for k, (i, d) in enumerate(zip(ind.shape, x.shape, strict=True)) if k != axis
-    ):
-        raise ctx.fail(
-            f"indices of shape {list(ind.shape)} must have the data's rank and fit inside "
-            f"the data's shape {list(x.shape)} outside axis {axis}"
-        )
+    _check_fits(ctx, ind, x, axis)
     return [x]
 
 
 def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, ind, upd = _in(xs, 0), _in(xs, 1), _in(xs, 2)
+    x, ind, upd = arg(xs, 0), arg(xs, 1), arg(xs, 2)
     axis = a["axis"] % x.ndim
     key: list[np.ndarray] = list(np.indices(ind.shape, sparse=True))
     key[axis] = _wrap(ind, x.shape[axis], f"index on axis {axis}")
@@ -395,11 +393,19 @@ def _scatter_elements_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return out
 
 
+def _scatter_start(prog: Program, node: Node) -> tuple[Value, Value, Value, Value]:
+    """A scatter's data, indices, updates and output, the data copied to the output first
+    (the kernel then writes the updates over it or combines them into it)."""
+    x, ind, upd = (node_input(node, k) for k in range(3))
+    out = node.outputs[0]
+    prog.copy(out, x)
+    return x, ind, upd, out
+
+
 def _scatter_elements_emit(prog: Program, node: Node) -> None:
-    x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
+    x, ind, upd, out = _scatter_start(prog, node)
     a = node_attrs(node)
     axis = a["axis"] % x.type.rank
-    prog.copy(out, x)
     shape = ind.type.shape
     if ind.type.numel == 0:
         return
@@ -472,7 +478,7 @@ def _scatter_nd_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, ind, upd = _in(xs, 0), _in(xs, 1), _in(xs, 2)
+    x, ind, upd = arg(xs, 0), arg(xs, 1), arg(xs, 2)
     m = ind.shape[-1]
     flat = ind.reshape(-1, m)
     key = tuple(_wrap(flat[:, k], x.shape[k], f"index on axis {k}") for k in range(m))
@@ -482,10 +488,9 @@ def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _scatter_nd_emit(prog: Program, node: Node) -> None:
-    x, ind, upd, out = _input(node, 0), _input(node, 1), _input(node, 2), node.outputs[0]
+    x, ind, upd, out = _scatter_start(prog, node)
     m = ind.type.shape[-1]
     xs = row_major_strides(x.type.shape)
-    prog.copy(out, x)
     rows = math.prod(ind.type.shape[:-1])
     inner = math.prod(x.type.shape[m:])
     if rows == 0:
@@ -558,7 +563,7 @@ def _tensor_scatter_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _tensor_scatter_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    past, upd = _in(xs, 0), _in(xs, 1)
+    past, upd = arg(xs, 0), arg(xs, 1)
     w = xs[2] if len(xs) > 2 and xs[2] is not None else np.zeros(past.shape[0], np.int64)
     axis = int(a["axis"]) % past.ndim
     size, length = past.shape[axis], upd.shape[axis]
@@ -578,7 +583,7 @@ def _tensor_scatter_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _tensor_scatter_emit(prog: Program, node: Node) -> None:
-    past, upd, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    past, upd, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     w = node.inputs[2] if len(node.inputs) > 2 else None
     a = node_attrs(node)
     shape = past.type.shape
@@ -594,8 +599,7 @@ def _tensor_scatter_emit(prog: Program, node: Node) -> None:
         has_indices=w is not None,
         circular=a["mode"] == "circular",
     )
-    args = [prog.cptr(past), prog.cptr(upd), *([prog.cptr(w)] if w is not None else [])]
-    _indexed(prog, name, out.type.numel, [*args, prog.ptr(out)])
+    _indexed_over(prog, name, out, [past, upd, w])
 
 
 def _tensor_scatter_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
@@ -647,7 +651,7 @@ def _reverse_sequence_infer(ctx: InferCtx) -> list[TensorType]:
 
 
 def _reverse_sequence_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, lens = _in(xs, 0), _in(xs, 1)
+    x, lens = arg(xs, 0), arg(xs, 1)
     b_axis, t_axis = int(a["batch_axis"]), int(a["time_axis"])
     steps = x.shape[t_axis]
     out = np.array(x, copy=True)
@@ -661,7 +665,7 @@ def _reverse_sequence_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _reverse_sequence_emit(prog: Program, node: Node) -> None:
-    x, lens, out = _input(node, 0), _input(node, 1), node.outputs[0]
+    x, lens, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     a = node_attrs(node)
     shape = x.type.shape
     name = prog.kernel(
@@ -673,7 +677,7 @@ def _reverse_sequence_emit(prog: Program, node: Node) -> None:
         time_first=int(a["time_axis"]) == 0,
         steps=shape[int(a["time_axis"])],
     )
-    _indexed(prog, name, out.type.numel, [prog.cptr(x), prog.cptr(lens), prog.ptr(out)])
+    _indexed_over(prog, name, out, [x, lens])
 
 
 def _reverse_sequence_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
@@ -694,380 +698,4 @@ defop(
     inputs=2,
     emit=_reverse_sequence_emit,
     sbp=_reverse_sequence_sbp,
-)
-
-
-# -- Trilu, TopK, OneHot, EyeLike --------------------------------------------------------------
-
-
-def _trilu_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.type(0)
-    if x.rank < 2:
-        raise ctx.fail(f"needs rank >= 2, got shape {list(x.shape)}")
-    if ctx.has(1) and (ctx.type(1).numel != 1 or ctx.dtype(1) != DType.I64):
-        raise ctx.fail(f"k must be one int64 value, got {ctx.type(1)}")
-    return [x]
-
-
-def _trilu_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x = _in(xs, 0)
-    k = int(xs[1].reshape(-1)[0]) if len(xs) > 1 and xs[1] is not None else 0
-    return np.triu(x, k) if a["upper"] else np.tril(x, k)
-
-
-def _trilu_emit(prog: Program, node: Node) -> None:
-    x, out = _input(node, 0), node.outputs[0]
-    kv = node.inputs[1] if len(node.inputs) > 1 else None
-    k_at = kv is not None and kv.const is None
-    k = 0 if kv is None or kv.const is None else int(kv.const.reshape(-1)[0])
-    rows, cols = x.type.shape[-2:]
-    name = prog.kernel(
-        "index.cu.j2",
-        "trilu",
-        ctype=prog.ctype(x),
-        rows=rows,
-        cols=cols,
-        upper=bool(node_attrs(node)["upper"]),
-        k=c_int(k, "int64_t"),
-        k_at=k_at,
-    )
-    n = out.type.numel
-    args = [prog.cptr(x), *([prog.cptr(kv)] if k_at and kv else []), prog.ptr(out)]
-    prog.launch(name, n, [*args, f"(int64_t){n}"])
-
-
-defop(
-    "Trilu",
-    FAMILY,
-    infer=_trilu_infer,
-    reference=_trilu_ref,
-    attrs={"upper": 1},
-    inputs=(1, 2),
-    emit=_trilu_emit,
-    # Batch axes split; zeroing a fixed triangle is linear.
-    sbp=lambda ctx, outs: [
-        *sr.same_axes(ctx, outs, range(outs[0].rank - 2)),
-        sr.partial(ctx, outs),
-    ],
-)
-
-
-def _topk_k(ctx: InferCtx) -> int:
-    k = ctx.const(1, "k")
-    if k.size != 1 or k.dtype != np.int64:
-        raise ctx.fail(f"k must hold one int64 value, got {ctx.type(1)}")
-    return int(k.reshape(-1)[0])
-
-
-def _topk_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.type(0)
-    if x.rank == 0:
-        raise ctx.fail("needs an input of rank >= 1")
-    axis = ctx.axis(ctx.attr("axis"), x.rank)
-    k = _topk_k(ctx)
-    if not 0 <= k <= x.shape[axis]:
-        raise ctx.fail(f"k = {k} is out of range for axis {axis} of shape {list(x.shape)}")
-    shape = list(x.shape)
-    shape[axis] = k
-    return [x.with_shape(shape), TensorType(tuple(shape), DType.I64)][: ctx.num_outputs]
-
-
-def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
-    x = _in(xs, 0)
-    k = int(_in(xs, 1).reshape(-1)[0])
-    axis = a["axis"] % x.ndim
-    v = np.moveaxis(x, axis, -1)
-    n = v.shape[-1]
-    if a["largest"]:
-        # Descending with ties to the lower index: a stable ascending sort of the reversed
-        # row, read backwards. Negating would break on unsigned and minimum integers.
-        order = n - 1 - np.argsort(v[..., ::-1], axis=-1, kind="stable")[..., ::-1]
-    else:
-        order = np.argsort(v, axis=-1, kind="stable")
-    # sorted=0 leaves the order unspecified; sorted output is one valid order.
-    idx = order[..., :k]
-    values = np.take_along_axis(v, idx, axis=-1)
-    return [np.moveaxis(values, -1, axis), np.moveaxis(idx, -1, axis).astype(np.int64)]
-
-
-def _topk_emit(prog: Program, node: Node) -> None:
-    x = _input(node, 0)
-    a = node_attrs(node)
-    axis = a["axis"] % x.type.rank
-    kv = _input(node, 1).const
-    assert kv is not None
-    k = int(kv.reshape(-1)[0])
-    if k == 0 or x.type.numel == 0:
-        return
-    with_indices = len(node.outputs) > 1
-    name = prog.kernel(
-        "index.cu.j2",
-        "topk",
-        ctype=prog.ctype(x),
-        len=x.type.shape[axis],
-        inner=math.prod(x.type.shape[axis + 1 :]),
-        k=k,
-        largest=bool(a["largest"]),
-        is_float=x.type.dtype.is_float,
-        with_indices=with_indices,
-    )
-    outs = [prog.ptr(o) for o in node.outputs[:2]]
-    n = x.type.numel
-    prog.launch(name, n, [prog.cptr(x), *outs, f"(int64_t){n}"])
-
-
-def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
-    rank = outs[0].rank
-    axis = ctx.axis(ctx.attr("axis"), rank)
-    return sr.same_axes(ctx, outs, (d for d in range(rank) if d != axis))
-
-
-def _topk_import(n: AdapterNode) -> None:
-    if n.opset < 10 and "k" in n.attrs:
-        n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
-
-
-defop(
-    "TopK",
-    FAMILY,
-    infer=_topk_infer,
-    reference=_topk_ref,
-    attrs={"axis": -1, "largest": 1, "sorted": 1},
-    inputs=2,
-    outputs=(1, 2),
-    flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
-    onnx_import=_topk_import,
-    emit=_topk_emit,
-    sbp=_topk_sbp,
-)
-
-
-def _onehot_depth(depth: np.ndarray) -> int:
-    return int(depth.reshape(-1)[0])
-
-
-def _onehot_infer(ctx: InferCtx) -> list[TensorType]:
-    ind, values = ctx.type(0), ctx.type(2)
-    depth_arr = ctx.const(1, "depth")
-    if depth_arr.size != 1:
-        raise ctx.fail(f"depth must be one value, got shape {list(depth_arr.shape)}")
-    depth = _onehot_depth(depth_arr)
-    if depth < 1:
-        raise ctx.fail(f"depth must be positive, got {depth}")
-    if values.numel != 2 or values.rank != 1:
-        raise ctx.fail(f"values must be a 1-D [off, on] pair, got shape {list(values.shape)}")
-    rank = ind.rank + 1
-    axis = ctx.axis(ctx.attr("axis"), rank)
-    shape = list(ind.shape)
-    shape.insert(axis, depth)
-    return [TensorType(tuple(shape), values.dtype)]
-
-
-def _onehot_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    ind, values = _in(xs, 0), _in(xs, 2)
-    depth = _onehot_depth(_in(xs, 1))
-    axis = a["axis"] % (ind.ndim + 1)
-    i = ind.astype(np.int64)  # float indices truncate, as onnxruntime casts them
-    i = np.where(i < 0, i + depth, i)  # still out of range: an all-off row
-    hot = np.moveaxis(i[..., None] == np.arange(depth), -1, axis)
-    return np.where(hot, values[1], values[0]).astype(values.dtype)
-
-
-def _onehot_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
-    # The new depth axis sits at ``axis``; the indices' axes keep their order around it.
-    axis = ctx.axis(ctx.attr("axis"), outs[0].rank)
-    return sr.splits(ctx, outs, ((d, d + (d >= axis)) for d in range(outs[0].rank - 1)))
-
-
-def _onehot_emit(prog: Program, node: Node) -> None:
-    ind, values, out = _input(node, 0), _input(node, 2), node.outputs[0]
-    dv = _input(node, 1).const
-    assert dv is not None
-    axis = node_attrs(node)["axis"] % (ind.type.rank + 1)
-    name = prog.kernel(
-        "index.cu.j2",
-        "onehot",
-        itype=prog.ctype(ind),
-        ctype=prog.ctype(out),
-        depth=_onehot_depth(dv),
-        inner=math.prod(ind.type.shape[axis:]),
-    )
-    n = out.type.numel
-    prog.launch(name, n, [prog.cptr(ind), prog.cptr(values), prog.ptr(out), f"(int64_t){n}"])
-
-
-defop(
-    "OneHot",
-    FAMILY,
-    infer=_onehot_infer,
-    reference=_onehot_ref,
-    attrs={"axis": -1},
-    inputs=3,
-    emit=_onehot_emit,
-    sbp=_onehot_sbp,
-)
-
-
-def _eyelike_dtype(x: np.ndarray | TensorType, a: Attrs) -> DType:
-    if a.get("dtype") is not None:
-        return DType.from_onnx(int(a["dtype"]))
-    return x.dtype if isinstance(x, TensorType) else DType.from_numpy(x.dtype)
-
-
-def _eyelike_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.type(0)
-    if x.rank != 2:
-        raise ctx.fail(f"needs a 2-D input, got shape {list(x.shape)}")
-    try:
-        dtype = _eyelike_dtype(x, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(f"bad 'dtype' attribute: {e}") from None
-    return [x.with_dtype(dtype)]
-
-
-def _eyelike_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x = _in(xs, 0)
-    rows, cols = x.shape
-    return np.eye(rows, cols, k=a["k"], dtype=_eyelike_dtype(x, a).np)
-
-
-def _eyelike_emit(prog: Program, node: Node) -> None:
-    out = node.outputs[0]
-    name = prog.kernel(
-        "index.cu.j2",
-        "eyelike",
-        ctype=prog.ctype(out),
-        cols=out.type.shape[1],
-        k=c_int(int(node_attrs(node)["k"]), "int64_t"),
-    )
-    n = out.type.numel
-    prog.launch(name, n, [prog.ptr(out), f"(int64_t){n}"])
-
-
-defop(
-    "EyeLike",
-    FAMILY,
-    infer=_eyelike_infer,
-    reference=_eyelike_ref,
-    attrs={"dtype": None, "k": 0},
-    emit=_eyelike_emit,
-)
-
-
-# -- Compress, NonZero, Unique: output shapes that depend on values ----------------------------
-# flowc compiles fixed shapes, so the values that decide the output's length must be known at
-# compile time: Compress's condition (the data may come at run time: a Gather with constant
-# indices), NonZero's and Unique's whole input (they fold to constants).
-
-
-def _compress_indices(ctx: InferCtx) -> np.ndarray:
-    cond = ctx.const(1, "condition")
-    if cond.ndim != 1:
-        raise ctx.fail(f"condition must be 1-D, got shape {list(cond.shape)}")
-    return np.flatnonzero(cond.astype(bool))
-
-
-def _compress_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.type(0)
-    keep = _compress_indices(ctx)
-    axis = ctx.attrs.get("axis")
-    length = x.numel if axis is None else x.shape[ctx.axis(int(axis), x.rank)]
-    if keep.size and keep[-1] >= length:
-        raise ctx.fail(f"condition selects position {int(keep[-1])} of an axis of length {length}")
-    if axis is None:
-        return [TensorType((keep.size,), x.dtype)]
-    ax = ctx.axis(int(axis), x.rank)
-    return [x.with_shape((*x.shape[:ax], keep.size, *x.shape[ax + 1 :]))]
-
-
-def _compress_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x, cond = _in(xs, 0), _in(xs, 1)
-    axis = a.get("axis")
-    return np.compress(cond.astype(bool), x, axis=None if axis is None else int(axis))
-
-
-def _compress_import(n: AdapterNode) -> list[Value] | None:
-    """With the condition known, Compress is a Gather of the kept positions."""
-    x, cond = n.input(0), n.input(1)
-    if x is None or cond is None or cond.const is None:
-        return None  # inference reports what is missing
-    keep = np.flatnonzero(np.asarray(cond.const).astype(bool)).astype(np.int64)
-    axis = n.attrs.get("axis")
-    if axis is None:
-        flat = n.const("flat", np.array([-1], np.int64))
-        (x,) = n.emit("Reshape", [x, flat], suffix="flatten")
-        axis = 0
-    if keep.size and keep[-1] >= x.type.shape[int(axis) % x.type.rank]:
-        return None  # out of range: inference says so
-    idx = n.const("kept", keep)
-    return n.emit("Gather", [x, idx], {"axis": int(axis)}, output_names=n.output_names)
-
-
-defop(
-    "Compress",
-    FAMILY,
-    infer=_compress_infer,
-    reference=_compress_ref,
-    attrs={"axis": None},
-    inputs=2,
-    onnx_import=_compress_import,
-)
-
-
-def _nonzero_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.const(0, "the data: the number of nonzero elements is the output's length")
-    return [TensorType((max(x.ndim, 1), int(np.count_nonzero(x))), DType.I64)]
-
-
-def _nonzero_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
-    x = _in(xs, 0)
-    return np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64).reshape(max(x.ndim, 1), -1)
-
-
-defop("NonZero", FAMILY, infer=_nonzero_infer, reference=_nonzero_ref)
-
-
-def _unique_parts(x: np.ndarray, a: Attrs) -> list[np.ndarray]:
-    axis = a.get("axis")
-    ax = None if axis is None else int(axis) % max(x.ndim, 1)
-    values, first, inverse, counts = np.unique(
-        x, return_index=True, return_inverse=True, return_counts=True, axis=ax
-    )
-    if not a["sorted"]:
-        # In order of first occurrence: renumber everything by that order.
-        order = np.argsort(first, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        values = np.take(values, order, axis=0 if ax is None else ax)
-        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
-    return [
-        values,
-        first.astype(np.int64),
-        inverse.reshape(-1).astype(np.int64),
-        counts.astype(np.int64),
-    ]
-
-
-def _unique_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.const(0, "the data: the number of distinct values is the output's length")
-    axis = ctx.attrs.get("axis")
-    if axis is not None:
-        ctx.axis(int(axis), x.ndim)
-    parts = _unique_parts(x, ctx.attrs)
-    types = [TensorType(parts[0].shape, ctx.dtype(0))]
-    types += [TensorType(p.shape, DType.I64) for p in parts[1:]]
-    return types[: max(ctx.num_outputs, 1)]
-
-
-def _unique_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
-    return _unique_parts(_in(xs, 0), a)
-
-
-defop(
-    "Unique",
-    FAMILY,
-    infer=_unique_infer,
-    reference=_unique_ref,
-    attrs={"axis": None, "sorted": 1},
-    outputs=(1, 4),
 )

@@ -1,0 +1,236 @@
+"""Ops that pick elements by their values: TopK (the k largest or smallest along an axis),
+and Compress, NonZero and Unique, whose output lengths depend on the values. flowc compiles
+fixed shapes, so the values that decide a length must be known at compile time: Compress's
+condition (the data may come at run time: it imports as a Gather of the kept positions),
+NonZero's and Unique's whole input (they fold to constants).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs, Node, Value
+from flowc.ir.types import TensorType
+from flowc.ops import sbp_rules as sr
+from flowc.ops.movement import arg, node_input
+from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
+    from flowc.ir.builder import AdapterNode
+
+FAMILY = "index"
+
+
+# -- TopK --------------------------------------------------------------------------------------
+
+
+def _topk_k(ctx: InferCtx) -> int:
+    k = ctx.const(1, "k")
+    if k.size != 1 or k.dtype != np.int64:
+        raise ctx.fail(f"k must hold one int64 value, got {ctx.type(1)}")
+    return int(k.reshape(-1)[0])
+
+
+def _topk_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    if x.rank == 0:
+        raise ctx.fail("needs an input of rank >= 1")
+    axis = ctx.axis(ctx.attr("axis"), x.rank)
+    k = _topk_k(ctx)
+    if not 0 <= k <= x.shape[axis]:
+        raise ctx.fail(f"k = {k} is out of range for axis {axis} of shape {list(x.shape)}")
+    shape = list(x.shape)
+    shape[axis] = k
+    return [x.with_shape(shape), TensorType(tuple(shape), DType.I64)][: ctx.num_outputs]
+
+
+def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    x = arg(xs, 0)
+    k = int(arg(xs, 1).reshape(-1)[0])
+    axis = a["axis"] % x.ndim
+    v = np.moveaxis(x, axis, -1)
+    n = v.shape[-1]
+    if a["largest"]:
+        # Descending with ties to the lower index: a stable ascending sort of the reversed
+        # row, read backwards. Negating would break on unsigned and minimum integers.
+        order = n - 1 - np.argsort(v[..., ::-1], axis=-1, kind="stable")[..., ::-1]
+    else:
+        order = np.argsort(v, axis=-1, kind="stable")
+    # sorted=0 leaves the order unspecified; sorted output is one valid order.
+    idx = order[..., :k]
+    values = np.take_along_axis(v, idx, axis=-1)
+    return [np.moveaxis(values, -1, axis), np.moveaxis(idx, -1, axis).astype(np.int64)]
+
+
+def _topk_emit(prog: Program, node: Node) -> None:
+    x = node_input(node, 0)
+    a = node_attrs(node)
+    axis = a["axis"] % x.type.rank
+    kv = node_input(node, 1).const
+    assert kv is not None
+    k = int(kv.reshape(-1)[0])
+    if k == 0 or x.type.numel == 0:
+        return
+    with_indices = len(node.outputs) > 1
+    name = prog.kernel(
+        "index.cu.j2",
+        "topk",
+        ctype=prog.ctype(x),
+        len=x.type.shape[axis],
+        inner=math.prod(x.type.shape[axis + 1 :]),
+        k=k,
+        largest=bool(a["largest"]),
+        is_float=x.type.dtype.is_float,
+        with_indices=with_indices,
+    )
+    outs = [prog.ptr(o) for o in node.outputs[:2]]
+    n = x.type.numel
+    prog.launch(name, n, [prog.cptr(x), *outs, f"(int64_t){n}"])
+
+
+def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    rank = outs[0].rank
+    axis = ctx.axis(ctx.attr("axis"), rank)
+    return sr.same_axes(ctx, outs, (d for d in range(rank) if d != axis))
+
+
+def _topk_import(n: AdapterNode) -> None:
+    if n.opset < 10 and "k" in n.attrs:
+        n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
+
+
+defop(
+    "TopK",
+    FAMILY,
+    infer=_topk_infer,
+    reference=_topk_ref,
+    attrs={"axis": -1, "largest": 1, "sorted": 1},
+    inputs=2,
+    outputs=(1, 2),
+    flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
+    onnx_import=_topk_import,
+    emit=_topk_emit,
+    sbp=_topk_sbp,
+)
+
+
+# -- Compress, NonZero, Unique: output shapes that depend on values ----------------------------
+# (See the module docstring: the values that decide the length are compile-time constants.)
+
+
+def _compress_indices(ctx: InferCtx) -> np.ndarray:
+    cond = ctx.const(1, "condition")
+    if cond.ndim != 1:
+        raise ctx.fail(f"condition must be 1-D, got shape {list(cond.shape)}")
+    return np.flatnonzero(cond.astype(bool))
+
+
+def _compress_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.type(0)
+    keep = _compress_indices(ctx)
+    axis = ctx.attrs.get("axis")
+    length = x.numel if axis is None else x.shape[ctx.axis(int(axis), x.rank)]
+    if keep.size and keep[-1] >= length:
+        raise ctx.fail(f"condition selects position {int(keep[-1])} of an axis of length {length}")
+    if axis is None:
+        return [TensorType((keep.size,), x.dtype)]
+    ax = ctx.axis(int(axis), x.rank)
+    return [x.with_shape((*x.shape[:ax], keep.size, *x.shape[ax + 1 :]))]
+
+
+def _compress_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, cond = arg(xs, 0), arg(xs, 1)
+    axis = a.get("axis")
+    return np.compress(cond.astype(bool), x, axis=None if axis is None else int(axis))
+
+
+def _compress_import(n: AdapterNode) -> list[Value] | None:
+    """With the condition known, Compress is a Gather of the kept positions."""
+    x, cond = n.input(0), n.input(1)
+    if x is None or cond is None or cond.const is None:
+        return None  # inference reports what is missing
+    keep = np.flatnonzero(np.asarray(cond.const).astype(bool)).astype(np.int64)
+    axis = n.attrs.get("axis")
+    if axis is None:
+        flat = n.const("flat", np.array([-1], np.int64))
+        (x,) = n.emit("Reshape", [x, flat], suffix="flatten")
+        axis = 0
+    if keep.size and keep[-1] >= x.type.shape[int(axis) % x.type.rank]:
+        return None  # out of range: inference says so
+    idx = n.const("kept", keep)
+    return n.emit("Gather", [x, idx], {"axis": int(axis)}, output_names=n.output_names)
+
+
+defop(
+    "Compress",
+    FAMILY,
+    infer=_compress_infer,
+    reference=_compress_ref,
+    attrs={"axis": None},
+    inputs=2,
+    onnx_import=_compress_import,
+)
+
+
+def _nonzero_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.const(0, "the data: the number of nonzero elements is the output's length")
+    return [TensorType((max(x.ndim, 1), int(np.count_nonzero(x))), DType.I64)]
+
+
+def _nonzero_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x = arg(xs, 0)
+    return np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64).reshape(max(x.ndim, 1), -1)
+
+
+defop("NonZero", FAMILY, infer=_nonzero_infer, reference=_nonzero_ref)
+
+
+def _unique_parts(x: np.ndarray, a: Attrs) -> list[np.ndarray]:
+    axis = a.get("axis")
+    ax = None if axis is None else int(axis) % max(x.ndim, 1)
+    values, first, inverse, counts = np.unique(
+        x, return_index=True, return_inverse=True, return_counts=True, axis=ax
+    )
+    if not a["sorted"]:
+        # In order of first occurrence: renumber everything by that order.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        values = np.take(values, order, axis=0 if ax is None else ax)
+        first, counts, inverse = first[order], counts[order], rank[inverse.reshape(-1)]
+    return [
+        values,
+        first.astype(np.int64),
+        inverse.reshape(-1).astype(np.int64),
+        counts.astype(np.int64),
+    ]
+
+
+def _unique_infer(ctx: InferCtx) -> list[TensorType]:
+    x = ctx.const(0, "the data: the number of distinct values is the output's length")
+    axis = ctx.attrs.get("axis")
+    if axis is not None:
+        ctx.axis(int(axis), x.ndim)
+    parts = _unique_parts(x, ctx.attrs)
+    types = [TensorType(parts[0].shape, ctx.dtype(0))]
+    types += [TensorType(p.shape, DType.I64) for p in parts[1:]]
+    return types[: max(ctx.num_outputs, 1)]
+
+
+def _unique_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    return _unique_parts(arg(xs, 0), a)
+
+
+defop(
+    "Unique",
+    FAMILY,
+    infer=_unique_infer,
+    reference=_unique_ref,
+    attrs={"axis": None, "sorted": 1},
+    outputs=(1, 4),
+)
