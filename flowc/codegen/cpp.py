@@ -152,3 +152,32 @@ def c_literal(value: Any, dtype: DType, t: str) -> str:
     if dtype == DType.BOOL:
         return "true" if bool(value) else "false"
     return c_int(int(value), t)
+
+
+# The generated code's launch geometry (a spelling of FLOWC_LAUNCH's grid): threads per
+# block of the grid-stride kernels, and the most blocks a grid-stride launch asks for.
+BLOCK = 256
+MAX_GRID = 1 << 20
+
+# Numerators of FlowcDivmod (templates/kernels/common.cu.j2) stay below this.
+DIVMOD_LIMIT = 1 << 31
+
+
+def divmod_magic(d: int) -> tuple[int, int, int]:
+    """(d, mul, shr) such that n // d == (n * mul >> 32) >> shr for 0 <= n < 2^31 (d > 1;
+    d == 1 is the kernel's own case): shr + 32 = 31 + ceil(log2 d), mul = ceil(2^(shr+32) / d),
+    which fits 32 bits. The round-up error n * (mul * d - 2^(shr+32)) / 2^(shr+32) stays below
+    1 / d for n < 2^31, so the floor is exact (the scheme CUTLASS's FastDivmod uses)."""
+    if not 1 <= d < DIVMOD_LIMIT:
+        raise CodegenError(f"internal: fast division by {d} (needs 1 <= d < 2^31)")
+    if d == 1:
+        return 1, 0, 0
+    p = 31 + (d - 1).bit_length()
+    return d, -(-(1 << p) // d), p - 32
+
+
+def fast_divmod(d: int) -> str:
+    """The C++ FlowcDivmod literal for divisor ``d``, as a kernel argument. A zero-size
+    dimension has no element to index (the launch is skipped): it divides by 1."""
+    dd, mul, shr = divmod_magic(max(d, 1))
+    return f"FlowcDivmod{{{dd}u, {mul}u, {shr}u}}"

@@ -7,36 +7,13 @@ import math
 import re
 from typing import TYPE_CHECKING
 
-from flowc.codegen.cpp import CodegenError, ctype
+from flowc.codegen.cpp import DIVMOD_LIMIT, CodegenError, ctype, fast_divmod
+from flowc.codegen.cpp import divmod_magic as divmod_magic  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
-
-
-# Numerators of FlowcDivmod (templates/kernels/common.cu.j2) stay below this.
-DIVMOD_LIMIT = 1 << 31
-
-
-def divmod_magic(d: int) -> tuple[int, int, int]:
-    """(d, mul, shr) such that n // d == (n * mul >> 32) >> shr for 0 <= n < 2^31 (d > 1;
-    d == 1 is the kernel's own case): shr + 32 = 31 + ceil(log2 d), mul = ceil(2^(shr+32) / d),
-    which fits 32 bits. The round-up error n * (mul * d - 2^(shr+32)) / 2^(shr+32) stays below
-    1 / d for n < 2^31, so the floor is exact (the scheme CUTLASS's FastDivmod uses)."""
-    if not 1 <= d < DIVMOD_LIMIT:
-        raise CodegenError(f"internal: fast division by {d} (needs 1 <= d < 2^31)")
-    if d == 1:
-        return 1, 0, 0
-    p = 31 + (d - 1).bit_length()
-    return d, -(-(1 << p) // d), p - 32
-
-
-def fast_divmod(d: int) -> str:
-    """The C++ FlowcDivmod for divisor ``d``, as a kernel argument. A zero-size dimension
-    has no element to index (the launch is skipped): it divides by 1."""
-    dd, mul, shr = divmod_magic(max(d, 1))
-    return f"FlowcDivmod{{{dd}u, {mul}u, {shr}u}}"
 
 
 def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str:
@@ -194,8 +171,8 @@ def emit_fused(prog: Program, node: Node) -> None:
     from flowc.ops.registry import get_op
 
     steps = json.loads(node.attrs["program"])
-    lines = []
-    for k, step in enumerate(steps):
+    chain: list[dict[str, str]] = []
+    for step in steps:
         opdef = get_op(step["op"])
         assert opdef.cexpr is not None
         args = step["args"]
@@ -212,5 +189,5 @@ def emit_fused(prog: Program, node: Node) -> None:
         expr = substitute(
             opdef.cexpr(Attrs(step["attrs"]).merged(opdef.attrs), present), names, step_t, in_t
         )
-        lines.append(f"const {step_t} t{k} = static_cast<{step_t}>({expr});")
-    _pointwise(prog, "fused", values, out, lines=lines, result=f"t{len(steps) - 1}")
+        chain.append({"ctype": step_t, "expr": expr})
+    _pointwise(prog, "fused", values, out, steps=chain)

@@ -23,6 +23,8 @@ import numpy as np
 
 from flowc import __version__
 from flowc.codegen.cpp import (
+    BLOCK,
+    MAX_GRID,
     CodegenError,
     c_comment,
     c_float,
@@ -35,6 +37,7 @@ from flowc.codegen.cpp import (
     ctype,
     is_c_ident,
 )
+from flowc.codegen.elementwise import emit_elementwise, emit_fused
 from flowc.codegen.weights import WEIGHTS_MAGIC as WEIGHTS_MAGIC  # re-exported
 from flowc.codegen.weights import WeightsLayout as WeightsLayout  # re-exported
 from flowc.ir.dtype import DType
@@ -50,13 +53,11 @@ if TYPE_CHECKING:
     from flowc.parallel.pipeline import Pipelined
     from flowc.schedule.unroll import Unrolled
 
-BLOCK = 256
 # The alignment run() requires of the caller's input and output pointers (model.h): what
 # 128-bit loads and the GEMM plans' CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES assume.
 POINTER_ALIGNMENT = 16
 # Library plan kinds (Program.library_plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
 PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
-MAX_GRID = 1 << 20
 
 
 def template_env() -> jinja2.Environment:
@@ -413,6 +414,14 @@ class Program:
     def zero(self, dst: str, nbytes: int) -> None:
         """``nbytes`` zero bytes at the address ``dst`` (ptr/ptr_void) on the current stream."""
         self.statements.append(self._run("zero", dst=dst, nbytes=nbytes, stream=self.stream))
+
+    def elementwise(self, node: Node) -> None:
+        """An element-wise node (its op's cexpr) as one broadcasting kernel."""
+        emit_elementwise(self, node)
+
+    def fused(self, node: Node) -> None:
+        """A FusedElementwise chain as one kernel (codegen/elementwise.py)."""
+        emit_fused(self, node)
 
     def fail(self, message: str) -> CodegenError:
         node = self.node

@@ -16,7 +16,6 @@ import numpy as np
 import onnx.numpy_helper
 
 from flowc.codegen.cpp import c_float
-from flowc.codegen.elementwise import emit_elementwise, emit_fused
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
@@ -35,8 +34,9 @@ from flowc.ops.registry import (
 )
 
 if TYPE_CHECKING:
+    from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
-    from flowc.ir.graph import Value
+    from flowc.ir.graph import Node, Value
 
 FAMILY = "elementwise"
 
@@ -198,6 +198,16 @@ CEXPR: dict[str, CExprFn] = {
     "Clip": _clip_expr,
     "Cast": _cast_expr,
 }
+
+
+def emit_elementwise(prog: Program, node: Node) -> None:
+    """The op's cexpr as one broadcasting kernel (the code generator's shared emitter)."""
+    prog.elementwise(node)
+
+
+def emit_fused(prog: Program, node: Node) -> None:
+    """A FusedElementwise chain as one kernel, each step a local variable."""
+    prog.fused(node)
 
 
 def codegen(name: str) -> dict[str, Any]:

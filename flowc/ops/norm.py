@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from flowc.codegen.cpp import c_float
-from flowc.codegen.elementwise import DIVMOD_LIMIT, fast_divmod
+from flowc.codegen.cpp import DIVMOD_LIMIT, c_float, fast_divmod
 from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node

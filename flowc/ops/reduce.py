@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from flowc.codegen.cpp import CodegenError, c_float, ctype
+from flowc.codegen.cpp import BLOCK, MAX_GRID, CodegenError, c_float, ctype
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
@@ -116,8 +116,6 @@ class RowLayout:
 
 def row_layout(rows: int, cols: int, vec: int = 1) -> RowLayout:
     """``vec``: elements each thread takes per load (4 for the 16-byte loads)."""
-    from flowc.codegen.program import BLOCK, MAX_GRID
-
     width = min(BLOCK, next_pow2(max(-(-cols // vec), 1)))
     per_block = max(min(BLOCK // width, next_pow2(max(rows, 1))), WARP // width)
     blocks = min(-(-rows // per_block), MAX_GRID)
