@@ -6,6 +6,9 @@ emitted once), statements of the run() function in schedule order, and fills tha
 initialize splat constants at create time. Pointers come from the memory plan: graph inputs
 and outputs are the caller's, constants live in the weights buffer, intermediates in the
 arena.
+
+(Over 800 lines: the Program API, the schedule's emission and the project's rendering share
+one module's private helpers; splitting _render out is issue 16's next step.)
 """
 
 from __future__ import annotations
@@ -405,11 +408,6 @@ class Program:
         self.statements.append(
             self._run("memcpy", dst=dst, src=src, nbytes=nbytes, stream=self.stream)
         )
-
-    def stmt(self, code: str) -> None:
-        """A run() statement given as C++ text. Deprecated: emit (a template's macro) or
-        launch/call/memcpy/zero instead; kept until ops/shape.py's last use moves."""
-        self.statements.append(code)
 
     def zero(self, dst: str, nbytes: int) -> None:
         """``nbytes`` zero bytes at the address ``dst`` (ptr/ptr_void) on the current stream."""

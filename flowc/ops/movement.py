@@ -128,9 +128,10 @@ def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, bo
     dims = _simplify_box(box)
     if not dims or (len(dims) == 1 and dims[0][1:] == (1, 1)):
         # One run of memory: the copy engine does it.
-        prog.stmt(
-            f"cudaMemcpyAsync({_offset(prog.ptr(dst), dst_at)}, {_offset(prog.cptr(src), src_at)}, "
-            f"{total * dst.type.dtype.itemsize}, cudaMemcpyDeviceToDevice, {prog.stream});"
+        prog.memcpy(
+            _offset(prog.ptr(dst), dst_at),
+            _offset(prog.cptr(src), src_at),
+            total * dst.type.dtype.itemsize,
         )
         return
     sizes = [size for size, _, _ in dims]
