@@ -13,6 +13,9 @@ flowc specializes shapes at compile time. When an import fails because a node in
 known at compile time (Reshape's shape, Reduce axes, Slice starts, ...) and that input is a
 graph input, the runner binds it to its test value as a constant (an initializer in a copy
 of the model): an ahead-of-time specialization like ``--shape``. Such cases are counted.
+
+One idea: the ONNX node suite through flowc; kept whole because materializing, running
+(ref, host batches, CUDA) and the results files share one case record and cache layout.
 """
 
 from __future__ import annotations

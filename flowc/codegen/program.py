@@ -9,6 +9,9 @@ arena.
 
 (Over 800 lines: the Program API, the schedule's emission and the project's rendering share
 one module's private helpers; splitting _render out is issue 16's next step.)
+
+One idea: a planned graph to its C++ project; kept whole because the single-device and
+pipeline generators share the Program, its template environment and the weight layout.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ file:line:col, show the line with a caret, and say what was expected and what wa
 Literals in expressions take their type from context: a number combined with a tensor by an
 element-wise op (``x * 2``) gets that tensor's type; otherwise integers are i64 and floats
 f32 (``reshape(x, [8, -1])`` passes an i64 shape). ``const`` declarations give exact types.
+
+One idea: .flow text to IR; kept whole because most of it is one tree reader (_Reader)
+whose checks and error positions need the parse state it carries.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ Two levels, both against references nobody here wrote:
 Everything up to the launch (building the cubin, reading its symbols and parameter layouts,
 reading the plan and packing the arguments) runs without a GPU, and the tests check it on
 every machine with nvcc (tests/test_gpu_harness.py).
+
+One idea: the generated code checked on a GPU; kept whole because the kernel level's
+model.cu reader, argument packing and launches are one chain with no other user.
 """
 
 from __future__ import annotations

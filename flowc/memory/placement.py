@@ -48,6 +48,9 @@ given (not rounded up to their alignment): it holds for any placement, aligned o
 
 :func:`check_placement` verifies a placement independently of the placer (a sweep over
 time with a pairwise byte-range test of the live buffers).
+
+One idea: interval placement; kept whole because it stands alone (see above) and the
+search, its bounds and the CSV form share the Interval/Placement records.
 """
 
 from __future__ import annotations

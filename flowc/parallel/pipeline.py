@@ -41,6 +41,9 @@ the program in four steps, each a function here or one it calls:
    the same order (a resharded value as its pieces: Slice nodes before the Send, Concat
    nodes assembling the shard after the Recv); graph outputs made early are relayed to the
    last stage, whose rank 0 writes them.
+
+One idea: pipeline stages from one graph; kept whole because micro-batching, stage cuts
+and the reshards between stages are steps of one driver sharing the Stage records.
 """
 
 from __future__ import annotations
