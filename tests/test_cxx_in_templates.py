@@ -27,7 +27,6 @@ _CXX = re.compile(r"\)\s*;|\bflowc::|\bcuda[A-Z]|\bFLOWC_|\w\s*[-+*/]?=\s*[^=\s]
 # (path under flowc/ (a glob), enclosing function or "*") -> why its text stays in Python.
 ALLOWED: dict[tuple[str, str], str] = {
     ("harness/gpu.py", "*"): "harness source, moving to templates",
-    ("ops/*.py", "emit_box"): "one memcpy statement, moving to prog.memcpy with the shape.py split",
     ("report/graph.py", "to_dot"): "Graphviz DOT statements for the report, not C++",
 }
 

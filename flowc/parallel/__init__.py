@@ -13,6 +13,7 @@ from pathlib import Path
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
+from flowc.ir.names import did_you_mean
 from flowc.ir.types import Mesh, NdSbp, Sbp
 from flowc.parallel.cost import PlanCost, Profile, evaluate_plan, load_profile
 from flowc.parallel.layout import fits
@@ -127,14 +128,11 @@ def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
     for name, sbp in opts.sbp.items():
         v = by_name.get(name)
         if v is None:
-            import difflib
-
-            close = difflib.get_close_matches(name, list(by_name), n=3)
             raise InputError(
                 f"--sbp {name}=...: the graph has no value named {name!r}",
-                hint=("did you mean " + ", ".join(repr(c) for c in close) + "?")
-                if close
-                else "`flowc inspect MODEL --print-ir` lists the value names",
+                hint=did_you_mean(
+                    name, by_name, "`flowc inspect MODEL --print-ir` lists the value names"
+                ),
             )
         if not fits(v.type.shape, sbp, opts.mesh):
             raise InputError(

@@ -318,29 +318,8 @@ def build_stages(
 ) -> list[Stage]:
     """Each stage's graph from the rank graph and each node's stage (see the module
     docstring). Collectives of a stage act on the whole-mesh axis after the pipeline axis."""
-    nodes = rank_graph.nodes
-    stage_of_value: dict[Value, int] = {}
-    order: dict[Value, int] = {}
-    for k, (node, s) in enumerate(zip(nodes, node_stage, strict=True)):
-        for j, o in enumerate(node.outputs):
-            stage_of_value[o] = s
-            order[o] = k * 1024 + j
-    last_reader: dict[Value, int] = {}
-    for node, s in zip(nodes, node_stage, strict=True):
-        for i in node.inputs:
-            if i is not None and i in stage_of_value:
-                last_reader[i] = max(last_reader.get(i, -1), s)
-    for o in rank_graph.outputs:
-        if o in stage_of_value:
-            last_reader[o] = stages - 1
     # Values over cut c (between stages c and c+1), in production order.
-    crossing: list[list[Value]] = [
-        sorted(
-            (v for v, s in stage_of_value.items() if s <= c < last_reader.get(v, -1)),
-            key=lambda v: order[v],
-        )
-        for c in range(stages - 1)
-    ]
+    crossing = crossing_values(rank_graph, node_stage, stages)
     result = []
     for s in range(stages):
         g = Graph(f"{rank_graph.name}_stage{s}")
@@ -369,7 +348,7 @@ def build_stages(
             for v, r in zip(vals, recv.outputs, strict=True):
                 vmap[v] = r
             stage.recv = [v.name for v in vals]
-        for node, ns in zip(nodes, node_stage, strict=True):
+        for node, ns in zip(rank_graph.nodes, node_stage, strict=True):
             if ns == s:
                 _copy_to_stage(g, node, s, get, vmap, mesh if ranks_per_stage > 1 else None)
         if s < stages - 1 and crossing[s]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from flowc.codegen.cpp import CodegenError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.registry import InferCtx, get_op
+from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
 
 # Ops that handle storage-only types themselves: conversions, pure views of the bytes, and the
@@ -61,15 +61,7 @@ def widen_types(graph: Graph) -> Graph:
             nodes.append(node)
             continue
         node.inputs = [wide(v) if v is not None and _narrow(v) else v for v in node.inputs]
-        ctx = InferCtx(
-            node.op,
-            node.name,
-            [v.type if v is not None else None for v in node.inputs],
-            [v.const if v is not None else None for v in node.inputs],
-            node.attrs.merged(opdef.attrs),
-            len(node.outputs),
-        )
-        types: list[TensorType] = opdef.infer(ctx)
+        types: list[TensorType] = opdef.infer(opdef.ctx(node))
         backs: list[Node] = []
         for k, (out, t) in enumerate(zip(node.outputs, types, strict=False)):
             if t == out.type:

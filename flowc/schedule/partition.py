@@ -30,7 +30,6 @@ come from the nodes' stage tags (the DSL's ``stage N { }`` blocks).
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import numpy as np
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.names import did_you_mean
 from flowc.ir.types import Mesh
 from flowc.ops.registry import is_view
 from flowc.parallel.cost import Link, Profile, load_profile, node_time
@@ -426,12 +426,9 @@ def manual_starts(graph: Graph, stages: int, boundaries: Sequence[str]) -> list[
                     "a stage ends after the node that makes the value named",
                     hint="name an output of the last node of the stage",
                 )
-            close = difflib.get_close_matches(b, list(producer), n=3)
             raise InputError(
                 f"--stage-boundary {b!r}: the graph has no value of that name",
-                hint=("did you mean " + ", ".join(repr(c) for c in close) + "?")
-                if close
-                else "`flowc inspect MODEL` lists the values",
+                hint=did_you_mean(b, producer, "`flowc inspect MODEL` lists the values"),
             )
         start = producer[b] + 1
         if start <= starts[-1]:
