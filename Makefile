@@ -41,8 +41,9 @@ sysdeps: $(STAMP)
 	  $(BIN)/python -m pip install -q $$wheels; fi
 
 lint: setup
-	$(BIN)/ruff check flowc tests examples bench
-	$(BIN)/ruff format --check flowc tests examples bench
+	$(BIN)/ruff check flowc tests examples bench docs/import_graph.py
+	$(BIN)/ruff format --check flowc tests examples bench docs/import_graph.py
+	$(BIN)/lint-imports
 	clang-format --dry-run --Werror $(CXX_SOURCES)
 
 typecheck: setup

@@ -16,14 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from flowc.codegen.program import WeightsLayout, generate, generate_pipeline
+from flowc.codegen.program import WeightsLayout, generate, generate_pipeline, layout_weights
 from flowc.codegen.project import check_project_dir, write_project
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node
 from flowc.ir.types import Mesh
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
-from flowc.parallel import ParallelOptions, workspace_within
-from flowc.parallel.cost import Profile, load_profile
+from flowc.parallel import (
+    METHODS,
+    Memory,
+    Parallelized,
+    ParallelOptions,
+    make_plan,
+    workspace_within,
+)
+from flowc.parallel.cost import Profile, evaluate_plan, load_profile
+from flowc.parallel.lower import lower
 from flowc.parallel.pipeline import (
     Pipelined,
     Reshard,
@@ -33,6 +41,7 @@ from flowc.parallel.pipeline import (
     microbatch_graph,
     stage_node_costs,
 )
+from flowc.passes.fuse_elementwise import fuse_elementwise
 from flowc.schedule.actors import build_actor_graph
 from flowc.schedule.memory_order import memory_order
 from flowc.schedule.partition import Partition, partition
@@ -127,6 +136,62 @@ def arena_bytes(graph: Graph, profile: Profile | None = None, streams: int | Non
     """The arena a rank graph needs as compiled on ``streams`` compute streams (for the
     placement search's memory limit)."""
     return plan_schedule(schedule_graph(graph, profile, streams)).arena_bytes
+
+
+def measure(
+    physical: Physical, profile: Profile | None = None, streams: int | None = None
+) -> Memory:
+    """Per-device bytes of the program as compiled: weights (incl. fills) and the arena
+    under the rank's schedule (boxing buffers are arena values). Fuses ``physical.graph``
+    in place, as compilation would."""
+    # The memory limit is a fact about the compiled program, so the driver measures it
+    # with the later stages (placement comes before them and never imports them).
+    g = fuse_elementwise(physical.graph)
+    physical.graph = g
+    return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile, streams))
+
+
+def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> Parallelized:
+    """Plan, lower and measure; under ``mem_limit``, re-plan with a tighter parameter budget
+    until the real per-device bytes (parameters + arena) fit."""
+    if opts.method not in METHODS:
+        raise InputError(f"--parallel {opts.method!r}: expected one of {', '.join(METHODS)}")
+    profile = workspace_within(load_profile(opts.profile), opts.mem_limit)
+    param_limit = opts.mem_limit
+    last: Memory | None = None
+    for attempt in range(1, max_attempts + 1):
+        try:
+            plan = make_plan(graph, opts, profile, opts.method, param_limit)
+        except InputError as e:
+            if last is None:
+                raise
+            # The parameters fit the limit alone, but not beside the arena the plans need.
+            raise InputError(
+                f"no plan fits --mem-limit {opts.mem_limit} bytes per device: the last one "
+                f"tried needed {last.total} bytes ({last.params} parameters + {last.arena} "
+                f"arena), and the parameters cannot be split further ({e.message})",
+                hint="raise the limit or use a larger mesh",
+            ) from None
+        physical = lower(graph, plan, profile)
+        memory = measure(physical, profile, opts.stream_count())
+        last = memory
+        cost = evaluate_plan(graph, plan, profile)
+        if opts.mem_limit is None or memory.total <= opts.mem_limit:
+            return Parallelized(plan, physical, cost, memory, profile, attempt)
+        if opts.method != "auto":
+            raise InputError(
+                f"the {opts.method} plan needs {memory.total} bytes per device "
+                f"({memory.params} parameters + {memory.arena} arena), over --mem-limit {opts.mem_limit}",
+                hint="use --parallel auto, a larger mesh, or a higher limit",
+            )
+        # The parameter budget is what the search controls: take the excess off it.
+        excess = memory.total - opts.mem_limit
+        param_limit = max(0, min(cost.param_bytes, param_limit or cost.param_bytes) - excess)
+    raise InputError(
+        f"no plan found within --mem-limit {opts.mem_limit} bytes per device after {max_attempts} attempts "
+        f"(the last needed {memory.total}: {memory.params} parameters + {memory.arena} arena)",
+        hint="raise the limit or use a larger mesh",
+    )
 
 
 def generate_program(

@@ -37,7 +37,7 @@ class InputError(FlowcError):
 
 
 class VerifyError(FlowcError):
-    """The IR is malformed; raised by Graph.verify()."""
+    """The IR is malformed; raised by flowc.ir.verify.verify_graph."""
 
     exit_code = 1
 

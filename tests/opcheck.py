@@ -14,6 +14,7 @@ from flowc.frontend.onnx import import_model
 from flowc.harness.compare import compare
 from flowc.harness.ort import run_onnxruntime
 from flowc.interpreter import evaluate
+from flowc.ir.verify import verify_graph
 
 
 def make_op_model(
@@ -88,7 +89,7 @@ def check_op(
     else:
         ref = run_onnxruntime(model, feeds)
     graph = import_model(model)
-    graph.verify()
+    verify_graph(graph)
     got = evaluate(graph, feeds)
     for name, r in ref.items():
         c = compare(name, got[name], r, tol)

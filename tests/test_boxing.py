@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from flowc.ir.dtype import DType
+from flowc.ir.layout import all_coords, fits, nd_sbps, shard, unshard
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 from flowc.parallel import boxing as bx
-from flowc.parallel.layout import all_coords, fits, nd_sbps, shard, unshard
 from flowc.parallel.lower import lower_boxing
 from flowc.parallel.simulate import run_physical
 

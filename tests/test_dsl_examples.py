@@ -27,6 +27,7 @@ from flowc.frontend import ImportOptions, load_graph
 from flowc.harness.compare import max_rel_error
 from flowc.interpreter import evaluate, random_inputs
 from flowc.ir.dtype import DType
+from flowc.ir.verify import verify_graph
 
 EXAMPLES = REPO / "examples"
 DOC = REPO / "docs" / "dsl.md"
@@ -264,4 +265,4 @@ def test_docs_programs_read(tmp_path: Path) -> None:
         if arrays:
             np.savez(tmp_path / f"doc{k}.npz", **arrays)
             opts = ImportOptions(weights=tmp_path / f"doc{k}.npz")
-        load_graph(path, opts).verify()
+        verify_graph(load_graph(path, opts))

@@ -32,9 +32,10 @@ from flowc.interpreter import evaluate
 from flowc.ir import DType, Graph, Mesh, NdSbp, Sbp, TensorType
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.graph import Value, is_splat, make_splat
+from flowc.ir.layout import fits
 from flowc.ir.printer import INLINE_MAX, print_graph
+from flowc.ir.verify import verify_graph
 from flowc.ops.registry import all_ops
-from flowc.parallel.layout import fits
 
 # Example counts, one input each (the round trip: one graph each); 3550 in all.
 N_ROUNDTRIP = 200
@@ -323,7 +324,7 @@ def graphs(draw: st.DrawFn) -> Graph:
     candidates = pool + extras
     outs = draw(st.lists(st.sampled_from(candidates), max_size=3, unique_by=id))
     g.outputs = outs
-    g.verify()
+    verify_graph(g)
     return g
 
 

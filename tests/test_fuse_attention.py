@@ -231,8 +231,9 @@ def test_fused_attention_splits_heads_and_batches_on_a_mesh(
     FusedAttention reading its own share, checked by the multi-rank simulator."""
     from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
+    from flowc.compiler import parallelize
     from flowc.ir.types import Mesh
-    from flowc.parallel import ParallelOptions, parallelize
+    from flowc.parallel import ParallelOptions
     from flowc.parallel.simulate import simulate
 
     g = PassManager(("lower_ops", "widen_types", "fuse_attention")).run(logical(name, batch))

@@ -10,7 +10,8 @@ from lark import Lark
 from flowc.errors import VerifyError
 from flowc.ir import DType, Graph, Mesh, NdSbp, Sbp, TensorType
 from flowc.ir.graph import Attrs, Node, Value, compact_constant, is_splat, make_splat
-from flowc.ir.printer import ident
+from flowc.ir.printer import ident, print_graph
+from flowc.ir.verify import verify_graph
 from flowc.resources import grammar_file
 
 
@@ -94,7 +95,7 @@ def _tiny_graph() -> Graph:
 
 
 def test_verify_accepts_a_good_graph() -> None:
-    _tiny_graph().verify()
+    verify_graph(_tiny_graph())
 
 
 def test_verify_names_the_node_for_a_wrong_type() -> None:
@@ -103,7 +104,7 @@ def test_verify_names_the_node_for_a_wrong_type() -> None:
     with pytest.raises(
         VerifyError, match=r"node #1 Relu 'relu0': output '/z:0' has type f32\[3, 2\]"
     ):
-        g.verify()
+        verify_graph(g)
 
 
 def test_verify_catches_order_and_dangling_uses() -> None:
@@ -112,44 +113,44 @@ def test_verify_catches_order_and_dangling_uses() -> None:
     with pytest.raises(
         VerifyError, match=r"node #0 Relu 'relu0': input 0 .* used before it is defined"
     ):
-        g.verify()
+        verify_graph(g)
     g = _tiny_graph()
     ghost = Value("ghost", TensorType((2, 3), DType.F32))
     g.nodes[1].inputs[0] = ghost
     with pytest.raises(VerifyError, match=r"input 0 \('ghost'\) is used before it is defined"):
-        g.verify()
+        verify_graph(g)
 
 
 def test_verify_catches_ssa_violations_and_unknown_ops() -> None:
     g = _tiny_graph()
     g.nodes[1].outputs[0].name = "y"
     with pytest.raises(VerifyError, match="two values are named 'y'"):
-        g.verify()
+        verify_graph(g)
     g = _tiny_graph()
     g.inputs.append(g.inputs[0])
     with pytest.raises(VerifyError, match="'x' is defined twice"):
-        g.verify()
+        verify_graph(g)
     g = _tiny_graph()
     y = g.nodes[0].outputs[0]
     g.nodes.append(Node("Relu", [y], [y], name="again"))
     with pytest.raises(VerifyError, match="output 'y' does not point back to its node"):
-        g.verify()
+        verify_graph(g)
     g = _tiny_graph()
     g.nodes[1].op = "Frobnicate"
     with pytest.raises(VerifyError, match="unknown op 'Frobnicate'"):
-        g.verify()
+        verify_graph(g)
 
 
 def test_verify_checks_placements_against_the_mesh() -> None:
     g = _tiny_graph()
     g.inputs[0].sbp = NdSbp((Sbp.split(0),))
     with pytest.raises(VerifyError, match="graph has no mesh"):
-        g.verify()
+        verify_graph(g)
     g.mesh = Mesh("gpus", (2, 2))
     with pytest.raises(VerifyError, match="has 1 entries but mesh"):
-        g.verify()
+        verify_graph(g)
     g.inputs[0].sbp = NdSbp((Sbp.split(0), Sbp("B")))
-    g.verify()
+    verify_graph(g)
 
 
 def test_printer_writes_dsl_with_placement_and_quoted_names(parser: Lark) -> None:
@@ -157,7 +158,7 @@ def test_printer_writes_dsl_with_placement_and_quoted_names(parser: Lark) -> Non
     g.mesh = Mesh("gpus", (2, 2))
     g.inputs[0].sbp = NdSbp((Sbp.split(0), Sbp("B")))
     g.nodes[0].outputs[0].sbp = NdSbp((Sbp("P"), Sbp.split(1)))
-    text = str(g)
+    text = print_graph(g)
     assert text == (
         "mesh gpus[2, 2]\n\n"
         'graph tiny(x: f32[2, 3] @ (S(0), B)) -> ("/z:0": f32[2, 3]) {\n'
@@ -183,8 +184,8 @@ def test_printer_constants_and_attributes(parser: Lark) -> None:
         "LeakyRelu", [c], [TensorType((4, 4), DType.F32)], {"alpha": 0.1}, output_names=["B"]
     ).outputs[0]
     g.outputs = [d]
-    g.verify()
-    text = str(g)
+    verify_graph(g)
+    text = print_graph(g)
     assert 'param big: f32[4, 4] = load("big")' in text
     assert 'param "fill": f32[4, 4] = fill(0.02)' in text
     assert "const s: f32[] = inf" in text

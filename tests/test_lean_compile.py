@@ -22,13 +22,13 @@ from test_parallel_models import logical, tensor_parallel
 
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import ProjectError, write_project, write_weights
-from flowc.compiler import compile_graph
+from flowc.compiler import compile_graph, parallelize
 from flowc.errors import ModelLoadError
 from flowc.frontend.onnx import import_model, import_onnx
 from flowc.ir.graph import Value
+from flowc.ir.layout import all_coords, shard
 from flowc.ir.types import Mesh
-from flowc.parallel import ParallelOptions, parallelize
-from flowc.parallel.layout import all_coords, shard
+from flowc.parallel import ParallelOptions
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager
 
 HEADER = 64

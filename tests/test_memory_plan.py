@@ -13,6 +13,7 @@ from test_models import LIGHT_DIR, LIGHT_MODELS
 
 from flowc.frontend.onnx import ImportOptions, import_onnx
 from flowc.ir import DType, Graph, TensorType
+from flowc.ir.verify import verify_graph
 from flowc.memory.check import PlanError, check_memory_plan
 from flowc.memory.plan import ALIGN, Order, plan_memory
 
@@ -171,7 +172,7 @@ def test_random_dags_plan_and_check(spec: list[tuple[str, int, int]], n_outputs:
             ins = [a, b]
         vals.append(g.add_node(op, ins, [t], output_names=[f"v{k}"]).outputs[0])
     g.outputs = list(dict.fromkeys(vals[-n_outputs:]))
-    g.verify()
+    verify_graph(g)
     plan = plan_memory(g)
     check_memory_plan(g, plan)
     assert plan.lower_bound <= plan.arena_bytes <= max(plan.naive_bytes, 0)
@@ -392,7 +393,7 @@ def test_random_aliasing_dags_check(spec: list[tuple[str, int, int]]) -> None:
             t = TensorType((1, ch - 1, 64), DType.F32)
             vals.append(g.add_node("Slice", [a, *cs], [t], output_names=[f"v{k}"]).outputs[0])
     g.outputs = [vals[-1]]
-    g.verify()
+    verify_graph(g)
     check_memory_plan(g, plan_memory(g))
     plan = plan_memory(g, alias=True)
     check_memory_plan(g, plan)

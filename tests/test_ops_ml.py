@@ -22,6 +22,7 @@ from flowc.frontend.onnx import import_model
 from flowc.harness.compare import compare
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
+from flowc.ir.verify import verify_graph
 from flowc.ops.ml import DOMAIN
 from flowc.ops.registry import get_op
 
@@ -67,7 +68,7 @@ def check(*specs: Spec) -> None:
     for s in specs:
         model, feeds = build([s])
         graph = import_model(model)
-        graph.verify()
+        verify_graph(graph)
         got = evaluate(graph, feeds)["n0_out0"]
         want = expected(s)
         c = compare("out", got, want, s.tol)

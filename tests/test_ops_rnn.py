@@ -22,6 +22,7 @@ from flowc.harness.compare import compare
 from flowc.harness.ort import run_onnxruntime
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
+from flowc.ir.verify import verify_graph
 from flowc.ops.registry import get_op
 
 rng = np.random.default_rng(11)
@@ -102,7 +103,7 @@ def check_rnn(
         op, ins, attrs, opset=opset, num_outputs=nout, const_inputs=const_inputs
     )
     graph = import_model(model)
-    graph.verify()
+    verify_graph(graph)
     assert not [n for n in graph.nodes if n.op in GATES], "the recurrence is not unrolled"
     got = evaluate(graph, feeds)
     direct = get_op(op).evaluate(list(ins), Attrs(attrs))

@@ -19,6 +19,7 @@ from flowc.frontend.onnx import import_model
 from flowc.harness.compare import compare
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
+from flowc.ir.verify import verify_graph
 from flowc.ops.registry import get_op
 from flowc.ops.training import DOMAIN
 
@@ -73,7 +74,7 @@ def check(nodes: Sequence[Node], tol: float = 1e-6) -> dict[str, np.ndarray]:
     model, feeds = make_model(nodes)
     want = reference_outputs(model, feeds)
     graph = import_model(model)
-    graph.verify()
+    verify_graph(graph)
     got = evaluate(graph, feeds)
     for name, r in want.items():
         c = compare(name, got[name], r.astype(got[name].dtype), tol)

@@ -16,12 +16,12 @@ from test_parallel_models import check_outputs, logical, reference, tensor_paral
 
 from flowc.codegen.program import layout_weights
 from flowc.codegen.project import weights_file_name
-from flowc.compiler import compile_graph, schedule_graph
+from flowc.compiler import compile_graph, parallelize, schedule_graph
 from flowc.harness.build import build, run
+from flowc.ir.layout import all_coords, local_type, rank_of
 from flowc.ir.types import Mesh
 from flowc.ops.comm import COLLECTIVES
-from flowc.parallel import Parallelized, ParallelOptions, parallelize
-from flowc.parallel.layout import all_coords, local_type, rank_of
+from flowc.parallel import Parallelized, ParallelOptions
 from flowc.toolchain import find_cuda
 
 COLLECTIVE_NAMES = {

@@ -11,15 +11,16 @@ import onnx
 import pytest
 from conftest import SHARED_MODELS
 
+from flowc.compiler import parallelize
 from flowc.errors import FlowcWarning
 from flowc.frontend import ImportOptions, load_graph
 from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import inference_mode, run_onnxruntime
 from flowc.interpreter import random_inputs
 from flowc.ir.graph import Graph, Value
+from flowc.ir.layout import fits
 from flowc.ir.types import Mesh, NdSbp, Sbp
-from flowc.parallel import Parallelized, ParallelOptions, parallelize
-from flowc.parallel.layout import fits
+from flowc.parallel import Parallelized, ParallelOptions
 from flowc.parallel.simulate import simulate
 from flowc.passes.manager import PassManager
 

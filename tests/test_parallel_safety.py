@@ -24,11 +24,11 @@ import pytest
 from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
 from flowc.codegen.program import layout_weights
-from flowc.compiler import compile_graph
+from flowc.compiler import compile_graph, parallelize
 from flowc.harness.build import build, launcher, run
+from flowc.ir.layout import all_coords
 from flowc.ir.types import Mesh
-from flowc.parallel import ParallelOptions, parallelize
-from flowc.parallel.layout import all_coords
+from flowc.parallel import ParallelOptions
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None and os.environ.get("CI") != "true",

@@ -31,10 +31,10 @@ from flowc.harness.compare import max_rel_error
 from flowc.harness.ort import run_onnxruntime
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value
+from flowc.ir.layout import all_coords, fits, nd_sbps, shard
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 from flowc.parallel import ParallelOptions
 from flowc.parallel.cost import DEFAULT_PROFILE, load_profile
-from flowc.parallel.layout import all_coords, fits, nd_sbps, shard
 from flowc.parallel.pipeline import (
     Reshard,
     layout_box,

@@ -20,9 +20,9 @@ from flowc.codegen.program import template_env
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Graph, Node, Value
+from flowc.ir.layout import all_coords, local_type, shard, unshard
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 from flowc.ops.registry import InferCtx, all_ops, get_op
-from flowc.parallel.layout import all_coords, local_type, shard, unshard
 from flowc.parallel.strategies import Strategy, signatures_1d, strategies
 from flowc.toolchain import host_compile_command
 

@@ -13,6 +13,7 @@ from flowc.errors import InputError
 from flowc.ir import DType, Graph, Mesh, NdSbp, Sbp, TensorType
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.graph import Value, make_splat
+from flowc.ir.layout import fits, nd_sbps
 from flowc.parallel.boxing import BoxingStep
 from flowc.parallel.cost import (
     DEFAULT_PROFILE,
@@ -22,7 +23,6 @@ from flowc.parallel.cost import (
     node_time,
     step_time,
 )
-from flowc.parallel.layout import fits, nd_sbps
 from flowc.parallel.plan import Plan
 from flowc.parallel.reduce_graph import CostGraph, Fanout
 from flowc.parallel.search import (

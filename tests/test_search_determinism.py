@@ -16,11 +16,12 @@ import onnx
 import pytest
 from rich.console import Console
 
+from flowc.compiler import parallelize
 from flowc.errors import FlowcWarning
 from flowc.frontend import load_graph
 from flowc.ir.graph import Graph
 from flowc.ir.types import Mesh
-from flowc.parallel import ParallelOptions, parallelize
+from flowc.parallel import ParallelOptions
 from flowc.parallel.cost import Profile, evaluate_plan, load_profile
 from flowc.parallel.plan import Plan
 from flowc.parallel.report import print_plan

@@ -31,6 +31,7 @@ from flowc.cli.options import (
 )
 from flowc.errors import InputError
 from flowc.formatting import human_bytes, human_flops
+from flowc.ir.printer import print_graph
 
 
 @click.command(
@@ -146,7 +147,7 @@ def inspect(
         # The page shows what is printed here: record it (wide: tables are not squeezed).
         console = recording(console)
     if print_ir:
-        sys.stdout.write(str(graph))
+        sys.stdout.write(print_graph(graph))
         sys.stdout.flush()
     meta = graph.meta
     console.print(

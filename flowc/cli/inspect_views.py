@@ -283,7 +283,7 @@ def print_plan_view(
     the parallel result and the console printed on (recording, for --report)."""
     import dataclasses
 
-    from flowc.parallel import parallelize
+    from flowc.compiler import parallelize
     from flowc.parallel.report import Summary, print_plan, summarize
 
     graph, result = load_parallel(model, popts)

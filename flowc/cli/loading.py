@@ -19,6 +19,7 @@ from flowc.cli.options import (
 )
 from flowc.errors import InputError
 from flowc.formatting import dims_text
+from flowc.ir.verify import verify_graph
 
 
 def load(
@@ -194,11 +195,11 @@ def pipeline_settings(model: ModelArgs, par: ParallelArgs) -> Any:
 
 def load_parallel(model: ModelArgs, popts: Any, times: Any = None) -> tuple[Any, Any]:
     """The logical graph and its parallelized form (plan, rank graph, cost, memory)."""
-    from flowc.parallel import parallelize
+    from flowc.compiler import parallelize
     from flowc.passes.split_projections import split_projections
 
     graph = split_projections(load_model(model, times=times))
-    graph.verify()
+    verify_graph(graph)
     progress(
         f"placing {len(graph.nodes)} nodes on mesh {dims_text(popts.mesh.shape)} ({popts.method})"
     )

@@ -11,6 +11,7 @@ from flowc.codegen.cpp import DIVMOD_LIMIT, CodegenError, ctype, fast_divmod
 from flowc.codegen.cpp import divmod_magic as divmod_magic  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
+from flowc.ops.registry import get_op
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -141,8 +142,6 @@ def _pointwise(prog: Program, macro: str, values: list[Value], out: Value, **bod
 
 
 def emit_elementwise(prog: Program, node: Node) -> None:
-    from flowc.ops.registry import get_op  # the op modules import this one as they load
-
     opdef = get_op(node.op)
     assert opdef.cexpr is not None
     out = node.outputs[0]
@@ -168,7 +167,6 @@ def emit_fused(prog: Program, node: Node) -> None:
     through their broadcast strides at the output's coordinates."""
     out = node.outputs[0]
     values: list[Value] = [i for i in node.inputs if i is not None]
-    from flowc.ops.registry import get_op
 
     steps = json.loads(node.attrs["program"])
     chain: list[dict[str, str]] = []

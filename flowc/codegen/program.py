@@ -131,7 +131,7 @@ def layout_weights(
         if c.const is not None and not is_splat(c.const)
     )
     if physical is not None and coords is not None:
-        from flowc.parallel.layout import rank_of
+        from flowc.ir.layout import rank_of
 
         mesh = physical.mesh
         shards = ";".join(
@@ -589,7 +589,7 @@ def generate(
     if physical is None:
         all_weights = [layout_weights(graph)]
     else:
-        from flowc.parallel.layout import all_coords
+        from flowc.ir.layout import all_coords
 
         all_weights = [
             layout_weights(graph, physical=physical, coords=c) for c in all_coords(physical.mesh)
@@ -821,7 +821,7 @@ def generate_pipeline(
     rank holding its stage's constants (the stage is part of its layout id), and
     schedule.json with every rank's modeled timeline. Returns the files, the weights and
     each stage's stream operations."""
-    from flowc.parallel.layout import all_coords, rank_of
+    from flowc.ir.layout import all_coords, rank_of
 
     io = pipe.logical
     prefix = _prefix(prefix, io)

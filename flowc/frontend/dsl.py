@@ -35,9 +35,10 @@ from flowc.frontend.files import check_regular_file
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value, make_splat
+from flowc.ir.layout import fits, split_factor
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
+from flowc.ir.verify import verify_graph
 from flowc.ops.registry import all_ops, get_op, op_by_dsl_name
-from flowc.parallel.layout import fits, split_factor
 from flowc.resources import grammar_file
 
 # Words that are values in an expression: a value may have such a name only quoted.
@@ -902,7 +903,7 @@ class _Reader:
             outs.append(v)
         self.graph.outputs = outs
         try:
-            self.graph.verify()
+            verify_graph(self.graph)
         except FlowcError as e:
             raise DslError(f"{self.src.path}: {e.message}", e.hint) from None
         return self.graph

@@ -291,13 +291,3 @@ class Graph:
         self.constants = [c for c in self.constants if c in live]
         self._names = {v.name for v in self.values()}
         return removed
-
-    def verify(self) -> None:
-        from flowc.ir.verify import verify_graph
-
-        verify_graph(self)
-
-    def __str__(self) -> str:
-        from flowc.ir.printer import print_graph
-
-        return print_graph(self)

@@ -1,4 +1,4 @@
-"""Graph.verify(): SSA form, types, topological order, dangling uses, placements."""
+"""verify_graph: SSA form, types, topological order, dangling uses, placements."""
 
 from __future__ import annotations
 

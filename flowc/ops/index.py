@@ -152,7 +152,7 @@ defop(
 
 # GatherShard: Gather on this rank's chunk of a table split along ``axis`` by the mesh axes
 # ``shard_axes`` (of the mesh of shape ``mesh``; chunks in mixed radix, mesh axis 0
-# outermost, as flowc.parallel.layout numbers them). Indices are global: those in the chunk
+# outermost, as flowc.ir.layout numbers them). Indices are global: those in the chunk
 # are offset to it, the others give zeros. The reference reads the rank's mesh coordinates
 # from the ``coords`` attribute the simulator adds; generated code reads them at run time.
 

@@ -1,8 +1,10 @@
 """Parallel placement: choose a layout (nd-SBP) for every value on a device mesh, insert
 the collectives, and lower to one rank's program.
 
-``parallelize`` is the entry point the CLI uses: it parses nothing, it takes a logical graph
-and ``ParallelOptions``; ``parse_mesh`` and ``parse_sbp`` read the command-line forms.
+``make_plan`` chooses a plan for a logical graph and ``ParallelOptions``; ``parse_mesh`` and
+``parse_sbp`` read the command-line forms. The loop that re-plans until the compiled program
+fits a memory limit is the driver's (``flowc.compiler.parallelize``): it measures with the
+later stages, which this package never imports.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from pathlib import Path
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
+from flowc.ir.layout import fits
 from flowc.ir.names import did_you_mean
 from flowc.ir.types import Mesh, NdSbp, Sbp
-from flowc.parallel.cost import PlanCost, Profile, evaluate_plan, load_profile
-from flowc.parallel.layout import fits
-from flowc.parallel.lower import Physical, lower
+from flowc.parallel.cost import PlanCost, Profile
+from flowc.parallel.lower import Physical
 from flowc.parallel.plan import Plan
 
 METHODS = ("auto", "data", "none")
@@ -145,23 +147,6 @@ def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
     return out
 
 
-def measure(
-    physical: Physical, profile: Profile | None = None, streams: int | None = None
-) -> Memory:
-    """Per-device bytes of the program as compiled: weights (incl. fills) and the arena
-    under the rank's schedule (boxing buffers are arena values). Fuses ``physical.graph``
-    in place, as compilation would."""
-    # The memory limit is a fact about the compiled program, so the search asks the later
-    # stages for it (imported here, not at the top: they come after placement).
-    from flowc.codegen.program import layout_weights
-    from flowc.compiler import arena_bytes
-    from flowc.passes.fuse_elementwise import fuse_elementwise
-
-    g = fuse_elementwise(physical.graph)
-    physical.graph = g
-    return Memory(layout_weights(g).device_bytes, arena_bytes(g, profile, streams))
-
-
 def workspace_within(profile: Profile, mem_limit: int | None) -> Profile:
     """The profile whose library workspace (per stream, in the arena) takes at most a 16th
     of a memory limit: cuBLASLt and cuDNN then pick only algorithms that fit (with none at
@@ -201,47 +186,12 @@ def make_plan(
     )
 
 
-def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> Parallelized:
-    """Plan, lower and measure; under ``mem_limit``, re-plan with a tighter parameter budget
-    until the real per-device bytes (parameters + arena) fit."""
-    if opts.method not in METHODS:
-        raise InputError(f"--parallel {opts.method!r}: expected one of {', '.join(METHODS)}")
-    profile = workspace_within(load_profile(opts.profile), opts.mem_limit)
-    param_limit = opts.mem_limit
-    last: Memory | None = None
-    for attempt in range(1, max_attempts + 1):
-        try:
-            plan = make_plan(graph, opts, profile, opts.method, param_limit)
-        except InputError as e:
-            if last is None:
-                raise
-            # The parameters fit the limit alone, but not beside the arena the plans need.
-            raise InputError(
-                f"no plan fits --mem-limit {opts.mem_limit} bytes per device: the last one "
-                f"tried needed {last.total} bytes ({last.params} parameters + {last.arena} "
-                f"arena), and the parameters cannot be split further ({e.message})",
-                hint="raise the limit or use a larger mesh",
-            ) from None
-        physical = lower(graph, plan, profile)
-        memory = measure(physical, profile, opts.stream_count())
-        last = memory
-        cost = evaluate_plan(graph, plan, profile)
-        if opts.mem_limit is None or memory.total <= opts.mem_limit:
-            return Parallelized(plan, physical, cost, memory, profile, attempt)
-        if opts.method != "auto":
-            raise InputError(
-                f"the {opts.method} plan needs {memory.total} bytes per device "
-                f"({memory.params} parameters + {memory.arena} arena), over --mem-limit {opts.mem_limit}",
-                hint="use --parallel auto, a larger mesh, or a higher limit",
-            )
-        # The parameter budget is what the search controls: take the excess off it.
-        excess = memory.total - opts.mem_limit
-        param_limit = max(0, min(cost.param_bytes, param_limit or cost.param_bytes) - excess)
-    raise InputError(
-        f"no plan found within --mem-limit {opts.mem_limit} bytes per device after {max_attempts} attempts "
-        f"(the last needed {memory.total}: {memory.params} parameters + {memory.arena} arena)",
-        hint="raise the limit or use a larger mesh",
-    )
-
-
-__all__ = ["METHODS", "ParallelOptions", "Parallelized", "parallelize", "parse_mesh", "parse_sbp"]
+__all__ = [
+    "METHODS",
+    "Memory",
+    "ParallelOptions",
+    "Parallelized",
+    "make_plan",
+    "parse_mesh",
+    "parse_sbp",
+]

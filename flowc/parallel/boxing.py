@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flowc.errors import FlowcError
+from flowc.ir.layout import fits, local_shape
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
-from flowc.parallel.layout import fits, local_shape
 
 ALL_REDUCE = "all-reduce"
 REDUCE_SCATTER = "reduce-scatter"

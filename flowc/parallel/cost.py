@@ -18,6 +18,7 @@ from typing import Any
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.layout import broadcast, local_type
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel.boxing import (
@@ -29,7 +30,6 @@ from flowc.parallel.boxing import (
     checked_path,
     shortest_paths,
 )
-from flowc.parallel.layout import broadcast, local_type
 from flowc.parallel.plan import Plan
 from flowc.parallel.strategies import Strategy
 

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from flowc.ir.graph import Graph, Node, Value, is_splat, make_splat
+from flowc.ir.layout import broadcast, is_partial_root, local_type, shard
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel import boxing as bx
 from flowc.parallel.cost import Profile, boxing_plan
-from flowc.parallel.layout import broadcast, is_partial_root, local_type, shard
 from flowc.parallel.plan import Plan
 
 

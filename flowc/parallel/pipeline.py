@@ -59,10 +59,7 @@ import numpy as np
 
 from flowc.errors import InputError
 from flowc.ir.graph import Attrs, Graph, Node, Value, is_splat, make_splat
-from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
-from flowc.parallel.boxing import LOCAL_SLICE
-from flowc.parallel.cost import Link, Profile, boxing_time, evaluate_plan
-from flowc.parallel.layout import (
+from flowc.ir.layout import (
     Coords,
     all_coords,
     broadcast,
@@ -73,6 +70,10 @@ from flowc.parallel.layout import (
     nd_sbps,
     shard,
 )
+from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
+from flowc.ir.verify import verify_graph
+from flowc.parallel.boxing import LOCAL_SLICE
+from flowc.parallel.cost import Link, Profile, boxing_time, evaluate_plan
 from flowc.parallel.lower import Physical, lower
 from flowc.parallel.plan import Plan
 
@@ -363,7 +364,7 @@ def build_stages(
             stage.send = [v.name for v in vals]
         if s == stages - 1:
             g.outputs = [get(o) for o in rank_graph.outputs]
-        g.verify()
+        verify_graph(g)
         result.append(stage)
     return result
 
@@ -973,7 +974,7 @@ def build_placed_stages(
             stage.send = [r.value for r in send_rs]
         if s == stages - 1:
             g.outputs = [pmap[o] if o in pmap else get(o) for o in pg.outputs]
-        g.verify()
+        verify_graph(g)
         result.append(stage)
     return result, placements, cuts
 

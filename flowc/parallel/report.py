@@ -11,8 +11,8 @@ from rich.table import Table
 
 from flowc.formatting import human_bytes
 from flowc.ir.graph import Graph
+from flowc.ir.layout import broadcast, local_type
 from flowc.parallel import Parallelized
-from flowc.parallel.layout import broadcast, local_type
 
 
 def _us(seconds: float) -> str:

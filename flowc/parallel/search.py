@@ -29,9 +29,9 @@ from scipy.sparse import coo_array
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.layout import broadcast, fits, local_type, nd_sbps
 from flowc.ir.types import Mesh, NdSbp, Sbp
 from flowc.parallel.cost import Profile, boxing_time, node_time
-from flowc.parallel.layout import broadcast, fits, local_type, nd_sbps
 from flowc.parallel.plan import Plan
 from flowc.parallel.reduce_graph import (
     CostGraph,

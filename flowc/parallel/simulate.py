@@ -15,9 +15,9 @@ import numpy as np
 from flowc.errors import InputError
 from flowc.ir.builder import evaluate_node
 from flowc.ir.graph import Attrs, Node, Value
+from flowc.ir.layout import Coords, all_coords, group_of
 from flowc.ops.comm import COLLECTIVES
 from flowc.ops.registry import get_op
-from flowc.parallel.layout import Coords, all_coords, group_of
 from flowc.parallel.lower import Physical
 
 Env = dict[Coords, dict[Value, np.ndarray]]

@@ -12,9 +12,9 @@ import itertools
 from dataclasses import dataclass
 
 from flowc.ir.graph import Node
+from flowc.ir.layout import fits
 from flowc.ir.types import BROADCAST, Mesh, NdSbp
 from flowc.ops.registry import SbpSignature, get_op
-from flowc.parallel.layout import fits
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flowc.ir.graph import Graph
+from flowc.ir.printer import print_graph
+from flowc.ir.verify import verify_graph
 
 PassFn = Callable[[Graph], Graph]
 PASSES: dict[str, PassFn] = {}
@@ -61,9 +63,9 @@ class PassManager:
             graph = PASSES[name](graph)
             self.timings.append((name, time.perf_counter() - t0))
             if self.verify:
-                graph.verify()
+                verify_graph(graph)
             if name in self.dump_after:
-                self.dumps.append((name, str(graph)))
+                self.dumps.append((name, print_graph(graph)))
         return graph
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.verify import verify_graph
 from flowc.parallel.cost import Profile
 from flowc.schedule.actors import ActorGraph, build_actor_graph
 from flowc.schedule.program import Schedule
@@ -90,7 +91,7 @@ def unroll(
             if stride != 0 or m == microbatches - 1:
                 g.outputs.append(vmap[v])
                 out.outputs.append((k, m if stride != 0 else -1))
-    g.verify()
+    verify_graph(g)
     return out
 
 
