@@ -13,6 +13,7 @@ rejected with an error saying why.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,21 +33,20 @@ ConvertFn = Callable[[GraphBuilder, onnx.NodeProto, dict[str, int], dict[str, Va
 OrderFn = Callable[[Sequence[onnx.NodeProto], set[str]], list[onnx.NodeProto]]
 
 
+@dataclass(eq=False)
 class _Ctx:
-    def __init__(
-        self,
-        builder: GraphBuilder,
-        node: onnx.NodeProto,
-        domains: dict[str, int],
-        convert: ConvertFn,
-        order: OrderFn,
-    ) -> None:
-        self.b = builder
-        self.node = node
-        self.domains = domains
-        self.convert = convert
-        self.order = order
-        self.where = f"{node.op_type} node {node.name or '(unnamed)'!r}"
+    """One control-flow node being resolved: its builder, the opsets, and how to convert
+    and order the nodes of its bodies."""
+
+    b: GraphBuilder
+    node: onnx.NodeProto
+    domains: dict[str, int]
+    convert: ConvertFn
+    order: OrderFn
+
+    @property
+    def where(self) -> str:
+        return f"{self.node.op_type} node {self.node.name or '(unnamed)'!r}"
 
     def fail(self, message: str, hint: str | None = None) -> ShapeError:
         return ShapeError(f"{self.where}: {message}", hint)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -194,28 +195,19 @@ class GraphBuilder:
         return node.outputs
 
 
+@dataclass(eq=False)
 class AdapterNode:
     """One node as its op's adapter sees it (an ONNX node being imported, or a node the
     lower_ops pass rewrites): the adapter may edit inputs and attrs, and add helper nodes
     through the builder."""
 
-    def __init__(
-        self,
-        builder: GraphBuilder,
-        op_type: str,
-        opset: int,
-        name: str,
-        inputs: list[Value | None],
-        attrs: dict[str, Any],
-        output_names: list[str],
-    ) -> None:
-        self.builder = builder
-        self.op_type = op_type
-        self.opset = opset
-        self.name = name
-        self.inputs = inputs
-        self.attrs = attrs
-        self.output_names = output_names
+    builder: GraphBuilder
+    op_type: str
+    opset: int
+    name: str
+    inputs: list[Value | None]
+    attrs: dict[str, Any]
+    output_names: list[str]
 
     def input(self, i: int) -> Value | None:
         return self.inputs[i] if i < len(self.inputs) else None

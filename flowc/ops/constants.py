@@ -56,10 +56,7 @@ def _fill_value(a: Mapping[str, Any]) -> np.ndarray:
 
 
 def _dtype(ctx: InferCtx, dt: np.dtype) -> DType:
-    try:
-        return DType.from_numpy(dt)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    return ctx.check(DType.from_numpy, dt)
 
 
 def _const_of_shape_infer(ctx: InferCtx) -> list[TensorType]:

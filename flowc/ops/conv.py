@@ -69,6 +69,18 @@ def per_axis(attrs: Mapping[str, Any], name: str, nd: int, default: int) -> tupl
     return vals
 
 
+def explicit_pads(attrs: Mapping[str, Any], nd: int) -> list[int]:
+    """The ``pads`` attribute (begins then ends, zeros when absent), checked for length and
+    sign."""
+    v = attrs.get("pads")
+    pads = [0] * (2 * nd) if v is None else [int(p) for p in v]
+    if len(pads) != 2 * nd:
+        raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
+    if any(p < 0 for p in pads):
+        raise ValueError(f"pads must be >= 0 (negative pads are not supported), got {pads}")
+    return pads
+
+
 def window(
     spatial: Sequence[int],
     kernel: Sequence[int],
@@ -107,12 +119,7 @@ def window(
     if auto_pad == "VALID":
         begin, end = [0] * nd, [0] * nd
     else:
-        pads = attrs.get("pads")
-        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
-        if len(pads) != 2 * nd:
-            raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
-        if any(p < 0 for p in pads):
-            raise ValueError(f"negative pads are not supported, got {pads}")
+        pads = explicit_pads(attrs, nd)
         begin, end = pads[:nd], pads[nd:]
     out = []
     for i in range(nd):
@@ -248,10 +255,7 @@ def _conv_infer(ctx: InferCtx) -> list[TensorType]:
         )
     _check_kernel_attr(ctx, w[2:])
     _bias_check(ctx, w[0])
-    try:
-        geo = _conv_window(x, w, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    geo = ctx.check(_conv_window, x, w, ctx.attrs)
     return [TensorType((x[0], w[0], *geo.out), ctx.dtype(0))]
 
 
@@ -653,10 +657,7 @@ def _conv_transpose_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"weight {list(w)} expects {w[0]} input channels, the input has {x[1]}")
     _check_kernel_attr(ctx, w[2:])
     _bias_check(ctx, w[1] * group)
-    try:
-        geo = _transpose_geometry(x, w, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    geo = ctx.check(_transpose_geometry, x, w, ctx.attrs)
     return [TensorType((x[0], w[1] * group, *geo.out), ctx.dtype(0))]
 
 

@@ -66,10 +66,7 @@ def _deform_infer(ctx: InferCtx) -> list[TensorType]:
     ks = ctx.attrs.get("kernel_shape")
     if ks is not None and tuple(int(k) for k in ks) != w.shape[2:]:
         raise ctx.fail(f"kernel_shape {list(ks)} does not match W's {list(w.shape[2:])}")
-    try:
-        geo = _geometry(x.shape, w.shape, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    geo = ctx.check(_geometry, x.shape, w.shape, ctx.attrs)
     taps = math.prod(geo.kernel)
     want = (n, og * taps * nd, *geo.out)
     if ctx.shape(2) != want:

@@ -30,6 +30,7 @@ from flowc.ops import sbp_rules as sr
 from flowc.ops.common import NodeLowering, required_inputs
 from flowc.ops.conv import float_ctype
 from flowc.ops.matmul import _NUMERIC as MATMUL_TYPES
+from flowc.ops.movement import node_input
 from flowc.ops.registry import InferCtx, SbpSignature, defop, first
 
 if TYPE_CHECKING:
@@ -349,8 +350,7 @@ def _det_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _det_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     m = x.type.shape[-1]

@@ -274,10 +274,7 @@ def _label_table(a: Attrs) -> _LabelTable:
 
 
 def _label_infer(ctx: InferCtx) -> list[TensorType]:
-    try:
-        table = _label_table(ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    table = ctx.check(_label_table, ctx.attrs)
     x = ctx.type(0)
     if x.dtype != table.key_type:
         raise ctx.fail(f"X is {x.dtype} but the keys are {table.key_type}; they must match")
@@ -428,10 +425,7 @@ def _ngrams(a: Attrs) -> _Ngrams:
 
 
 def _tfidf_infer(ctx: InferCtx) -> list[TensorType]:
-    try:
-        table = _ngrams(ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    table = ctx.check(_ngrams, ctx.attrs)
     x = ctx.type(0)
     if x.dtype not in (DType.I32, DType.I64):
         raise ctx.fail(f"X must be int32 or int64 (pool_int64s), got {x.dtype}")
@@ -728,10 +722,7 @@ def _tree_infer(ctx: InferCtx) -> list[TensorType]:
             f"post_transform {post} is not supported (only 0, NONE); apply Softmax or Sigmoid "
             "to the output instead"
         )
-    try:
-        forest = _forest(ctx.attrs, x.shape[1])
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    forest = ctx.check(_forest, ctx.attrs, x.shape[1])
     return [TensorType((x.shape[0], forest.n_targets), x.dtype)]
 
 

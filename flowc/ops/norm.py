@@ -24,6 +24,7 @@ from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import compute_dtype, float_ctype
+from flowc.ops.movement import node_input
 from flowc.ops.reduce import vec_width
 from flowc.ops.registry import (
     InferCtx,
@@ -133,8 +134,7 @@ def _emit_normalize(
 ) -> None:
     """``row_offset`` and ``elem_offset`` (and the affine indices) are C++ expressions of
     ``row``, ``j`` and ``size`` (the kernel's runtime row length)."""
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     if rows == 0:
@@ -176,8 +176,7 @@ def _emit_normalize(
 
 
 def _layernorm_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     a = node_attrs(node)
     shape = x.type.shape
     axis = int(a["axis"]) % len(shape)
@@ -209,8 +208,7 @@ def _layernorm_emit(prog: Program, node: Node) -> None:
 
 
 def _instancenorm_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     n, c = x.type.shape[:2]
     size = math.prod(x.type.shape[2:])
     channel = offset_expr("row", [(n, 0), (c, 1)])
@@ -227,8 +225,7 @@ def _instancenorm_emit(prog: Program, node: Node) -> None:
 
 
 def _groupnorm_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     a = node_attrs(node)
     n, c = x.type.shape[:2]
     groups = int(a["num_groups"])
@@ -253,8 +250,7 @@ def _groupnorm_emit(prog: Program, node: Node) -> None:
 
 
 def _mvn_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     shape = x.type.shape
     axes = sorted({int(ax) % len(shape) for ax in node_attrs(node)["axes"]})
     strides = row_major_strides(shape)
@@ -273,8 +269,7 @@ def _mvn_emit(prog: Program, node: Node) -> None:
 
 
 def _batchnorm_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     params = [node.inputs[i] for i in range(1, 5)]
@@ -318,8 +313,7 @@ def _batchnorm_emit(prog: Program, node: Node) -> None:
 
 
 def _lrn_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     a = node_attrs(node)
@@ -726,8 +720,7 @@ def _lpnorm_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _lpnorm_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     a = node_attrs(node)

@@ -28,6 +28,7 @@ from flowc.ops.conv import (
     window,
     window_view,
 )
+from flowc.ops.movement import node_input
 from flowc.ops.registry import (
     EmitFn,
     InferCtx,
@@ -70,10 +71,7 @@ def _window_infer(ctx: InferCtx, allowed: Callable[[DType], bool]) -> Window:
         raise ctx.fail("the kernel_shape attribute is required")
     if ctx.attr("ceil_mode") not in (0, 1):
         raise ctx.fail(f"ceil_mode must be 0 or 1, got {ctx.attr('ceil_mode')}")
-    try:
-        return _geometry(x.shape, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    return ctx.check(_geometry, x.shape, ctx.attrs)
 
 
 def _is_float(dt: DType) -> bool:
@@ -106,8 +104,7 @@ def _taps_inside(spatial: tuple[int, ...], w: Window, keep: tuple[int, ...]) -> 
 
 
 def _window_params(node: Node) -> tuple[Window, dict[str, object]]:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     geo = _geometry(x.type.shape, node_attrs(node))
     spatial = x.type.shape[2:]
     nd = len(spatial)
@@ -123,8 +120,7 @@ def _window_params(node: Node) -> tuple[Window, dict[str, object]]:
 
 
 def _maxpool_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = CTYPES.get(x.type.dtype)
     if t not in ("float", "double", "int8_t", "uint8_t"):
@@ -157,8 +153,7 @@ def _maxpool_emit(prog: Program, node: Node) -> None:
 
 
 def _sum_pool_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     a = node_attrs(node)
@@ -191,8 +186,7 @@ def _sum_pool_emit(prog: Program, node: Node) -> None:
 
 
 def _global_emit(prog: Program, node: Node) -> None:
-    x = node.inputs[0]
-    assert x is not None
+    x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
     mode = {"GlobalAveragePool": "avg", "GlobalMaxPool": "max", "GlobalLpPool": "lp"}[node.op]

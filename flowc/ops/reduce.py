@@ -122,6 +122,16 @@ def row_layout(rows: int, cols: int, vec: int = 1) -> RowLayout:
     return RowLayout(width, per_block, blocks)
 
 
+def launch_rows(
+    prog: Program, kernel: str, x: Value, y: Value, rows: int, cols: int, vec: int = 1
+) -> None:
+    """Launch a row kernel (rows x cols, the reduced axis innermost) under ``row_layout``:
+    the kernels of reduce.cu.j2 and softmax.cu.j2 take (in, out, rows, cols, log2 width)."""
+    lay = row_layout(rows, cols, vec)
+    args = [prog.cptr(x), prog.ptr(y), f"(int64_t){rows}", f"(int64_t){cols}", str(lay.log2w)]
+    prog.launch_blocks(kernel, lay.blocks, lay.threads, 0, args)
+
+
 def vec_width(dtype: DType, cols: int) -> int:
     """4 when rows of ``cols`` elements of ``dtype`` can be read 16 bytes at a time (float32
     rows of a multiple of 4 elements; the kernels check the pointers' alignment at run time),
@@ -310,15 +320,8 @@ def emit_reduce(prog: Program, node: Node) -> None:
         spec = _reduce_spec(node.op, x.type.dtype)
         cols = groups[-1][0]
         vec = vec_width(x.type.dtype, cols)
-        lay = row_layout(n_out, cols, vec)
         k = prog.kernel(TEMPLATE, "reduce_rows", **spec, vec=vec)
-        prog.launch_blocks(
-            k,
-            lay.blocks,
-            lay.threads,
-            0,
-            [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}", f"(int64_t){cols}", str(lay.log2w)],
-        )
+        launch_rows(prog, k, x, y, n_out, cols, vec)
         return
     spec = _reduce_spec(node.op, x.type.dtype)
     kept: list[dict[str, int]] = []
@@ -349,21 +352,8 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
             "last": bool(attrs["select_last_index"]),
         }
         if inner == 1:
-            lay = row_layout(outer, extent)
             k = prog.kernel(TEMPLATE, "arg_rows", **params)
-            prog.launch_blocks(
-                k,
-                lay.blocks,
-                lay.threads,
-                0,
-                [
-                    prog.cptr(x),
-                    prog.ptr(y),
-                    f"(int64_t){outer}",
-                    f"(int64_t){extent}",
-                    str(lay.log2w),
-                ],
-            )
+            launch_rows(prog, k, x, y, outer, extent)
         else:
             k = prog.kernel(TEMPLATE, "arg_strided", **params, extent=extent, inner=inner)
             prog.launch(k, n_out, [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}"])

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
+
+
+_T = TypeVar("_T")
 
 
 class InferCtx:
@@ -100,6 +103,14 @@ class InferCtx:
     def fail(self, msg: str) -> ShapeError:
         where = f"{self.op} node {self.node_name!r}" if self.node_name else f"{self.op} node"
         return ShapeError(f"{where}: {msg}")
+
+    def check(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)``, whose ValueError (an attribute or shape it rejects)
+        becomes this node's ShapeError: the geometry helpers stay free of InferCtx."""
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as e:
+            raise self.fail(str(e)) from None
 
 
 InferFn = Callable[[InferCtx], list[TensorType]]

@@ -26,7 +26,7 @@ from flowc.codegen.cpp import c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
-from flowc.ops.conv import float_ctype, per_axis
+from flowc.ops.conv import explicit_pads, float_ctype, per_axis
 from flowc.ops.registry import (
     InferCtx,
     defop,
@@ -443,12 +443,7 @@ class _Col2ImGeometry:
         self.block = block
         self.strides = list(per_axis(a, "strides", nd, 1))
         self.dilations = list(per_axis(a, "dilations", nd, 1))
-        pads = a.get("pads")
-        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
-        if len(pads) != 2 * nd:
-            raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
-        if any(p < 0 for p in pads):
-            raise ValueError(f"pads must be >= 0, got {pads}")
+        pads = explicit_pads(a, nd)
         self.pads = pads[:nd]
         self.counts = []
         for d in range(nd):
@@ -469,10 +464,7 @@ def _col2im_geometry(ctx: InferCtx) -> _Col2ImGeometry:
         raise ctx.fail(f"image_shape {image} and block_shape {block} must have the same length")
     if any(d < 1 for d in image) or any(d < 1 for d in block):
         raise ctx.fail(f"image_shape {image} and block_shape {block} must be positive")
-    try:
-        return _Col2ImGeometry(image, block, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    return ctx.check(_Col2ImGeometry, image, block, ctx.attrs)
 
 
 def _col2im_infer(ctx: InferCtx) -> list[TensorType]:
@@ -605,10 +597,7 @@ def _maxunpool_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(
             f"I must be int64 of X's shape {list(x.shape)}, got {ind.dtype} {list(ind.shape)}"
         )
-    try:
-        shape = _unpool_shape(x.shape, ctx.attrs)
-    except ValueError as e:
-        raise ctx.fail(str(e)) from None
+    shape = ctx.check(_unpool_shape, x.shape, ctx.attrs)
     if ctx.has(2):
         given = tuple(ints(ctx.const(2, "output_shape")))
         if len(given) != x.rank or any(g < s for g, s in zip(given, shape, strict=True)):

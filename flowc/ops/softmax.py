@@ -22,7 +22,7 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
-from flowc.ops.reduce import kernel_ctype, outer_inner, row_layout, vec_width
+from flowc.ops.reduce import kernel_ctype, launch_rows, outer_inner, vec_width
 from flowc.ops.registry import (
     EmitFn,
     InferCtx,
@@ -134,21 +134,8 @@ def _emitter(mode: str) -> EmitFn:
         outer, extent, inner = outer_inner(shape, int(attrs["axis"]) % len(shape))
         if inner == 1:
             vec = vec_width(x.type.dtype, extent) if mode != "hardmax" else 1
-            lay = row_layout(outer, extent, vec)
             k = prog.kernel("softmax.cu.j2", "softmax_rows", ctype=t, acc=t, mode=mode, vec=vec)
-            prog.launch_blocks(
-                k,
-                lay.blocks,
-                lay.threads,
-                0,
-                [
-                    prog.cptr(x),
-                    prog.ptr(y),
-                    f"(int64_t){outer}",
-                    f"(int64_t){extent}",
-                    str(lay.log2w),
-                ],
-            )
+            launch_rows(prog, k, x, y, outer, extent, vec)
         else:
             k = prog.kernel("softmax.cu.j2", "softmax_strided", ctype=t, acc=t, mode=mode)
             n = outer * inner
