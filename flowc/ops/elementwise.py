@@ -3,6 +3,9 @@ comparisons and logic, Where, Clip, Cast.
 
 All binary ops use ONNX multidirectional broadcasting. Integer division truncates toward
 zero, as C (and onnxruntime) does; NumPy's ``//`` floors, so it is not used directly.
+
+One idea: the element-wise family beside elementwise.cu.j2 (each op a C expression the
+fused kernels reuse); kept whole because an op family is one module.
 """
 
 from __future__ import annotations

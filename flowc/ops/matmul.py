@@ -3,6 +3,9 @@
 MatMul promotes a 1-D first operand to a row and a 1-D second operand to a column, then
 drops the added axis from the result, exactly as numpy.matmul does. Gemm keeps alpha, beta
 and the transposes as attributes; its C operand broadcasts one way, to (M, N).
+
+One idea: the GEMM family beside matmul.cu.j2 (MatMul, Gemm and their fused forms, sharing
+one cuBLASLt plan and epilogue description); kept whole because an op family is one module.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ Where the specification is silent or onnxruntime departs from it, flowc follows:
   specification for BRANCH_MEMBER (the feature's exact value is looked up; onnxruntime
   truncates it to an integer). post_transform other than NONE is refused: the specification
   and onnxruntime number SOFTMAX and LOGISTIC the other way round.
+
+One idea: the ai.onnx.ml family beside its template (ml.cu.j2); kept whole because an op
+family is one module, each op's inference, reference, SBP and emitter together.
 """
 
 from __future__ import annotations
