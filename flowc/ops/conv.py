@@ -630,12 +630,7 @@ def _transpose_geometry(
     elif auto_pad == "VALID":
         begin, out = [0] * nd, full
     else:
-        pads = a.get("pads")
-        pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
-        if len(pads) != 2 * nd:
-            raise ValueError(f"pads has {len(pads)} entries, expected {2 * nd} (begins then ends)")
-        if any(p < 0 for p in pads):
-            raise ValueError(f"negative pads are not supported, got {pads}")
+        pads = explicit_pads(a, nd)
         begin = pads[:nd]
         out = [f - pads[i] - pads[nd + i] for i, f in enumerate(full)]
         if any(o < 1 for o in out):

@@ -576,10 +576,7 @@ def _unpool_shape(x_shape: tuple[int, ...], a: Attrs) -> tuple[int, ...]:
     if len(kernel) != nd or any(k < 1 for k in kernel):
         raise ValueError(f"kernel_shape {kernel} must have {nd} positive entries")
     strides = per_axis(a, "strides", nd, 1)
-    pads = a.get("pads")
-    pads = [0] * (2 * nd) if pads is None else [int(p) for p in pads]
-    if len(pads) != 2 * nd or any(p < 0 for p in pads):
-        raise ValueError(f"pads must be {2 * nd} entries >= 0 (begins then ends), got {pads}")
+    pads = explicit_pads(a, nd)
     out = tuple(
         (x_shape[2 + d] - 1) * strides[d] - (pads[d] + pads[nd + d]) + kernel[d] for d in range(nd)
     )
