@@ -4,6 +4,10 @@ write, in that order, each stage handed the previous one's result.
 Nothing downstream calls back up: code generation gets the schedule and the memory plan it
 writes down, the memory planner gets the schedule's happens-before order, the schedule gets
 the (rank) graph. Each stage is timed for ``--print-pass-times``.
+
+Placement under a memory limit is a loop of the driver's too (``parallelize``): it re-plans
+until the compiled program fits, measured with the later stages, which parallel/ never
+imports.
 """
 
 from __future__ import annotations
