@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from flowc.codegen.program import WeightsLayout, generate, generate_pipeline, layout_weights
-from flowc.codegen.project import check_project_dir, write_project
+from flowc.codegen.project import project_writer
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node
 from flowc.ir.types import Mesh
@@ -260,22 +260,24 @@ def compile_graph(
     flowc did not write (see codegen/project.py); ``force`` allows a non-empty OUT/ that is
     no flowc project."""
     times = StageTimes() if times is None else times
-    check_project_dir(out, force)  # before the (slow) generation
-    compiled = generate_program(
-        graph,
-        physical=physical,
-        prefix=prefix,
-        source=source,
-        arch=arch,
-        poison=poison,
-        streams=streams,
-        times=times,
-        cuda_graph=cuda_graph,
-        profile=profile,
-        precision=precision,
-        schedule_for=schedule_for,
-    )
-    times.run("write", lambda: write_project(out, compiled.files, compiled.weights, force=force))
+    # OUT/ is checked and locked before the (slow) generation, and stays locked until the
+    # new project is in place.
+    with project_writer(out, force) as write:
+        compiled = generate_program(
+            graph,
+            physical=physical,
+            prefix=prefix,
+            source=source,
+            arch=arch,
+            poison=poison,
+            streams=streams,
+            times=times,
+            cuda_graph=cuda_graph,
+            profile=profile,
+            precision=precision,
+            schedule_for=schedule_for,
+        )
+        times.run("write", lambda: write(compiled.files, compiled.weights))
     return compiled
 
 
@@ -412,26 +414,26 @@ def compile_pipeline(
     the mesh, which runs its own stage's schedule: the stage's micro-batches unrolled into
     one actor program (flowc.schedule.unroll), simulated stage after stage."""
     times = StageTimes() if times is None else times
-    check_project_dir(out, force)
-    profile = workspace_within(
-        load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
-    )
-    pipe, part = build_pipeline(graph, spec, profile, times)
-    unrolled, scheds = times.run("schedule", lambda: schedule_pipeline(pipe, profile, streams))
-    plans = times.run("memory plan", lambda: [plan_schedule(s) for s in scheds])
-    files, weights, programs = times.run(
-        "code generation",
-        lambda: generate_pipeline(
-            pipe,
-            unrolled,
-            scheds,
-            plans,
-            prefix=prefix,
-            source=source,
-            arch=arch,
-            poison=poison,
-            precision=precision,
-        ),
-    )
-    times.run("write", lambda: write_project(out, files, weights, force=force))
+    with project_writer(out, force) as write:
+        profile = workspace_within(
+            load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
+        )
+        pipe, part = build_pipeline(graph, spec, profile, times)
+        unrolled, scheds = times.run("schedule", lambda: schedule_pipeline(pipe, profile, streams))
+        plans = times.run("memory plan", lambda: [plan_schedule(s) for s in scheds])
+        files, weights, programs = times.run(
+            "code generation",
+            lambda: generate_pipeline(
+                pipe,
+                unrolled,
+                scheds,
+                plans,
+                prefix=prefix,
+                source=source,
+                arch=arch,
+                poison=poison,
+                precision=precision,
+            ),
+        )
+        times.run("write", lambda: write(files, weights))
     return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs, unrolled)

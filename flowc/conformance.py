@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from flowc.atomic_file import write_file_atomic
 from flowc.errors import FlowcError, InputError
 
 FORMAT = 1
@@ -833,14 +834,9 @@ def failure_categories(results: Sequence[Result], top: int = 15) -> list[tuple[s
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write via a temporary file beside ``path`` and a rename: never half-written."""
+    """Write through flowc.atomic_file: never half-written, never over a device or link."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_file_atomic(path, text.encode("utf-8"))
 
 
 def write_results(path: Path, target: str, results: Sequence[Result], *, full: bool) -> None:

@@ -179,7 +179,7 @@ def test_failed_writes_leave_no_temp_files(tmp_path: Path) -> None:
     calls.clear()
     files = {"flowc_model.json": "{}", "model.cu": "// text\n"}
     out = tmp_path / "project"
-    with pytest.raises(ProjectError, match="nothing flowc created was left behind"):
+    with pytest.raises(ProjectError, match="is as it was before this compile"):
         write_project(out, files, [layout_weights(graph, failing)])
     assert not out.exists()
 

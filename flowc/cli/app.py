@@ -74,6 +74,8 @@ _default_showwarning = warnings.showwarning
 
 def main(argv: Sequence[str] | None = None) -> None:
     warnings.showwarning = _show_warning
+    # Each warning says what was done to the user's files or results: never deduplicated.
+    warnings.simplefilter("always", FlowcWarning)
     try:
         cli.main(
             args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False

@@ -3,7 +3,6 @@ choice of target, reading --input arrays and writing OUT.npz."""
 
 from __future__ import annotations
 
-import os
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,7 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from flowc.atomic_file import atomic_write
+from flowc.atomic_file import Kind, atomic_write, check_output
 from flowc.errors import FlowcError, InputError
 
 out = Console(highlight=False, soft_wrap=True)
@@ -154,15 +153,13 @@ def read_graph_inputs(
 # -- -o OUT.npz --------------------------------------------------------------------------------
 
 
-def check_output_path(path: Path) -> Path:
-    """Fail before any work when the output cannot be written."""
-    path = path.resolve()
-    if not path.name.endswith(".npz"):
-        raise InputError(f"-o {path}: the output file must end in .npz")
-    if not path.parent.is_dir():
-        raise InputError(f"-o {path}: directory {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK) or path.is_dir():
-        raise InputError(f"-o {path}: cannot write there")
+def check_output_path(path: Path, what: str = "-o") -> Path:
+    """Fail before any work when the output cannot be written (flowc.atomic_file's rules: a
+    character device or FIFO is written through, a directory or socket refused). A file
+    the output creates or replaces must end in .npz."""
+    target = check_output(path, what)
+    if target.kind is not Kind.STREAM and not path.name.endswith(".npz"):
+        raise InputError(f"{what} {path}: the output file must end in .npz")
     return path
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 import numpy as np
 from rich.markup import escape
 
-from flowc.atomic_file import write_file_atomic
+from flowc.atomic_file import atomic_write, check_output, restorable
 from flowc.cli.common import out, write_npz_atomic
 from flowc.cli.loading import load_model
 from flowc.cli.options import ModelArgs, model_options, output_option
@@ -26,11 +27,10 @@ def convert_cmd(model: ModelArgs, output: Path) -> None:
     from flowc.ir.graph import is_splat
     from flowc.ir.printer import INLINE_MAX, print_graph
 
-    output = output.resolve()
+    output = output.absolute()
     if output.suffix != ".flow":
         raise InputError(f"-o {output}: the program's file name must end in .flow")
-    if not output.parent.is_dir():
-        raise InputError(f"-o {output}: directory {output.parent} does not exist")
+    check_output(output, "-o")
     graph = load_model(model)
     stored: dict[str, np.ndarray] = {
         c.name: c.const
@@ -39,16 +39,16 @@ def convert_cmd(model: ModelArgs, output: Path) -> None:
     }
     weights = output.with_name(output.stem + ".weights.npz")
     text = print_graph(graph, weights=weights.name if stored else None)
-    # The weights first: the program never names a file that is not there yet; if the
-    # program cannot be written, the new weights go too.
-    if stored:
-        write_npz_atomic(weights, stored)
-    try:
-        write_file_atomic(output, text.encode("utf-8"))
-    except BaseException:
+    # Both files are written whole before either replaces anything, the weights renamed
+    # into place first (the program never names a file that is not there yet); should the
+    # program then fail, the weights file they replaced comes back.
+    with (
+        restorable(weights) if stored else contextlib.nullcontext(),
+        atomic_write(output) as program,
+    ):
+        program.write(text.encode("utf-8"))
         if stored:
-            weights.unlink(missing_ok=True)
-        raise
+            write_npz_atomic(weights, stored)
     out.print(
         f"wrote {escape(str(output))} ({len(graph.nodes)} nodes)"
         + (f" and {escape(weights.name)} ({len(stored)} arrays)" if stored else "")

@@ -89,8 +89,14 @@ def inspect(
     show_schedule = show_schedule or gantt is not None
     if streams is not None and not show_schedule:
         raise InputError("--streams needs --schedule", hint="e.g. --schedule --streams 2")
-    if gantt is not None and gantt.suffix.lower() != ".png":
-        raise InputError(f"--gantt {gantt}: a Gantt chart is drawn as PNG", hint="give OUT.png")
+    if gantt is not None:
+        from flowc.atomic_file import Kind, check_output
+
+        if (
+            check_output(gantt, "--gantt").kind is not Kind.STREAM
+            and gantt.suffix.lower() != ".png"
+        ):
+            raise InputError(f"--gantt {gantt}: a Gantt chart is drawn as PNG", hint="give OUT.png")
     popts = parallel_settings(model, parallel)
     from flowc.compiler import PipelineSpec
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from flowc.codegen.project import open_project
 from flowc.errors import FlowcError, InputError
 from flowc.ir.dtype import DType
 from flowc.toolchain import find_cuda
@@ -107,7 +108,9 @@ def build(
     compiled and linked (a CUDA build: nvcc's host-side code at -O1, most of its time; the
     device code keeps nvcc's optimization). ``sanitize``
     ("address", "undefined" or both, comma-separated) builds the host program with those
-    sanitizers, at -O1, into its own directory (see build_dir)."""
+    sanitizers, at -O1, into its own directory (see build_dir). A swap an interrupted
+    compile left in OUT/ is finished or rolled back first (codegen/project.py)."""
+    recover(out)
     if not (out / "CMakeLists.txt").is_file():
         raise InputError(f"{out}: no CMakeLists.txt here; create the project with `flowc compile`")
     if target not in ("host", "cuda"):
@@ -172,6 +175,13 @@ def build(
     # The compiler's full output, kept so warnings can be read (tests require none).
     (bdir / "flowc-build.log").write_text("\n".join(log))
     return bdir
+
+
+def recover(out: Path) -> None:
+    """Finish or roll back a swap an interrupted compile left in OUT/, under OUT/'s lock
+    (released before the build or run: those only read the project)."""
+    with open_project(out):
+        pass
 
 
 def project_info(out: Path) -> dict[str, object]:
@@ -284,6 +294,7 @@ def run(
     sanitize: str | Sequence[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], str]:
     """Run the built driver on ``feeds``; returns the outputs by name and the driver's stdout."""
+    recover(out)
     info = project_info(out)
     exe = build_dir(out, target, sanitize) / "model_main"
     if not exe.is_file():
