@@ -606,8 +606,9 @@ def recover_project(out: Path) -> str | None:
     except OSError:
         strays = []
     for tx in strays:
-        # A compile killed while staging: its folder holds new/ and old/ only.
-        if tx.is_dir() and not tx.is_symlink() and set(os.listdir(tx)) <= {"new", "old"}:
+        # A compile killed while staging: its folder holds new/, old/ and perhaps the
+        # journal it was about to move into place, nothing else.
+        if tx.is_dir() and not tx.is_symlink() and set(os.listdir(tx)) <= {"new", "old", JOURNAL}:
             with contextlib.suppress(OSError):
                 _remove_tree(tx)
     return said
@@ -860,15 +861,21 @@ def _write(
         DISK.rename(tx / JOURNAL, out / JOURNAL)
         DISK.sync(out)
     except OSError as e:
+        left = ""
         if tx is not None:
-            with contextlib.suppress(OSError):
+            try:
                 if os.path.lexists(out / JOURNAL):
                     DISK.unlink(out / JOURNAL)
                 _remove_tree(tx)
+            except OSError:
+                left = (
+                    f" but for flowc's staging files ({TX_PREFIX}*, {JOURNAL}), which the next "
+                    "flowc command on it removes"
+                )
         raise ProjectError(
             f"cannot write {e.filename or current}: {e.strerror or e}",
             hint=f"check the folder's permissions and free space; {out} is as it was before "
-            "this compile",
+            f"this compile{left}",
         ) from None
     # 3. The swap: renames only, the manifest last.
     try:
