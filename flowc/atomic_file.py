@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import errno
 import fcntl
+import io
 import os
 import secrets
 import shutil
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from flowc.errors import FlowcError
 
@@ -123,6 +124,21 @@ def check_output(path: Path | str, what: str | None = None) -> Target:
     return target
 
 
+class _WriteThrough(io.FileIO):
+    """A character device or FIFO as a stream that cannot seek, even where the kernel lets
+    it (/dev/null does, and always answers 0): writers that seek back to patch what they
+    wrote (a zip archive's offsets) then write a form that needs no seeking."""
+
+    def seekable(self) -> bool:
+        return False
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        raise io.UnsupportedOperation("seek")
+
+    def tell(self) -> int:
+        raise io.UnsupportedOperation("tell")
+
+
 def _open_stream(path: Path) -> int:
     """A write descriptor on a character device or FIFO, opened without blocking (a FIFO
     with no reader fails with ENXIO at once) and then set blocking for the writes."""
@@ -173,9 +189,9 @@ def atomic_write(
                 ) from None
             raise (cannot_open or default)(e) from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                yield f
-                f.flush()
+            with io.BufferedWriter(_WriteThrough(fd, "wb")) as stream:
+                yield cast(BinaryIO, stream)
+                stream.flush()
         except OSError as e:
             raise (cannot_write or default)(e) from None
         return

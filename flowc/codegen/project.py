@@ -189,6 +189,11 @@ class OldProject:
             return True
         if self.listed is None or name not in self.listed:
             return False
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return False  # hashing a FIFO would block; a link is never flowc's
+        except FileNotFoundError:
+            return False
         want = self.sha256.get(name)
         return want is None or _sha256(path) == want
 
@@ -209,8 +214,12 @@ def check_project_dir(out: Path, force: bool = False) -> OldProject:
     while not os.path.lexists(top) and top != top.parent:
         top = top.parent
     if not top.is_dir():
+        if not top.exists():
+            what = "a broken link"
+        else:
+            what = "a file" if top.is_file() else _kind(os.stat(top).st_mode)
         raise ProjectError(
-            f"-o {out}: {top} is {'a file' if top.exists() else 'a broken link'}, not a folder",
+            f"-o {out}: {top} is {what}, not a folder",
             hint="choose a path under an existing folder",
         )
     if not os.access(top, os.W_OK | os.X_OK):
