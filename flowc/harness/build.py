@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from flowc.atomic_file import write_file_atomic
 from flowc.codegen.project import open_project
 from flowc.errors import FlowcError, InputError
 from flowc.ir.dtype import DType
@@ -173,7 +174,7 @@ def build(
         if progress:
             progress(f"{what} done in {time.perf_counter() - t0:.1f} s")
     # The compiler's full output, kept so warnings can be read (tests require none).
-    (bdir / "flowc-build.log").write_text("\n".join(log))
+    write_file_atomic(bdir / "flowc-build.log", "\n".join(log).encode("utf-8"))
     return bdir
 
 
