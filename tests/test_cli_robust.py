@@ -102,6 +102,14 @@ def test_eval_takes_bfloat16_npy(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"], x.astype(np.float32) + 1)
+    # Raw bytes for a type NumPy names (float32 is '<f4') are refused, as the driver does;
+    # they used to be read as float32 bytes.
+    np.save(tmp_path / "raw.npy", np.ones((2, 3), np.float32).view("V4"))
+    r = flowc(
+        "eval", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"z={tmp_path / 'raw.npy'}", "-o", str(tmp_path / "y.npz"),
+    )  # fmt: skip
+    assert_clean_error(r, "--input z", "(|V4) are not f32")
 
 
 def test_run_on_a_missing_or_foreign_folder(tmp_path: Path) -> None:

@@ -105,7 +105,9 @@ def as_declared_type(name: str, a: np.ndarray, specs: Sequence[Any]) -> np.ndarr
     """An input array read as its declared element type where NumPy could not say it: a
     bfloat16, float8 or int4 array saved by NumPy has no type descr of its own and comes
     back as raw bytes (``|V2``, ``|V1``); those are taken as the model's declared type
-    when the item size matches. Every other array is returned unchanged."""
+    when the item size matches and the type is one NumPy has no name for (raw bytes for a
+    float32 input are refused, as by the generated driver). Every other array is returned
+    unchanged."""
     from flowc.ir.dtype import DType
 
     if a.dtype.kind != "V" or a.dtype.fields is not None:
@@ -114,6 +116,15 @@ def as_declared_type(name: str, a: np.ndarray, specs: Sequence[Any]) -> np.ndarr
     if spec is None:
         return a
     want = DType.from_short(str(spec["dtype"])).np
+    if want.kind != "V":
+        # A type NumPy names (float32 is '<f4'): raw bytes are not taken for it, as the
+        # generated driver does not take them either (runtime_cpp/flowc/npy.h).
+        raise InputError(
+            f"--input {name}: raw {a.dtype.itemsize}-byte items ({a.dtype.str}) are not "
+            f"{spec['dtype']}: only a type NumPy has no name for (bfloat16, float8, int4) "
+            "is read from raw bytes",
+            hint=f"save the array as {spec['dtype']} (np.asarray(a, np.{want.name}))",
+        )
     if a.dtype.itemsize != want.itemsize:
         raise InputError(
             f"--input {name}: raw {a.dtype.itemsize}-byte items cannot be "
