@@ -357,3 +357,27 @@ def test_a_project_folder_that_is_a_special_file_is_refused(
     assert code == 2 and "a FIFO, not a folder" in text, text
     assert stat.S_ISFIFO(out.lstat().st_mode)
     assert project.LOCK not in os.listdir(tmp_path)
+
+
+def test_convert_keeps_the_old_program_and_weights_when_the_program_fails(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights are renamed into place before the program: when the program then cannot
+    be, the weights file they replaced comes back, so the old pair still loads."""
+    out = tmp_path / "m.flow"
+    weights = tmp_path / "m.weights.npz"
+    out.write_text("the old program")
+    weights.write_bytes(b"the old weights")
+    real = os.replace
+
+    def failing(src: str, dst: str) -> None:
+        if str(dst).endswith(".flow"):
+            raise OSError(28, "No space left on device", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    code, text = run_cli(["convert", str(tiny), "-o", str(out)], capsys)
+    assert code == 2 and "No space left on device" in text, text
+    assert out.read_text() == "the old program"
+    assert weights.read_bytes() == b"the old weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.flow", "m.weights.npz"]
