@@ -121,13 +121,13 @@ def test_every_search_strategy_alone_is_exact(seed: int) -> None:
 
 
 def test_search_closes_the_hole_greedy_leaves() -> None:
-    # Found by random search: the best of the greedy orderings is a byte above the optimum.
+    # Found by random search: the best of the greedy orderings and the time sweeps is a
+    # byte above the optimum.
     ivs = [
-        Interval(0, 2, 6, 1),
-        Interval(1, 5, 6, 3),
-        Interval(2, 3, 4, 2),
-        Interval(3, 0, 1, 3),
-        Interval(4, 0, 4, 2),
+        Interval(0, 5, 6, 4),
+        Interval(1, 4, 8, 1),
+        Interval(2, 1, 5, 1),
+        Interval(3, 2, 3, 4),
     ]
     opt = brute_force_peak(ivs)
     assert place(ivs, exact=False).peak > opt

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,56 @@ from flowc.cli.common import out
 from flowc.cli.options import parse_bytes, path_option
 from flowc.errors import FlowcError, InputError
 from flowc.formatting import human_bytes
+
+# The largest --capacity: the CSV's own integer range (int64), far above any arena.
+MAX_CAPACITY = 2**63 - 1
+# The largest --work-limit: 250 times the placer's default (40,000), some twenty minutes
+# of search on one of MiniMalloc's 400-buffer instances here.
+MAX_WORK_LIMIT = 10_000_000
+
+
+def _shown(text: str) -> str:
+    """``text`` for a message: a runaway argument is cut, with its length."""
+    return text if len(text) <= 24 else f"{text[:16]}... ({len(text)} characters)"
+
+
+def parse_capacity(text: str) -> int:
+    """--capacity as bytes, at most MAX_CAPACITY. A plain integer is read exactly (no
+    float on the way: 2^53 + 1 stays itself); one with a unit (64MiB, 1.5GB) goes through
+    parse_bytes once its integer part is known to be of sane length."""
+    plain = text.strip()
+    too_big = InputError(
+        f"--capacity {_shown(text)}: at most {MAX_CAPACITY} bytes "
+        "(2^63-1, the range of the CSV's integers)",
+        hint="give the arena size in bytes, like 1048576 or 64MiB",
+    )
+    if re.fullmatch(r"[0-9]+", plain):
+        if len(plain.lstrip("0")) > 19 or int(plain) > MAX_CAPACITY:
+            raise too_big
+        return int(plain)
+    whole = re.match(r"\s*([0-9]*)", text)
+    if whole is not None and len(whole.group(1).lstrip("0")) > 19:
+        raise too_big
+    value = parse_bytes(text, "--capacity")
+    if value > MAX_CAPACITY:
+        raise too_big
+    return value
+
+
+def parse_work_limit(text: str) -> int:
+    """--work-limit as search nodes: a whole number from 0 to MAX_WORK_LIMIT."""
+    plain = text.strip()
+    if not re.fullmatch(r"[0-9]+", plain):
+        raise InputError(
+            f"--work-limit {_shown(text)!r}: expected a whole number of search nodes, "
+            f"0 to {MAX_WORK_LIMIT}"
+        )
+    if len(plain.lstrip("0")) > len(str(MAX_WORK_LIMIT)) or int(plain) > MAX_WORK_LIMIT:
+        raise InputError(
+            f"--work-limit {_shown(text)}: at most {MAX_WORK_LIMIT} search nodes "
+            "(250 times the default)"
+        )
+    return int(plain)
 
 
 @click.command(
@@ -26,26 +77,30 @@ from flowc.formatting import human_bytes
 @click.option(
     "--work-limit",
     default=None,
-    type=int,
-    help="Search nodes for the exact search (default: the placer's; 0: greedy only).",
+    metavar="N",
+    help=(
+        "Search nodes for the exact search (default: the placer's; 0: greedy only; "
+        f"at most {MAX_WORK_LIMIT})."
+    ),
 )
 def plan_memory_cmd(
-    csv_file: Path, offsets_path: Path | None, capacity: str | None, work_limit: int | None
+    csv_file: Path, offsets_path: Path | None, capacity: str | None, work_limit: str | None
 ) -> None:
     """Place the buffers of a MiniMalloc CSV (id,lower,upper,size; live on [lower, upper))
     at static offsets: prints the peak, the lower bound and their ratio."""
     from flowc.memory import placement
 
-    cap = parse_bytes(capacity, "--capacity") if capacity is not None else None
-    limit = placement.DEFAULT_WORK_LIMIT if work_limit is None else work_limit
-    if limit < 0:
-        raise InputError(f"--work-limit {limit}: expected 0 or more search nodes")
+    cap = parse_capacity(capacity) if capacity is not None else None
+    limit = placement.DEFAULT_WORK_LIMIT if work_limit is None else parse_work_limit(work_limit)
     try:
         intervals = placement.read_csv(csv_file)
     except placement.PlacementError as e:
         raise InputError(str(e), hint="rows are id,lower,upper,size with lower < upper") from None
     t0 = time.perf_counter()
-    result = placement.place(intervals, capacity=cap, work_limit=limit, exact=limit > 0)
+    try:
+        result = placement.place(intervals, capacity=cap, work_limit=limit, exact=limit > 0)
+    except placement.PlacementError as e:
+        raise InputError(f"{csv_file}: {e}") from None
     seconds = time.perf_counter() - t0
     # The placer's output goes through the independent checker before anyone uses it.
     placement.check_placement(intervals, result.offsets)
@@ -62,12 +117,17 @@ def plan_memory_cmd(
     table.add_row("time", f"{seconds:.2f} s")
     out.print(table)
     if offsets_path is not None:
-        try:
-            placement.write_offsets_csv(offsets_path, intervals, result.offsets)
-        except OSError as e:
-            raise InputError(
-                f"--offsets {offsets_path}: cannot write ({e.strerror or e})"
-            ) from None
+        placement.write_offsets_csv(
+            offsets_path,
+            intervals,
+            result.offsets,
+            cannot_open=lambda e: InputError(
+                f"--offsets {offsets_path}: cannot write there ({e.strerror or e})"
+            ),
+            cannot_write=lambda e: InputError(
+                f"--offsets {offsets_path}: writing failed ({e.strerror or e})"
+            ),
+        )
         out.print(f"wrote {escape(str(offsets_path))}")
     out.print(f"peak {result.peak} lower_bound {result.lower_bound} ratio {ratio:.4f}")
     if cap is not None and result.peak > cap:

@@ -55,13 +55,15 @@ search, its bounds and the CSV form share the Interval/Placement records.
 
 from __future__ import annotations
 
-import contextlib
+import bisect
 import csv
+import io
+import math
 import os
-import sys
-import tempfile
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -81,6 +83,21 @@ __all__ = [
 # instance (154-454 buffers; bench/minimalloc_bench.py on 2 cores, up to 11 s when other
 # jobs load them); no search at all where the greedy stage already reaches the bound.
 DEFAULT_WORK_LIMIT = 40_000
+
+# The most bytes all the live buffers may need stacked (sizes plus alignment padding):
+# offsets and the sums the search forms stay far from int64's limit (2 EiB).
+ARENA_LIMIT = 2**61
+
+# The greedy orderings place each buffer among the placed ones it conflicts with, from
+# lists of them; a run costs about 15 us a buffer plus 1 us a conflicting pair in
+# CPython, so they run while buffers plus pairs stay below this (about 5 s for the ten
+# runs; a timeline of 6,000 model-like buffers has about 200,000 pairs). Beyond it only
+# the time sweeps run, which need no lists.
+GREEDY_WORK = 500_000
+
+# A group of buffers is searched when its conflicting pairs plus the time sections its
+# buffers span stay below this: the search keeps both as arrays.
+SEARCH_PAIRS = 4_000_000
 
 
 class PlacementError(ValueError):
@@ -113,16 +130,30 @@ class Placement:
 
 def _validate(intervals: Sequence[Interval]) -> None:
     seen: set[int] = set()
+    need = 0
     for iv in intervals:
         if iv.id in seen:
             raise PlacementError(f"buffer {iv.id}: duplicate id")
         seen.add(iv.id)
+        for what in ("start", "end", "size", "align"):
+            value = getattr(iv, what)
+            if not -(2**63) <= value < 2**63:
+                raise PlacementError(f"buffer {iv.id}: {what} {value} does not fit int64")
         if iv.end < iv.start:
             raise PlacementError(f"buffer {iv.id}: end {iv.end} before start {iv.start}")
         if iv.size < 0:
             raise PlacementError(f"buffer {iv.id}: negative size {iv.size}")
         if iv.align < 1:
             raise PlacementError(f"buffer {iv.id}: alignment {iv.align} is not positive")
+        if _live(iv):
+            need += iv.size + iv.align - 1
+    if need > ARENA_LIMIT:
+        # No placement needs more than every buffer stacked (each padded to its alignment);
+        # below this bound no offset or sum the placer forms overflows int64.
+        raise PlacementError(
+            f"the buffers need up to {need} bytes stacked (sizes plus alignment padding); "
+            f"the placer handles at most {ARENA_LIMIT} (2^61)"
+        )
 
 
 def _live(iv: Interval) -> bool:
@@ -168,34 +199,43 @@ def check_placement(
             problems.append(
                 f"buffer {iv.id}: bytes [{off}, {off + iv.size}) exceed capacity {capacity}"
             )
-    # Sweep: at each start, compare the new buffer's bytes with every buffer live then.
-    # Ends at t come before starts at t (half-open lifetimes).
-    events = sorted(
-        ((iv.start, 1, k) for k, iv in enumerate(ivs) if _live(iv) and iv.id in offsets),
-        key=lambda e: e[0],
-    )
-    ends = sorted(
-        ((iv.end, k) for k, iv in enumerate(ivs) if _live(iv) and iv.id in offsets),
-    )
-    live: set[int] = set()
+    # Sweep over time: at each start, compare the new buffer's bytes with the buffers live
+    # then. Their byte ranges are kept in order of offset; as long as they do not overlap
+    # each other, a new range overlaps one of them exactly when it overlaps its neighbour
+    # below or above in that order, so each start costs a bisection, not a pass over all
+    # the live buffers. A buffer found overlapping is reported and left out, so the ones
+    # kept never overlap. Ends at t come before starts at t (half-open lifetimes).
+    keep = [k for k, iv in enumerate(ivs) if _live(iv) and iv.id in offsets]
+    starts = sorted(keep, key=lambda k: (ivs[k].start, k))
+    ends = sorted(keep, key=lambda k: (ivs[k].end, k))
+    live: list[tuple[int, int]] = []  # (offset, index), sorted
+    inside = [False] * len(ivs)
     ei = 0
-    for t, _, k in events:
-        while ei < len(ends) and ends[ei][0] <= t:
-            live.discard(ends[ei][1])
-            ei += 1
+    for k in starts:
+        if len(problems) > 20:
+            break
         a = ivs[k]
+        t = a.start
+        while ei < len(ends) and ivs[ends[ei]].end <= t:
+            j = ends[ei]
+            ei += 1
+            if inside[j]:
+                del live[bisect.bisect_left(live, (offsets[ivs[j].id], j))]
         ao = offsets[a.id]
-        for j in live:
+        at = bisect.bisect_left(live, (ao, k))
+        clash = False
+        for _, j in live[max(at - 1, 0) : at + 1]:
             b = ivs[j]
             bo = offsets[b.id]
             if ao < bo + b.size and bo < ao + a.size:
+                clash = True
                 problems.append(
                     f"buffers {a.id} and {b.id} are both live at step {t} and share bytes "
                     f"[{max(ao, bo)}, {min(ao + a.size, bo + b.size)})"
                 )
-                if len(problems) > 20:
-                    break
-        live.add(k)
+        if not clash:
+            live.insert(at, (ao, k))
+            inside[k] = True
     if problems:
         more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
         raise PlacementError("invalid placement: " + "; ".join(problems[:10]) + more)
@@ -206,55 +246,85 @@ def check_placement(
 
 class _Problem:
     """The live buffers as arrays: sizes, alignments, the half-open range of time sections
-    each covers (a section lies between consecutive distinct endpoints), and each buffer's
-    conflicting buffers."""
+    each covers (a section lies between consecutive distinct endpoints), the bytes live in
+    each section, the fullest section each buffer lives through and how many buffers it
+    conflicts with. The conflicts themselves are not listed here: there can be as many as
+    the square of the buffers (a hundred thousand buffers alive together), so only groups
+    with few enough get lists (_conflicts)."""
 
     def __init__(self, ivs: list[Interval]) -> None:
         self.ivs = ivs
         n = len(ivs)
         self.n = n
-        self.size = np.array([iv.size for iv in ivs], dtype=np.int64)
-        self.align = np.array([iv.align for iv in ivs], dtype=np.int64)
-        start = np.array([iv.start for iv in ivs], dtype=np.int64)
-        end = np.array([iv.end for iv in ivs], dtype=np.int64)
+        self.size = np.fromiter((iv.size for iv in ivs), dtype=np.int64, count=n)
+        self.align = np.fromiter((iv.align for iv in ivs), dtype=np.int64, count=n)
+        start = np.fromiter((iv.start for iv in ivs), dtype=np.int64, count=n)
+        end = np.fromiter((iv.end for iv in ivs), dtype=np.int64, count=n)
         self.start, self.end = start, end
-        points = np.unique(np.concatenate([start, end])) if n else np.zeros(0, np.int64)
+        points = np.unique(np.concatenate([start, end]))
         self.lo = np.searchsorted(points, start).astype(np.int64)
         self.hi = np.searchsorted(points, end).astype(np.int64)
         self.nsec = max(len(points) - 1, 0)
         # Section totals (the bytes live in each section) from a difference array; no
-        # dense section x buffer matrix, so thousands of buffers stay cheap.
+        # dense section x buffer matrix.
         diff = np.zeros(self.nsec + 1, dtype=np.int64)
         np.add.at(diff, self.lo, self.size)
         np.add.at(diff, self.hi, -self.size)
         self.total = np.cumsum(diff)[:-1]
-        # Conflicting buffers: those starting before i ends (a prefix in start order) and
-        # ending after i starts.
-        by_start = np.argsort(start, kind="stable")
-        sorted_start = start[by_start]
-        self.nbrs = []
-        for i in range(n):
-            cand = by_start[: np.searchsorted(sorted_start, end[i], side="left")]
-            cand = cand[end[cand] > start[i]]
-            self.nbrs.append(np.sort(cand[cand != i]))
         # The fullest section each buffer lives through (MiniMalloc's "total").
-        self.fullest = np.array(
-            [int(self.total[self.lo[i] : self.hi[i]].max()) for i in range(n)], dtype=np.int64
+        self.fullest = _range_max(self.total, self.lo, self.hi)
+        # Conflicts of i: the buffers starting before i ends, less those ending by the time
+        # it starts (all of which started before it ends), less i itself.
+        self.degree = (
+            np.searchsorted(np.sort(start), end, side="left")
+            - np.searchsorted(np.sort(end), start, side="right")
+            - 1
         )
+        self.pairs = int(self.degree.sum()) // 2
 
-    def components(self) -> list[list[int]]:
-        """Groups of buffers whose lifetimes chain together; no buffer crosses between two
-        groups' time ranges, so each can be placed on its own from offset 0."""
-        order = sorted(range(self.n), key=lambda i: (int(self.start[i]), int(self.end[i])))
-        groups: list[list[int]] = []
-        reach = None
-        for i in order:
-            if reach is None or self.start[i] >= reach:
-                groups.append([])
-                reach = int(self.end[i])
-            groups[-1].append(i)
-            reach = max(reach, int(self.end[i]))
-        return groups
+    def components(self) -> list[np.ndarray]:
+        """Groups of buffers whose lifetimes chain together, each in order of (start, end);
+        no buffer crosses between two groups' time ranges, so each can be placed on its own
+        from offset 0."""
+        order = np.lexsort((self.end, self.start))
+        reach = np.maximum.accumulate(self.end[order])
+        cuts = np.flatnonzero(self.start[order][1:] >= reach[:-1]) + 1
+        return np.split(order, cuts)
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``max(values[lo[k]:hi[k]])`` for every k (each range non-empty): the sparse-table
+    query, one level of the table at a time, so memory stays linear."""
+    out = np.empty(len(lo), dtype=values.dtype)
+    level = np.frexp((hi - lo).astype(np.float64))[1] - 1  # floor(log2(span))
+    table = values
+    k = 0
+    while len(lo):
+        sel = np.flatnonzero(level == k)
+        if len(sel):
+            out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << k)])
+        if not (level > k).any():
+            break
+        table = np.maximum(table[: -(1 << k)], table[1 << k :])
+        k += 1
+    return out
+
+
+def _conflicts(start: np.ndarray, end: np.ndarray) -> list[np.ndarray]:
+    """For each buffer, the indices (ascending) of the buffers whose lifetimes meet its own:
+    taken in order of start, buffer k meets exactly the ones after it that start before it
+    ends, a run of positions; each pair is listed from both sides."""
+    n = len(start)
+    by_start = np.argsort(start, kind="stable")
+    reach = np.searchsorted(start[by_start], end[by_start], side="left")
+    count = reach - np.arange(n) - 1
+    first = np.repeat(np.arange(n), count)
+    second = first + 1 + (np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count))
+    a, b = by_start[first], by_start[second]
+    src = np.concatenate([a, b])
+    dst = np.concatenate([b, a])
+    order = np.lexsort((dst, src))
+    return np.split(dst[order], np.cumsum(np.bincount(src, minlength=n))[:-1])
 
 
 def _round_up(x: int, a: int) -> int:
@@ -264,7 +334,7 @@ def _round_up(x: int, a: int) -> int:
 # -- greedy -------------------------------------------------------------------------------------
 
 
-def _greedy(p: _Problem, order: Sequence[int], best_fit: bool) -> list[int]:
+def _greedy(p: _Problem, nbrs: list[list[int]], order: Sequence[int], best_fit: bool) -> list[int]:
     """Place the buffers in ``order``, each in a gap among the placed buffers it conflicts
     with: the tightest gap that holds it (best fit) or the lowest (first fit); above them all
     when no gap does."""
@@ -272,7 +342,6 @@ def _greedy(p: _Problem, order: Sequence[int], best_fit: bool) -> list[int]:
     off = [-1] * n
     size = p.size.tolist()
     align = p.align.tolist()
-    nbrs = [x.tolist() for x in p.nbrs]
     for i in order:
         blocks = sorted((off[j], off[j] + size[j]) for j in nbrs[i] if off[j] >= 0)
         s, a = size[i], align[i]
@@ -298,9 +367,9 @@ def _greedy(p: _Problem, order: Sequence[int], best_fit: bool) -> list[int]:
 def _orderings(p: _Problem) -> list[tuple[str, list[int]]]:
     n = p.n
     size = p.size.tolist()
-    life = (p.end - p.start).tolist()
-    nconf = [len(x) for x in p.nbrs]
-    area = (p.size * (p.end - p.start)).tolist()
+    life = [iv.end - iv.start for iv in p.ivs]  # Python ints: no int64 overflow
+    nconf = p.degree.tolist()
+    area = [s * w for s, w in zip(size, life, strict=True)]
     fullest = p.fullest.tolist()
     start = p.start.tolist()
     idx = range(n)
@@ -311,6 +380,80 @@ def _orderings(p: _Problem) -> list[tuple[str, list[int]]]:
         ("area", sorted(idx, key=lambda i: (-area[i], -size[i], start[i], i))),
         ("fullest", sorted(idx, key=lambda i: (-fullest[i], -size[i], -life[i], i))),
     ]
+
+
+def _sweep(p: _Problem, backward: bool) -> list[int]:
+    """Best fit in order of time, as an allocator would run the program: buffers in order of
+    start (larger first at one step), each in the tightest gap left between the buffers
+    live then, or above them all; a buffer's bytes are free again from its end. Forward or
+    with time reversed. Needs no conflict lists: the gaps are kept in order of length
+    (bisect) and by their ends (to merge a freed block with its neighbours), so a hundred
+    thousand buffers take about a second."""
+    n = p.n
+    size = p.size.tolist()
+    align = p.align.tolist()
+    if backward:
+        start = [-iv.end for iv in p.ivs]
+        end = [-iv.start for iv in p.ivs]
+    else:
+        start = [iv.start for iv in p.ivs]
+        end = [iv.end for iv in p.ivs]
+    order = sorted(range(n), key=lambda i: (start[i], -size[i], i))
+    ending = sorted(range(n), key=lambda i: (end[i], i))
+    gaps: list[tuple[int, int]] = []  # (length, start), sorted
+    gap_end: dict[int, int] = {}  # start -> end
+    gap_start: dict[int, int] = {}  # end -> start
+    top = 0  # everything from here up is free
+    off = [0] * n
+
+    def add(a: int, b: int) -> None:
+        if b > a:
+            gap_end[a], gap_start[b] = b, a
+            bisect.insort(gaps, (b - a, a))
+
+    def remove(a: int) -> int:
+        b = gap_end.pop(a)
+        del gap_start[b]
+        del gaps[bisect.bisect_left(gaps, (b - a, a))]
+        return b
+
+    def free(a: int, b: int) -> None:
+        nonlocal top
+        if a in gap_start:
+            a0 = gap_start[a]
+            remove(a0)
+            a = a0
+        if b == top:
+            top = a
+            return
+        if b in gap_end:
+            b = remove(b)
+        add(a, b)
+
+    k = 0
+    for i in order:
+        while k < n and end[ending[k]] <= start[i]:
+            j = ending[k]
+            k += 1
+            free(off[j], off[j] + size[j])
+        s, al = size[i], align[i]
+        g = bisect.bisect_left(gaps, (s, -1))
+        choice = -1
+        # The shortest gaps that hold s bytes; an alignment may push it out of a few.
+        for length, a in gaps[g : g + 8]:
+            o = _round_up(a, al)
+            if o + s <= a + length:
+                remove(a)
+                add(a, o)
+                add(o + s, a + length)
+                choice = o
+                break
+        if choice < 0:
+            choice = _round_up(top, al)
+            add(top, choice)
+            top = choice + s
+        off[i] = choice
+    return off
 
 
 def _peak_of(p: _Problem, off: Sequence[int]) -> int:
@@ -328,8 +471,8 @@ class _Search:
     """MiniMalloc-style decision search on one group of buffers: is there a placement within
     ``capacity`` bytes? Counts its nodes (``nodes``) against the budget it is given."""
 
-    def __init__(self, p: _Problem, members: list[int]) -> None:
-        self.members = np.array(members, dtype=np.int64)
+    def __init__(self, p: _Problem, members: np.ndarray) -> None:
+        self.members = members
         m = len(members)
         self.m = m
         self.size = p.size[self.members]
@@ -354,28 +497,32 @@ class _Search:
         order = np.lexsort((bufs, secs))
         secs, bufs = secs[order], bufs[order]
         self.busy = np.unique(secs)
+        self.by_lo = np.argsort(self.lo, kind="stable")
+        self.pos = np.empty(m, dtype=np.int64)
+        self.pos[self.by_lo] = np.arange(m)
         self.pair_buf = bufs
         self.pair_start = np.searchsorted(secs, self.busy).astype(np.int64)
-        local = np.full(p.n, -1, dtype=np.int64)
-        local[self.members] = np.arange(m)
+        start = p.start[self.members]
+        end = p.end[self.members]
         # Every neighbour lives in the same group (groups are apart in time).
-        self.nbrs = [local[p.nbrs[int(g)]] for g in self.members]
+        self.nbrs = _conflicts(start, end)
         # Static orders to break ties at one offset, tried in turn: MiniMalloc's TWA, WAT
         # and TAW (the fullest section's Total, lifetime Width, Area; larger first), and
         # sweeps in time (latest end first, earliest start first, latest start first).
         # No one order suits every instance: on the MiniMalloc set each of these is the
         # first to fit at least one instance in a single dive; the most useful come first.
-        start = p.start[self.members]
-        end = p.end[self.members]
-        width = end - start
+        # Width and area in floating point, start by its rank: the int64 differences and
+        # products could overflow (a key only orders, exactness does not matter).
+        width = end.astype(np.float64) - start.astype(np.float64)
+        start_rank = np.unique(start, return_inverse=True)[1].reshape(-1)
         self.keys = {
             "T": p.fullest[self.members],
             "W": width,
             "A": self.size * width,
             "Z": self.size,
             "E": end,
-            "-S": -start,
-            "S": start,
+            "-S": -start_rank,
+            "S": start_rank,
             "C": self.hi - self.lo,
         }
         # Tie-break strategies tried in turn: (keys, dynamic). Static: one rank for the whole
@@ -472,7 +619,9 @@ class _Search:
         eff = min_off.copy()
         lo, hi = self.lo, self.hi
         nbrs = self.nbrs
-        trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        # Undo records: (buffer, raised neighbours, their old lowest offsets, old floors),
+        # or (-1, a group, its old ranks, None) for a dynamic group's fresh rank.
+        trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self.nodes = 0
 
         def check(cur: int, s0: int, s1: int) -> bool:
@@ -519,6 +668,11 @@ class _Search:
         def undo(mark: int) -> None:
             while len(trail) > mark:
                 b, ids, o_saved, f_saved = trail.pop()
+                if b < 0:
+                    # A group's fresh rank (dynamic strategies), taken back.
+                    rank[ids] = o_saved
+                    continue
+                assert f_saved is not None
                 placed[b] = False
                 offset[b] = -1
                 min_off[ids] = o_saved
@@ -527,33 +681,25 @@ class _Search:
                 floor[lo[b] : hi[b]] = f_saved
                 total[lo[b] : hi[b]] += size[b]
 
-        def split(members: np.ndarray) -> list[np.ndarray]:
-            order = members[np.argsort(lo[members], kind="stable")]
-            reach = np.maximum.accumulate(hi[order])
-            cuts = np.flatnonzero(lo[order][1:] >= reach[:-1]) + 1
-            return np.split(order, cuts) if len(cuts) else [order]
+        # A group of unplaced buffers is a span [pa, pb) of positions in by_lo: the groups
+        # a placement leaves are apart in time, so every unplaced buffer in that span
+        # belongs to the group (and comes in the order the search ranks ties by).
+        by_lo = self.by_lo
+        pos = self.pos
 
-        def fresh(groups: list[np.ndarray]) -> bool:
-            # The groups are independent now: each is a problem of its own over the
-            # placed buffers, searched from its lowest offsets (canonical within itself)
-            # with a rank from what it has left to place. Ranks are restored on failure,
-            # so the enclosing search sees the order it started with.
-            assert dynamic is not None
-            saved = []
-            for g in groups:
-                saved.append((g, rank[g].copy()))
-                left = np.array([int(total[lo[j] : hi[j]].max()) for j in g.tolist()])
-                rank[g] = self._rank(dynamic, g, left)
-                if not search(g, -1, -1):
-                    for h, r in reversed(saved):
-                        rank[h] = r
-                    return False
-            return True
+        def members_of(pa: int, pb: int) -> np.ndarray:
+            seg = by_lo[pa:pb]
+            return seg[~placed[seg]]
 
-        def search(members: np.ndarray, last_off: int, last_rank: int) -> bool:
-            self.nodes += 1
-            if self.nodes > limit:
-                raise _OutOfWork
+        def split(members: np.ndarray) -> list[tuple[int, int]]:
+            # members come in by_lo order, so sorted by lo already.
+            reach = np.maximum.accumulate(hi[members])
+            cuts = (np.flatnonzero(lo[members][1:] >= reach[:-1]) + 1).tolist()
+            firsts = members[[0, *cuts]].tolist()
+            lasts = members[[c - 1 for c in cuts] + [len(members) - 1]].tolist()
+            return [(int(pos[a]), int(pos[b]) + 1) for a, b in zip(firsts, lasts, strict=True)]
+
+        def candidates(members: np.ndarray, last_off: int, last_rank: int) -> list[int]:
             mo = min_off[members]
             ms = size[members]
             s0, s1 = int(lo[members].min()), int(hi[members].max())
@@ -565,39 +711,90 @@ class _Search:
             # Every section still holding bytes must fit them above this offset.
             keep &= mo + int(total[s0:s1].max()) <= capacity
             ids = members[keep]
-            cands = ids[np.lexsort((rank[ids], min_off[ids]))].tolist()
-            for b in cands:
+            return ids[np.lexsort((rank[ids], min_off[ids]))].tolist()
+
+        # The depth-first search runs on an explicit stack (its depth is the number of
+        # buffers, far past Python's recursion limit on large groups). Two kinds of frame:
+        # a node [pa, pb, last_off, last_rank, tried, mark, hatless, ...] chooses which
+        # buffer of its group comes next; a conjunction [groups, next, off, rank, fresh]
+        # searches the groups a placement left, one after the other, and fails as soon as
+        # one does. A node resumed after a failed child recomputes its candidates: the
+        # undo restores exactly the state it first saw, so they are the same list.
+        stack: list[list] = [[split(by_lo), 0, -1, -1, False]]
+        result: bool | None = None  # the last finished frame's answer; None: just pushed
+        while stack:
+            fr = stack[-1]
+            if fr[0].__class__ is list:  # a conjunction
+                groups = fr[0]
+                if result is False or fr[1] == len(groups):
+                    stack.pop()
+                    result = result is not False
+                    continue
+                pa, pb = groups[fr[1]]
+                fr[1] += 1
+                if fr[4]:
+                    # The groups are independent now: each is a problem of its own over
+                    # the placed buffers, searched from its lowest offsets (canonical
+                    # within itself) with a rank from what it has left to place.
+                    assert dynamic is not None
+                    g = members_of(pa, pb)
+                    left = np.array([int(total[lo[j] : hi[j]].max()) for j in g.tolist()])
+                    trail.append((-1, g, rank[g].copy(), None))
+                    rank[g] = self._rank(dynamic, g, left)
+                    stack.append([pa, pb, -1, -1, 0, 0, False])
+                else:
+                    stack.append([pa, pb, fr[2], fr[3], 0, 0, False])
+                result = None
+                continue
+            pa, pb, last_off, last_rank = fr[0], fr[1], fr[2], fr[3]
+            if result is True:
+                stack.pop()
+                continue
+            if result is None:
+                self.nodes += 1
+                if self.nodes > limit:
+                    raise _OutOfWork
+            else:
+                undo(fr[5])
+                if fr[6]:
+                    # Nothing unplaced lies above the buffer that failed: had another
+                    # buffer come there, the failure would be the same.
+                    stack.pop()
+                    continue
+            members = members_of(pa, pb)
+            if len(fr) == 8:
+                cands = fr[7]
+            else:
+                cands = candidates(members, last_off, last_rank)
+                if len(cands) <= 32:
+                    fr.append(cands)  # kept for resuming (a few; a long list is recomputed)
+            s0, s1 = int(lo[members].min()), int(hi[members].max())
+            result = False
+            while fr[4] < len(cands):
+                b = cands[fr[4]]
+                fr[4] += 1
                 o = int(min_off[b])
                 mark = len(trail)
                 hatless, a0, a1 = put(b, o)
-                rest = members[members != b]
                 # Sections outside [a0, a1) passed before and are no fuller now; the
                 # offset's own rise is covered by the filter above.
                 if check(o, max(s0, a0), min(s1, a1)):
-                    if len(rest) == 0:
-                        return True
-                    rb = int(rank[b])
-                    groups = split(rest)
-                    if dynamic is None or len(groups) == 1:
-                        if all(search(g, o, rb) for g in groups):
-                            return True
-                    elif fresh(groups):
-                        return True
+                    if len(members) == 1:
+                        result = True
+                        break
+                    groups = split(members[members != b])
+                    fr[5], fr[6] = mark, hatless
+                    fresh = dynamic is not None and len(groups) > 1
+                    stack.append([groups, 0, o, int(rank[b]), fresh])
+                    result = None
+                    break
                 undo(mark)
                 if hatless:
-                    # Nothing unplaced lies above b: had another buffer come here, the
-                    # failure would be the same.
                     break
-            return False
-
-        old_limit = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(old_limit, 4 * m + 200))
-        try:
-            everyone = np.arange(m)
-            if all(search(g, -1, -1) for g in split(everyone)):
-                return [int(x) for x in offset], False
-        finally:
-            sys.setrecursionlimit(old_limit)
+            if result is not None:
+                stack.pop()
+        if result:
+            return [int(x) for x in offset], False
         return None, True
 
 
@@ -631,17 +828,29 @@ def place(
     best_off: list[int] | None = None
     best_peak = 0
     strategy = ""
-    for name, order in _orderings(p):
-        for best_fit in (True, False):
-            off = _greedy(p, order, best_fit)
-            peak = _peak_of(p, off)
-            if best_off is None or peak < best_peak:
-                best_off, best_peak = off, peak
-                strategy = f"greedy {name}, {'best' if best_fit else 'first'} fit"
+
+    def consider(off: list[int], name: str) -> None:
+        nonlocal best_off, best_peak, strategy
+        peak = _peak_of(p, off)
+        if best_off is None or peak < best_peak:
+            best_off, best_peak, strategy = off, peak, name
+
+    if p.n + p.pairs <= GREEDY_WORK:
+        nbrs = [x.tolist() for x in _conflicts(p.start, p.end)]
+        for name, order in _orderings(p):
+            for best_fit in (True, False):
+                consider(
+                    _greedy(p, nbrs, order, best_fit),
+                    f"greedy {name}, {'best' if best_fit else 'first'} fit",
+                )
+                if best_peak == lb:
+                    break  # nothing can be lower
             if best_peak == lb:
-                break  # nothing can be lower
-        if best_peak == lb:
-            break
+                break
+        del nbrs
+    for backward in (False, True):
+        if best_peak != lb:
+            consider(_sweep(p, backward), f"sweep {'backward' if backward else 'forward'}")
     assert best_off is not None
     optimal = best_peak == lb
     if exact and not optimal and work_limit > 0:
@@ -664,18 +873,34 @@ def _search(
     work_limit: int,
 ) -> tuple[list[int], int, bool, bool]:
     """Look for lower peaks with the canonical decision search, under one node budget:
-    first the capacity (when asked for and the greedy stage missed it) with two thirds of
-    the budget (a quarter of the rest once it is met), then a binary search between the
-    highest target that failed (or the lower bound) and the best peak, each try with a
-    third of what is left; a loose target is met in about one node per buffer. A target
-    that runs out of work counts as failed. Returns (offsets, peak, improved, proven optimal)."""
-    groups = [_Search(p, g) for g in p.components()]
+    first the capacity when asked for, else the lower bound, with two thirds of the budget
+    (a quarter of the rest once it is met), then a binary search over the multiples of
+    ``unit`` between the highest target that failed and the best peak, each try with a
+    third of what is left (at least two dives); a loose target is met in about one node
+    per buffer. A target that runs out of work counts as failed. Returns (offsets, peak,
+    improved, proven optimal).
+
+    A group is searched only where that can work: a placement takes at least one node per
+    buffer, so a group with more buffers than a try's budget is left out of that try (at
+    no cost), and a group with more than SEARCH_PAIRS conflicts plus sections spanned
+    would need too much memory for the search's arrays. Such a group keeps its greedy
+    placement."""
+    groups = p.components()
+    searches: list[_Search | None] = [None] * len(groups)
+    sizes = p.size.tolist()
+
+    def searchable(k: int) -> bool:
+        g = groups[k]
+        pairs = int(p.degree[g].sum()) + int((p.hi[g] - p.lo[g]).sum())
+        return pairs <= SEARCH_PAIRS
+
+    can = [searchable(k) for k in range(len(groups))]
     # Each group's best offsets so far and their peak: a group already within a target
     # needs no new search for it.
     mine: list[tuple[list[int], int]] = []
     for g in groups:
-        sub = [best_off[i] for i in g.members.tolist()]
-        mine.append((sub, max(o + int(s) for o, s in zip(sub, g.size, strict=True))))
+        sub = [best_off[i] for i in g.tolist()]
+        mine.append((sub, max(o + sizes[i] for o, i in zip(sub, g.tolist(), strict=True))))
     left = work_limit
     improved = False
     proven_lo = lb  # no peak below this exists (the lower bound holds for any placement)
@@ -684,9 +909,13 @@ def _search(
         """Fit every group within target; (found, proven impossible). Spends from left."""
         nonlocal left
         budget = min(budget, left)
-        for k, g in enumerate(groups):
-            if mine[k][1] <= target:
-                continue
+        need = [k for k in range(len(groups)) if mine[k][1] > target]
+        if any(not can[k] or len(groups[k]) > budget for k in need):
+            return False, False
+        for k in need:
+            g = searches[k]
+            if g is None:
+                g = searches[k] = _Search(p, groups[k])
             try:
                 sol, exhausted = g.solve(target, budget)
             except _OutOfWork:
@@ -702,37 +931,54 @@ def _search(
     def current() -> tuple[list[int], int]:
         off = [0] * p.n
         for g, (sol, _) in zip(groups, mine, strict=True):
-            for k, i in enumerate(g.members.tolist()):
+            for k, i in enumerate(g.tolist()):
                 off[i] = sol[k]
         return off, max(pk for _, pk in mine)
 
+    def dive(target: int) -> int:
+        # A loose target is met in one dive, about one node per buffer.
+        return 2 * max(
+            (len(groups[k]) for k in range(len(groups)) if mine[k][1] > target), default=0
+        )
+
+    # Every canonical offset and top is a multiple of unit (it divides every size and
+    # every alignment above 1), so the lowest peak is one: the binary search tries only
+    # multiples (MiniMalloc's sizes are multiples of 1,024 bytes: ten fewer tries).
+    unit = 0
+    for x in (*sizes, *(a for a in p.align.tolist() if a > 1)):
+        unit = math.gcd(unit, x)
     failed = lb - 1  # the highest target that failed (proven or out of work)
-    if capacity is not None and lb <= capacity < best_peak:
-        # Most of the budget: fitting is what the caller asked for; the rest lowers the
-        # peak should it fail.
-        found, infeasible = attempt(capacity, left * 2 // 3)
+    # The first target: the capacity asked for, or else the lower bound. Most of the
+    # budget goes there: fitting is what the caller asked for, and a tight target is
+    # where the search prunes best. Without it, K went to a binary search from the greedy
+    # peak, whose looser targets took the budget: 1.122x its lower bound, against 1.000x
+    # with the capacity (its lower bound).
+    first = capacity if capacity is not None and lb <= capacity else lb
+    if first < best_peak:
+        found, infeasible = attempt(first, left * 2 // 3)
         if found:
             best_off, best_peak = current()
             improved = True
             # It fits: going lower is a bonus, worth a quarter of what is left.
             left //= 4
         else:
-            failed = capacity
+            failed = first
             if infeasible:
-                proven_lo = capacity + 1
-    lo = failed + 1
+                proven_lo = -(-(first + 1) // unit) * unit
+    lo = -(-(failed + 1) // unit) * unit
     while lo < best_peak and left > 0:
-        target = (lo + best_peak - 1) // 2
+        # The middle multiple of unit in [lo, best_peak).
+        target = lo + (-(-(best_peak - lo) // unit) - 1) // 2 * unit
         # A third of what is left: a loose target is met in one dive (about one node
         # per buffer), a tight one may take all it gets.
-        found, infeasible = attempt(target, max(left // 3, 2 * max(g.m for g in groups)))
+        found, infeasible = attempt(target, max(left // 3, dive(target)))
         if found:
             best_off, best_peak = current()
             improved = True
         else:
-            lo = target + 1
+            lo = target + unit
             if infeasible:
-                proven_lo = max(proven_lo, target + 1)
+                proven_lo = max(proven_lo, target + unit)
     return best_off, best_peak, improved, proven_lo >= best_peak
 
 
@@ -740,90 +986,110 @@ def _search(
 
 
 CSV_COLUMNS = ("id", "lower", "upper", "size")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(text: str, what: str, where: str) -> int:
+    """``text`` as an integer that fits int64; PlacementError naming ``where`` otherwise."""
+    shown = text if len(text) <= 32 else f"{text[:24]}... ({len(text)} characters)"
+    try:
+        value = int(text)
+    except ValueError:
+        # int() refuses more than 4,300 digits: out of range all the same.
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise PlacementError(f"{where}: {what} {shown!r} is not an integer") from None
+        value = INT64_MAX + 1
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise PlacementError(
+            f"{where}: {what} {shown} is outside the 64-bit integer range "
+            f"[-2^63, 2^63-1] ({INT64_MIN} to {INT64_MAX})"
+        )
+    return value
 
 
 def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     """Buffers from a MiniMalloc CSV: a header naming ``id,lower,upper,size`` (in any order,
     other columns ignored; an ``alignment`` column is read when present), then one buffer a
-    row, live on the half-open interval [lower, upper). Raises PlacementError naming the
-    file and line of the first bad row."""
+    row, live on the half-open interval [lower, upper). Every value must fit int64. Raises
+    PlacementError naming the file and line of the first bad row."""
     name = os.fspath(path)
+    out: list[Interval] = []
+    seen: dict[int, int] = {}
     try:
         with open(name, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
+            rows = csv.reader(f)
+            first = next(rows, None)
+            if first is None:
+                raise PlacementError(
+                    f"{name}: empty file; expected a header line id,lower,upper,size"
+                )
+            header = [h.strip().lower() for h in first]
+            missing = [c for c in CSV_COLUMNS if c not in header]
+            if missing:
+                raise PlacementError(
+                    f"{name}:1: header {','.join(first)!r} lacks column(s) "
+                    f"{', '.join(missing)}; expected id,lower,upper,size"
+                )
+            cols = [(c, header.index(c)) for c in CSV_COLUMNS]
+            if "alignment" in header:
+                cols.append(("alignment", header.index("alignment")))
+            for row in rows:
+                lineno = rows.line_num
+                if not row or all(not c.strip() for c in row):
+                    continue
+                where = f"{name}:{lineno}"
+                if len(row) != len(header):
+                    raise PlacementError(
+                        f"{where}: {len(row)} field(s), the header has {len(header)}"
+                    )
+                vals = {c: _int64(row[k].strip(), c, where) for c, k in cols}
+                bid, lo, hi, size = vals["id"], vals["lower"], vals["upper"], vals["size"]
+                if lo >= hi:
+                    raise PlacementError(
+                        f"{where}: buffer {bid}: lower {lo} must be below upper {hi} "
+                        "(the interval [lower, upper) is half-open)"
+                    )
+                if size < 0:
+                    raise PlacementError(f"{where}: buffer {bid}: negative size {size}")
+                align = vals.get("alignment", 1)
+                if align < 1:
+                    raise PlacementError(f"{where}: buffer {bid}: alignment {align} below 1")
+                if bid in seen:
+                    raise PlacementError(
+                        f"{where}: buffer id {bid} repeats (first on line {seen[bid]})"
+                    )
+                seen[bid] = lineno
+                out.append(Interval(bid, lo, hi, size, align))
     except OSError as e:
         raise PlacementError(f"{name}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise PlacementError(f"{name}: not a text file") from None
-    if not rows:
-        raise PlacementError(f"{name}: empty file; expected a header line id,lower,upper,size")
-    header = [h.strip().lower() for h in rows[0]]
-    missing = [c for c in CSV_COLUMNS if c not in header]
-    if missing:
-        raise PlacementError(
-            f"{name}:1: header {','.join(rows[0])!r} lacks column(s) {', '.join(missing)}; "
-            "expected id,lower,upper,size"
-        )
-    col = {c: header.index(c) for c in CSV_COLUMNS}
-    align_col = header.index("alignment") if "alignment" in header else None
-    out: list[Interval] = []
-    seen: dict[int, int] = {}
-    for lineno, row in enumerate(rows[1:], start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != len(header):
-            raise PlacementError(
-                f"{name}:{lineno}: {len(row)} field(s), the header has {len(header)}"
-            )
-        vals: dict[str, int] = {}
-        for c in (*CSV_COLUMNS, "alignment"):
-            k = col.get(c) if c != "alignment" else align_col
-            if k is None:
-                continue
-            text = row[k].strip()
-            try:
-                vals[c] = int(text)
-            except ValueError:
-                raise PlacementError(f"{name}:{lineno}: {c} {text!r} is not an integer") from None
-        bid, lo, hi, size = vals["id"], vals["lower"], vals["upper"], vals["size"]
-        if lo >= hi:
-            raise PlacementError(
-                f"{name}:{lineno}: buffer {bid}: lower {lo} must be below upper {hi} "
-                "(the interval [lower, upper) is half-open)"
-            )
-        if size < 0:
-            raise PlacementError(f"{name}:{lineno}: buffer {bid}: negative size {size}")
-        align = vals.get("alignment", 1)
-        if align < 1:
-            raise PlacementError(f"{name}:{lineno}: buffer {bid}: alignment {align} below 1")
-        if bid in seen:
-            raise PlacementError(
-                f"{name}:{lineno}: buffer id {bid} repeats (first on line {seen[bid]})"
-            )
-        seen[bid] = lineno
-        out.append(Interval(bid, lo, hi, size, align))
+    except csv.Error as e:
+        raise PlacementError(f"{name}: not a CSV file ({e})") from None
     return out
 
 
 def write_offsets_csv(
-    path: str | os.PathLike[str], intervals: Sequence[Interval], offsets: dict[int, int]
+    path: str | os.PathLike[str],
+    intervals: Sequence[Interval],
+    offsets: dict[int, int],
+    *,
+    cannot_open: Callable[[OSError], Exception] | None = None,
+    cannot_write: Callable[[OSError], Exception] | None = None,
 ) -> None:
-    """``id,lower,upper,size,offset`` rows, written to a temporary file beside ``path`` and
-    renamed over it, so no half-written file is ever seen."""
-    name = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(name))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow([*CSV_COLUMNS, "offset"])
-            for iv in intervals:
-                w.writerow([iv.id, iv.start, iv.end, iv.size, offsets[iv.id]])
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """``id,lower,upper,size,offset`` rows, written through flowc.atomic_file.atomic_write:
+    a regular file is replaced whole (no half-written file is ever seen), a FIFO or
+    character device written through; ``cannot_open`` and ``cannot_write`` turn an OSError
+    into the caller's error (atomic_write's own by default). atomic_write is imported
+    here, not above, so that the placer itself keeps needing nothing but the standard
+    library and NumPy."""
+    from flowc.atomic_file import atomic_write
+
+    with atomic_write(Path(path), cannot_open=cannot_open, cannot_write=cannot_write) as raw:
+        f = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow([*CSV_COLUMNS, "offset"])
+        for iv in intervals:
+            w.writerow([iv.id, iv.start, iv.end, iv.size, offsets[iv.id]])
+        f.flush()
+        f.detach()  # the binary file stays open: atomic_write finishes it
