@@ -1,10 +1,13 @@
 """The generated driver (model_main) and the C API's synchronize, on one small host build:
 --help, outputs named after the model's outputs with an outputs.json map, all-or-nothing
-output folders, and a C99 caller that waits for run() through P_synchronize."""
+output folders, a C99 caller that waits for run() through P_synchronize, and flowc's rules
+for what the driver reads: special files refused (never waited on), FLOWC_* variables parsed
+strictly, .npy headers checked, one rule for raw void arrays."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -307,3 +310,126 @@ def test_c_caller_waits_with_synchronize(project: Path, tmp_path: Path) -> None:
         assert lines[2] == "bad run=0", r.stdout
         assert lines[3].startswith("bad synchronize=1 error=[an index was out of range"), r.stdout
         assert lines[4] == "idle synchronize=1", r.stdout
+
+
+# -- files and environment: flowc's rules in the driver and the runtime (issue 23, point 7) -----
+
+
+def _main(
+    project: Path,
+    out_dir: Path,
+    weights: Path | None = None,
+    inputs: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """model_main with the project's weights and inputs unless others are given; a run that
+    would block (a FIFO opened for reading) fails the test after 30 s instead of hanging it."""
+    cmd = [
+        str(build_dir(project, "host") / "model_main"),
+        "--weights",
+        str(weights or project / "weights.bin"),
+    ]
+    for name in FEEDS:
+        path = (inputs or {}).get(name, project / f"{name}.npy")
+        cmd += ["--input", f"{name}={path}"]
+    try:
+        return subprocess.run(
+            [*cmd, "--out-dir", str(out_dir)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the driver blocked: {cmd}") from None
+
+
+def test_special_files_are_refused_not_waited_on(project: Path, tmp_path: Path) -> None:
+    """A FIFO given as --weights, as an --input .npy or as FLOWC_TRACE blocked the driver for
+    ever; it is refused at once, saying what it is. Devices and folders are no inputs either;
+    a character device is a fine trace (/dev/null)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    r = _main(project, out, weights=fifo)
+    assert r.returncode == 1, r.stderr
+    assert f"weights file {fifo} is a FIFO (named pipe), not a regular file" in r.stderr
+    r = _main(project, out, inputs={"x": fifo})
+    assert r.returncode == 2, r.stderr
+    assert f"input 'x': npy file {fifo} is a FIFO (named pipe), not a regular file" in r.stderr
+    r = _main(project, out, inputs={"idx": Path("/dev/zero")})
+    assert r.returncode == 2 and "/dev/zero is a character device, not a regular file" in r.stderr
+    r = _main(project, out, weights=tmp_path)
+    assert r.returncode == 1 and f"{tmp_path} is a directory, not a regular file" in r.stderr
+    r = _main(project, out, env={"FLOWC_TRACE": str(fifo)})
+    assert r.returncode == 1, r.stderr
+    assert f"cannot open {fifo} for writing: it is a FIFO (named pipe) with no reader" in r.stderr
+    assert not out.exists()  # nothing was written by the failed runs
+    r = _main(project, out, env={"FLOWC_TRACE": "/dev/null"})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        # Used to overflow into a huge stack size and crash (SIGSEGV, no message).
+        ("FLOWC_SIM_STACK_KB", "99999999999999999999", "a whole number of KiB from 64 to 1048576"),
+        ("FLOWC_SIM_STACK_KB", "32", "a whole number of KiB from 64 to 1048576"),
+        # strtod took these: a space, hexadecimal, a number too small to be a deadline.
+        ("FLOWC_TIMEOUT_S", " 5", "a decimal number of seconds from 0.001 to 31536000"),
+        ("FLOWC_TIMEOUT_S", "0x10", "a decimal number of seconds from 0.001 to 31536000"),
+        ("FLOWC_TIMEOUT_S", "1e-300", "a decimal number of seconds from 0.001 to 31536000"),
+        ("FLOWC_STATS", "yes", "0 or 1"),
+        ("FLOWC_SIM_ORDER", "shuffle:-1", "forward, reverse or shuffle:SEED"),
+    ],
+)
+def test_flowc_variables_are_parsed_strictly(
+    project: Path, tmp_path: Path, name: str, value: str, accepted: str
+) -> None:
+    r = _main(project, tmp_path / "out", env={name: value})
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"error: {name}='{value}': expected {accepted}" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _npy_with_header(path: Path, header: str, data: bytes = b"") -> Path:
+    """An NPY 1.0 file with ``header`` as its header dict, padded as NumPy pads it."""
+    total = 10 + len(header) + 1
+    text = header + " " * ((total + 63) // 64 * 64 - total) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode() + data)
+    return path
+
+
+def test_npy_headers_past_int64_or_malformed_are_refused(project: Path, tmp_path: Path) -> None:
+    """A dimension of 2**64 wrapped to 0 (the driver then said it got f32[0, 16]); such
+    headers, and others NumPy would not write, are refused saying why."""
+    cases = {
+        "(18446744073709551616, 16)": "the number 18446744073709551616 does not fit int64",
+        "(9223372036854775808, 16)": "the number 9223372036854775808 does not fit int64",
+        "[8, 16]": "shape is not a tuple",
+    }
+    for k, (shape, why) in enumerate(cases.items()):
+        header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
+        path = _npy_with_header(tmp_path / f"x{k}.npy", header, bytes(8 * 16 * 4))
+        r = _main(project, tmp_path / "out", inputs={"x": path})
+        assert r.returncode == 2, r.stderr
+        assert f"input 'x': npy file {path}: bad header: {why}" in r.stderr, r.stderr
+
+
+def test_a_raw_void_array_feeds_only_types_numpy_has_no_dtype_for(
+    project: Path, tmp_path: Path
+) -> None:
+    """x is float32 ('<f4'): its bytes as a raw void array ('|V4') are refused with the rule
+    the Python side applies too (a void array stands only for bfloat16, float8, int4...)."""
+    path = tmp_path / "x_void.npy"
+    np.save(path, FEEDS["x"].view("V4"))
+    assert np.load(path).dtype.str == "|V4"
+    r = _main(project, tmp_path / "out", inputs={"x": path})
+    assert r.returncode == 2, r.stderr
+    assert (
+        "input 'x': expected f32[8, 16] (npy dtype '<f4'), got '|V4' [8, 16]" in r.stderr
+        and "a raw void array ('|V4', no fields) is taken only for a type NumPy has no dtype "
+        "of its own for (bfloat16, the float8 types, int4, uint4); this type has one: save the "
+        "array as '<f4'"
+        in r.stderr
+    ), r.stderr

@@ -106,10 +106,31 @@ def test_barrier_on_the_plain_path_is_reported(host_bin: dict[str, Path]) -> Non
 
 def test_bad_order_setting_is_reported(host_bin: dict[str, Path]) -> None:
     r = run([str(host_bin["kernels"]), "vector_add"], {"FLOWC_SIM_ORDER": "sideways"}, check=False)
+    assert r.returncode == 2
     assert (
-        r.returncode != 0
-        and "FLOWC_SIM_ORDER=sideways is not one of forward, reverse, shuffle:SEED" in r.stderr
+        "error: FLOWC_SIM_ORDER='sideways': expected forward, reverse or shuffle:SEED" in r.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # Overflowed into a huge stack size: SIGSEGV with no message.
+        ("FLOWC_SIM_STACK_KB", "99999999999999999999"),
+        ("FLOWC_SIM_STACK_KB", " 128"),
+        ("FLOWC_SIM_ORDER", "shuffle: 3"),
+        ("FLOWC_SIM_FIBERS", "yes"),
+    ],
+)
+def test_bad_sim_settings_end_the_program_cleanly(
+    host_bin: dict[str, Path], name: str, value: str
+) -> None:
+    """The emulator reads its FLOWC_SIM_* variables at the first launch, where no caller can
+    take an error: a value it does not take ends the program with the variable's range and
+    exit code 2, never a crash (a generated model's create() refuses it before that)."""
+    r = run([str(host_bin["kernels"]), "vector_add"], {name: value}, check=False)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"error: {name}='{value}': expected " in r.stderr, r.stderr
 
 
 def test_gemm_and_conv_wrappers_on_the_host(host_bin: dict[str, Path]) -> None:

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "flowc/env.h"
 #include "flowc/gemm.h"
 #include "flowc/narrow.h"
 
@@ -79,9 +80,10 @@ inline Status validate(const ConvDesc& d) {
 
 namespace detail {
 
+// A 0/1 variable (flowc/env.h); a model's create() has refused any other value.
 inline bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  bool on = false;
+  return env::flag(name, &on).ok() && on;
 }
 
 inline float load_as_float(const void* p, DataType t, int64_t i) {

@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "flowc/device.h"
+#include "flowc/env.h"
 
 #if defined(FLOWC_HOST)
 #include <unistd.h>  // execv
@@ -37,10 +38,10 @@ constexpr bool kCounted = true;
 constexpr bool kCounted = false;
 #endif
 
-// FLOWC_STATS set, and not to "" or "0".
+// FLOWC_STATS=1 (flowc/env.h; a model's create() has refused any value but 0 and 1).
 inline bool wanted() {
-  const char* v = std::getenv("FLOWC_STATS");
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  bool on = false;
+  return env::flag("FLOWC_STATS", &on).ok() && on;
 }
 
 // The work that has run so far, after waiting for all that was queued (create's fills too), so

@@ -5,9 +5,13 @@
 //   st = flowc::npy::write("y.npy", "f4", {2, 3}, ptr);  // via "y.npy.tmp.<pid>", then rename
 //
 // dtypes are numpy descrs without the byte-order character: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1,
-// and V1 / V2 (raw bytes) for the ml_dtypes types NumPy has no descr for.
-// Fortran-order arrays, big-endian data, structured and other dtypes are rejected with a
-// message naming the file. The host is assumed little-endian (checked at run time).
+// and Vn (raw n-byte items, no fields): what np.save writes for the ml_dtypes types NumPy has
+// no descr for (bfloat16 as V2, the float8 types and int4/uint4 as V1). type_mismatch() says
+// which descr may feed which type. Files that are not regular files (a FIFO, a device) are
+// refused without blocking (flowc/file_io.h). Fortran-order arrays, big-endian data,
+// structured and other dtypes, and headers that are not what NumPy writes (a malformed dict, a
+// dimension past int64, a shape that is not a tuple of non-negative integers) are rejected with
+// a message naming the file. The host is assumed little-endian (checked at run time).
 #pragma once
 
 #include <sys/types.h>
@@ -28,22 +32,46 @@
 namespace flowc {
 namespace npy {
 
+// The most dimensions an array may have (NumPy 2's limit).
+constexpr size_t kMaxDims = 64;
+
 struct Array {
   std::string dtype;                // numpy descr without byte order: "f4", "i8", "b1", ...
   std::vector<int64_t> shape;       // empty for a 0-d array
   std::vector<unsigned char> data;  // prod(shape) * itemsize(dtype) bytes, C order
 };
 
-// Bytes per element of a dtype, -1 if flowc does not know it.
+// The largest raw void item read or written (NumPy's own limit is far larger; no flowc type
+// comes near it).
+constexpr int64_t kMaxVoidItem = int64_t(1) << 20;
+
+// Whether a dtype is a raw void one: "V" and a item size ("V2").
+inline bool is_void(const std::string& dtype) { return !dtype.empty() && dtype[0] == 'V'; }
+
+// Bytes per element of a dtype, -1 if flowc does not know it. Vn: n, for n from 1 to
+// kMaxVoidItem written without leading zeros.
 inline int64_t itemsize(const std::string& dtype) {
   static const struct {
     const char* name;
     int64_t size;
-  } kTypes[] = {{"f2", 2}, {"f4", 4}, {"f8", 8}, {"i1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8},
-                {"u1", 1}, {"u2", 2}, {"u4", 4}, {"u8", 8}, {"b1", 1}, {"V1", 1}, {"V2", 2}};
+  } kTypes[] = {{"f2", 2}, {"f4", 4}, {"f8", 8}, {"i1", 1}, {"i2", 2}, {"i4", 4},
+                {"i8", 8}, {"u1", 1}, {"u2", 2}, {"u4", 4}, {"u8", 8}, {"b1", 1}};
   for (const auto& t : kTypes)
     if (dtype == t.name) return t.size;
+  if (is_void(dtype) && dtype.size() >= 2 && dtype.size() <= 8 && dtype[1] != '0') {
+    int64_t n = 0;
+    for (size_t k = 1; k < dtype.size(); ++k) {
+      if (dtype[k] < '0' || dtype[k] > '9') return -1;
+      n = n * 10 + (dtype[k] - '0');
+    }
+    return n <= kMaxVoidItem ? n : -1;
+  }
   return -1;
+}
+
+// A descr as NumPy spells it, with its byte-order character: '<f4', '|b1', '|V2'.
+inline std::string full_descr(const std::string& dtype) {
+  return (itemsize(dtype) == 1 || is_void(dtype) ? "|" : "<") + dtype;
 }
 
 // ONNX TensorProto element types <-> descrs.
@@ -103,6 +131,32 @@ inline int onnx_of_descr(const std::string& dtype) {
   return -1;
 }
 
+// Whether an array of dtype `got` (as read() gives it) may feed a tensor whose descr is `want`
+// (descr_of_onnx of its type), the rule `flowc run` and `flowc eval` apply too: the dtypes are
+// the same, where a raw void array (Vn, no fields) stands only for a type NumPy has no descr of
+// its own for (bfloat16, the float8 types, int4/uint4: V2 or V1), with the same item size; a
+// void array is never read as the bytes of a type that has a descr (float32 has '<f4'). Returns
+// "" when it may, else why not (after "got <descr>: ").
+inline std::string type_mismatch(const std::string& got, const std::string& want) {
+  if (got == want) return "";
+  const std::string g = "'" + full_descr(got) + "'", w = "'" + full_descr(want) + "'";
+  if (is_void(got) && !is_void(want)) {
+    return "a raw void array (" + g +
+           ", no fields) is taken only for a type NumPy has no dtype of its own for (bfloat16, "
+           "the float8 types, int4, uint4); this type has one: save the array as " +
+           w;
+  }
+  if (is_void(got)) {
+    return "a raw void array of " + std::to_string(itemsize(got)) + "-byte items (" + g +
+           ") does not fit this type's " + std::to_string(itemsize(want)) + "-byte items (" + w + ")";
+  }
+  if (is_void(want)) {
+    return "this type has no NumPy dtype of its own: save its values as raw " +
+           std::to_string(itemsize(want)) + "-byte items (" + w + "), as np.save does for an ml_dtypes array";
+  }
+  return "the dtype " + g + " is not " + w;
+}
+
 namespace detail {
 
 inline bool host_is_little_endian() {
@@ -113,6 +167,21 @@ inline bool host_is_little_endian() {
 }
 
 inline std::string errno_text() { return std::strerror(errno); }
+
+// A header byte for a message: itself when printable ASCII, else \xNN.
+inline std::string byte_text(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  if (u >= 0x20 && u < 0x7f) return std::string(1, c);
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02x", unsigned(u));
+  return buf;
+}
+
+inline std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s) out += byte_text(c);
+  return out;
+}
 
 inline std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "(";
@@ -137,7 +206,8 @@ inline int64_t byte_count(const std::vector<int64_t>& shape, int64_t item) {
 }
 
 // The subset of Python literals numpy writes in a header: a dict of str keys to str,
-// True/False/None, ints, and tuples/lists of those.
+// True/False/None, ints (that fit int64), and tuples/lists of those. As in Python, "(3)" is
+// the number 3, not a tuple; a tuple of one item is "(3,)".
 struct Value {
   enum Kind { kStr, kBool, kNone, kInt, kTuple, kList, kDict } kind = kNone;
   std::string str;
@@ -158,7 +228,7 @@ class Parser {
     }
     skip();
     if (p_ != s_.size()) {
-      *err = "unexpected text after the header dict at offset " + std::to_string(p_);
+      *err = "unexpected text after the header dict (at offset " + std::to_string(p_) + " of the header)";
       return false;
     }
     return true;
@@ -169,7 +239,7 @@ class Parser {
     while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\t' || s_[p_] == '\n' || s_[p_] == '\r')) ++p_;
   }
   bool fail(const std::string& m) {
-    if (err_.empty()) err_ = m + " at offset " + std::to_string(p_);
+    if (err_.empty()) err_ = m + " (at offset " + std::to_string(p_) + " of the header)";
     return false;
   }
   bool word(const char* w) {
@@ -203,7 +273,7 @@ class Parser {
       return true;
     }
     if (c == '-' || (c >= '0' && c <= '9')) return integer(v);
-    return fail(std::string("unexpected character '") + c + "' in header");
+    return fail("unexpected character '" + byte_text(c) + "' in header");
   }
 
   bool string(Value* v) {
@@ -219,18 +289,34 @@ class Parser {
     return true;
   }
 
+  // A decimal integer that fits int64 (Python 3 has no leading zeros but 0 itself).
   bool integer(Value* v) {
+    const size_t start = p_;
     bool neg = s_[p_] == '-';
     if (neg) ++p_;
     if (p_ >= s_.size() || s_[p_] < '0' || s_[p_] > '9') return fail("bad number in header");
+    const size_t first = p_;
     uint64_t n = 0;
+    bool too_large = false;
     while (p_ < s_.size() && s_[p_] >= '0' && s_[p_] <= '9') {
-      n = n * 10 + uint64_t(s_[p_++] - '0');
-      if (n > (uint64_t(1) << 62)) return fail("number too large in header");
+      const uint64_t d = uint64_t(s_[p_++] - '0');
+      const uint64_t limit = uint64_t(INT64_MAX) + (neg ? 1 : 0);
+      if (n > (limit - d) / 10) too_large = true;
+      if (!too_large) n = n * 10 + d;
     }
-    if (p_ < s_.size() && (s_[p_] == 'L' || s_[p_] == 'l')) ++p_;  // Python 2 longs
+    if (too_large) {
+      const size_t len = p_ - start;
+      p_ = start;
+      return fail("the number " + s_.substr(start, std::min<size_t>(len, 40)) + (len > 40 ? "..." : "") +
+                  " does not fit int64");
+    }
+    if (s_[first] == '0' && p_ - first > 1) {
+      p_ = first;
+      return fail("bad number in header (a leading zero)");
+    }
+    if (p_ < s_.size() && (s_[p_] == 'L' || s_[p_] == 'l')) ++p_;  // Python 2 longs, as NumPy reads them
     v->kind = Value::kInt;
-    v->i = neg ? -int64_t(n) : int64_t(n);
+    v->i = neg ? int64_t(0 - n) : int64_t(n);
     return true;
   }
 
@@ -239,16 +325,26 @@ class Parser {
     v->kind = kind;
     v->items.clear();
     v->keys.clear();
+    bool comma = false;
     for (;;) {
       skip();
       if (p_ < s_.size() && s_[p_] == close) {
         ++p_;
+        if (kind == Value::kTuple && v->items.size() == 1 && !comma) {
+          Value inner = std::move(v->items[0]);  // "(x)" is x
+          *v = std::move(inner);
+        }
         return true;
       }
       if (kind == Value::kDict) {
         Value key;
+        const size_t at = p_;
         if (!value(&key, depth + 1)) return false;
         if (key.kind != Value::kStr) return fail("header dict key is not a string");
+        if (std::find(v->keys.begin(), v->keys.end(), key.str) != v->keys.end()) {
+          p_ = at;
+          return fail("header dict key '" + printable(key.str) + "' appears twice");
+        }
         skip();
         if (p_ >= s_.size() || s_[p_] != ':') return fail("expected ':' in header dict");
         ++p_;
@@ -260,6 +356,7 @@ class Parser {
       skip();
       if (p_ < s_.size() && s_[p_] == ',') {
         ++p_;
+        comma = true;
         continue;
       }
       if (p_ < s_.size() && s_[p_] == close) continue;
@@ -284,8 +381,8 @@ inline Status read(const std::string& path, Array* out) {
   const std::string where = "npy file " + path + ": ";
   if (!detail::host_is_little_endian())
     return NotSupported(where + "reading .npy needs a little-endian host");
-  io::File file(path, "rb");
-  if (file.f == nullptr) return InvalidArgument(where + "cannot open: " + detail::errno_text());
+  io::File file;
+  if (Status st = io::open_for_reading(path, "npy file", &file); !st.ok()) return st;
 
   unsigned char pre[12];
   size_t got = std::fread(pre, 1, 10, file.f);
@@ -324,7 +421,7 @@ inline Status read(const std::string& path, Array* out) {
     } else if (dict.keys[k] == "shape") {
       shape = &dict.items[k];
     } else {
-      return InvalidArgument(where + "bad header: unexpected key '" + dict.keys[k] + "'");
+      return InvalidArgument(where + "bad header: unexpected key '" + detail::printable(dict.keys[k]) + "'");
     }
   }
   if (descr == nullptr || fortran == nullptr || shape == nullptr)
@@ -332,20 +429,21 @@ inline Status read(const std::string& path, Array* out) {
 
   if (descr->kind != detail::Value::kStr)
     return InvalidArgument(where + "structured dtypes are not supported (descr is not a plain type string)");
-  const std::string& d = descr->str;
-  if (d.size() < 2) return InvalidArgument(where + "unknown dtype '" + d + "'");
-  std::string dtype = d;
+  const std::string d = detail::printable(descr->str);
+  std::string dtype = descr->str;
   char order = '=';
-  if (d[0] == '<' || d[0] == '>' || d[0] == '|' || d[0] == '=') {
-    order = d[0];
-    dtype = d.substr(1);
+  if (!dtype.empty() && (dtype[0] == '<' || dtype[0] == '>' || dtype[0] == '|' || dtype[0] == '=')) {
+    order = dtype[0];
+    dtype = dtype.substr(1);
   }
   if (dtype == "?") dtype = "b1";
   const int64_t item = itemsize(dtype);
   if (item < 0)
     return InvalidArgument(where + "dtype '" + d +
-                           "' is not supported (supported: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1)");
-  if (order == '>' && item > 1)
+                           "' is not supported (supported: f2 f4 f8 i1 i2 i4 i8 u1 u2 u4 u8 b1, and Vn: raw "
+                           "n-byte items)");
+  // Raw bytes have no byte order (ml_dtypes' arrays say '<V2', NumPy's own '|V2').
+  if (order == '>' && item > 1 && !is_void(dtype))
     return InvalidArgument(where + "dtype '" + d + "' is big-endian; only little-endian data is supported " +
                            "(convert with a.astype(a.dtype.newbyteorder('<')))");
 
@@ -355,8 +453,12 @@ inline Status read(const std::string& path, Array* out) {
     return InvalidArgument(where + "fortran_order is True; only C-order arrays are supported " +
                            "(save np.ascontiguousarray(a) instead)");
 
-  if (shape->kind != detail::Value::kTuple && shape->kind != detail::Value::kList)
-    return InvalidArgument(where + "bad header: shape is not a tuple");
+  if (shape->kind != detail::Value::kTuple)
+    return InvalidArgument(where +
+                           "bad header: shape is not a tuple (such as (3, 4), or (3,) for one dimension)");
+  if (shape->items.size() > kMaxDims)
+    return InvalidArgument(where + "bad header: the shape has " + std::to_string(shape->items.size()) +
+                           " dimensions; at most " + std::to_string(kMaxDims) + " are supported");
   std::vector<int64_t> dims;
   for (const detail::Value& v : shape->items) {
     if (v.kind != detail::Value::kInt || v.i < 0)

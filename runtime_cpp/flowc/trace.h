@@ -7,7 +7,9 @@
 // records on the caller's stream before anything else. A program of several ranks writes one file
 // per rank: FILE with ".rank<R>" put before its extension (trace.jsonl -> trace.rank1.jsonl, as
 // weights.bin -> weights.rank1.bin; no extension: trace -> trace.rank1). Without FLOWC_TRACE (or
-// with it empty) every call below returns at once and no event is made.
+// with it empty) every call below returns at once and no event is made. FILE may be a regular
+// file, a character device (/dev/null) or a FIFO with a reader; a FIFO nobody reads, a
+// directory or a block device is refused at open() (flowc/file_io.h), never waited on.
 //
 // How a generated model uses it (templates/model.cu.j2):
 //
@@ -44,9 +46,12 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flowc/device.h"
+#include "flowc/env.h"
+#include "flowc/file_io.h"
 #include "flowc/status.h"
 
 namespace flowc {
@@ -134,17 +139,18 @@ class Recorder {
   // outlive the recorder; the generated tables are static.
   Status open(const char* const* names, const int* streams, int num_actors, int rank, bool multi_rank) {
     close();
-    const char* env = std::getenv("FLOWC_TRACE");
-    if (env == nullptr || *env == '\0') return Status::Ok();
+    const char* env = env::path("FLOWC_TRACE");
+    if (env == nullptr) return Status::Ok();
     if (num_actors < 0 || (num_actors > 0 && (names == nullptr || streams == nullptr))) {
       return InvalidArgument("trace: bad actor table");
     }
     path_ = multi_rank ? rank_path(env, rank) : std::string(env);
     detail::OpenFile& of = detail::open_files()[path_];
     if (of.f == nullptr) {
-      of.f = std::fopen(path_.c_str(), "w");
+      io::File file;
+      std::string why;
+      if (io::open_for_writing(path_, false, &file, &why)) std::swap(of.f, file.f);
       if (of.f == nullptr) {
-        const std::string why = std::strerror(errno);
         detail::open_files().erase(path_);
         return InvalidArgument("FLOWC_TRACE=" + std::string(env) + ": cannot open " + path_ +
                                " for writing: " + why + " (unset FLOWC_TRACE or give a writable path)");

@@ -15,6 +15,8 @@
 // the value its header records (corruption). Any values in the right layout are accepted: one
 // build runs with any weights file written for it. Each rank of a multi-rank program has its
 // own id, so one rank's file given to another is refused too (load_rank says whose it is).
+// Only a regular file is read: a FIFO or a device is refused without blocking
+// (flowc/file_io.h).
 #pragma once
 
 #include <sys/types.h>
@@ -83,8 +85,8 @@ inline Status load_checked(const std::string& path, uint64_t expected_bytes, uin
                            const std::function<std::string(uint64_t)>& other_layout,
                            std::vector<unsigned char>* out) {
   const std::string name = "weights file " + path;
-  io::File file(path, "rb");
-  if (file.f == nullptr) return InvalidArgument(name + ": cannot open: " + std::strerror(errno));
+  io::File file;
+  if (Status st = io::open_for_reading(path, "weights file", &file); !st.ok()) return st;
 
   if (fseeko(file.f, 0, SEEK_END) != 0)
     return InvalidArgument(name + ": cannot seek: " + std::strerror(errno));

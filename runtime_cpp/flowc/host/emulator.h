@@ -36,7 +36,9 @@
 #include <utility>
 #include <vector>
 
+#include "flowc/env.h"
 #include "flowc/host/cuda_types.h"
+#include "flowc/status.h"
 
 // AddressSanitizer keeps one stack (and one fake stack, for use-after-return) per OS thread;
 // a fiber switch it is not told about leaves it unwinding, unpoisoning and describing
@@ -82,34 +84,29 @@ struct Policy {
   static constexpr long kMinStackKb = FLOWC_SIM_ASAN ? 256 : 64;
 };
 
+// A FLOWC_SIM_* variable with a value it does not take: there is no caller to return a status
+// to (a generated model's create() checks them first, flowc/env.h), so the program ends here,
+// cleanly, with the message.
+[[noreturn]] inline void bad_environment(const Status& st) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: %s\n", st.message().c_str());
+  std::fflush(stderr);
+  std::_Exit(2);
+}
+
 inline Policy read_policy() {
   Policy p;
-  if (const char* o = std::getenv("FLOWC_SIM_ORDER")) {
-    std::string s(o);
-    if (s.empty() || s == "forward") {
-      p.order = Order::kForward;
-    } else if (s == "reverse") {
-      p.order = Order::kReverse;
-    } else if (s.rfind("shuffle:", 0) == 0 && s.size() > 8) {
-      p.order = Order::kShuffle;
-      char* end = nullptr;
-      p.seed = std::strtoull(s.c_str() + 8, &end, 10);
-      if (*end != '\0')
-        fatal(std::string("FLOWC_SIM_ORDER=") + o + ": the seed must be an integer (shuffle:42)");
-    } else {
-      fatal(std::string("FLOWC_SIM_ORDER=") + o + " is not one of forward, reverse, shuffle:SEED");
-    }
-  }
-  const char* st = std::getenv("FLOWC_SIM_STATS");
-  p.stats = st != nullptr && std::strcmp(st, "0") != 0 && *st != '\0';
-  const char* ff = std::getenv("FLOWC_SIM_FIBERS");
-  p.force_fibers = ff != nullptr && std::strcmp(ff, "1") == 0;
-  if (const char* sb = std::getenv("FLOWC_SIM_STACK_KB")) {
-    long kb = std::strtol(sb, nullptr, 10);
-    if (kb < 64) fatal(std::string("FLOWC_SIM_STACK_KB=") + sb + ": fiber stacks need at least 64 KiB");
-    kb = std::max(kb, Policy::kMinStackKb);
-    p.stack_bytes = static_cast<size_t>(kb) * 1024;
-  }
+  env::SimOrder order;
+  if (Status st = env::sim_order(&order); !st.ok()) bad_environment(st);
+  p.order = order.which == env::SimOrder::kReverse   ? Order::kReverse
+            : order.which == env::SimOrder::kShuffle ? Order::kShuffle
+                                                     : Order::kForward;
+  p.seed = order.seed;
+  if (Status st = env::flag("FLOWC_SIM_STATS", &p.stats); !st.ok()) bad_environment(st);
+  if (Status st = env::flag("FLOWC_SIM_FIBERS", &p.force_fibers); !st.ok()) bad_environment(st);
+  int64_t kb = Policy::kMinStackKb;
+  if (Status st = env::integer("FLOWC_SIM_STACK_KB", &kb); !st.ok()) bad_environment(st);
+  p.stack_bytes = static_cast<size_t>(std::max<int64_t>(kb, Policy::kMinStackKb)) * 1024;
   return p;
 }
 
