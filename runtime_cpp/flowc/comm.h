@@ -18,17 +18,22 @@
 //     <collective> axis=<mesh axis> bytes=<bytes of this rank's send buffer> dtype=<ONNX type>
 // e.g. "all-reduce axis=0 bytes=32768 dtype=1"; collectives are all-reduce, all-gather,
 // reduce-scatter and all-to-all (the names of flowc's boxing steps). Calls rejected for bad
-// arguments are not logged.
+// arguments are not logged. A log that cannot be opened (flowc/file_io.h's rules for files
+// written: a FIFO with no reader is refused, not waited on) fails the first collective.
 //
-// Deadline: with FLOWC_TIMEOUT_S=SECONDS (a positive number) in the environment, a rank that
-// waits longer than that for the others at one collective ends the job instead of hanging (a
-// peer stopped, deadlocked or gone). Every rank counts the collectives it enters (its step,
-// from 1) and publishes the count in an MPI window before each one, with a heartbeat while it
-// waits; the rank that runs out of time reads them all, names the rank that lags ("rank 1 has
-// not reached step 3 (all-reduce axis=0) after 5.0 s; aborting"), aborts NCCL and calls
-// MPI_Abort. On the host the collectives are then nonblocking MPI calls polled with MPI_Test;
-// on the GPU, wait_event() polls the end of a run with cudaEventQuery under the same deadline.
-// Without the variable every call is the blocking one, as fast as before.
+// Deadline: with FLOWC_TIMEOUT_S=SECONDS (a decimal number from 0.001 to 31536000, flowc/env.h)
+// in the environment, a rank that waits longer than that for the others at one collective ends
+// the job instead of hanging (a peer stopped, deadlocked or gone). Every rank counts the
+// collectives it enters (its step, from 1) and publishes the count in an MPI window before each
+// one, with a heartbeat while it waits; the rank that runs out of time reads them all, names
+// the member of the step's group that holds it up ("rank 1 has not reached step 3 (all-reduce
+// axis=0) after 5.0 s; aborting"), aborts NCCL and calls MPI_Abort. A rank counts only the time
+// it runs: one that was stopped (SIGSTOP, a debugger) while it waited does not blame its peers
+// for that time when it resumes, and publishes how long it was stopped, so that a peer that ran
+// out of time meanwhile names it. On the host the collectives are then nonblocking MPI calls
+// polled with MPI_Test; on the GPU, wait_event() polls the end of a run with cudaEventQuery
+// under the same deadline. Without the variable every call is the blocking one, as fast as
+// before.
 #pragma once
 
 #if !defined(FLOWC_MULTI_RANK)
@@ -47,6 +52,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -58,9 +64,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "flowc/device.h"
+#include "flowc/env.h"
+#include "flowc/file_io.h"
 #include "flowc/status.h"
 
 #if !defined(FLOWC_HOST)
@@ -75,6 +84,37 @@ constexpr int kMaxMeshDims = 8;
 struct Mesh {
   int ndim = 0;
   int shape[kMaxMeshDims] = {};
+};
+
+// Notices that this process was stopped (SIGSTOP stops every thread; a debugger; the machine
+// suspended): a thread, started with the deadline, wakes every kPeriod; a wake that comes
+// kStoppedGap or more after the one before means the process did not run meanwhile, and the
+// gap is added to `stopped_ns`. The thread makes no MPI call (MPI runs at
+// MPI_THREAD_FUNNELED); the rank's own thread publishes what it finds (see note_stops).
+struct StopWatch {
+  static constexpr std::chrono::milliseconds kPeriod{20};
+  static constexpr std::chrono::milliseconds kStoppedGap{200};
+  std::atomic<int64_t> stopped_ns{0};
+  std::atomic<bool> quit{false};
+  std::thread thread;
+
+  void start() {
+    thread = std::thread([this] {
+      auto last = std::chrono::steady_clock::now();
+      while (!quit.load()) {
+        std::this_thread::sleep_for(kPeriod);
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last >= kStoppedGap) {
+          stopped_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last - kPeriod).count();
+        }
+        last = now;
+      }
+    });
+  }
+  ~StopWatch() {
+    quit = true;
+    if (thread.joinable()) thread.join();
+  }
 };
 
 // One process's place in a mesh and its communicators. Made by init(), shared by every caller
@@ -92,12 +132,16 @@ struct World {
   ncclComm_t axis_nccl[kMaxMeshDims] = {};
 #endif
   // The deadline (FLOWC_TIMEOUT_S; 0: none) and what the ranks publish for it: a window of
-  // two int64 per rank, {the step it entered, a heartbeat that moves while it waits}.
+  // four int64 per rank, {the step it entered, a heartbeat that moves while it waits, the
+  // latest step in which (or on its way to which) it was stopped, for how many ms}.
   double timeout_s = 0;
   MPI_Win watch = MPI_WIN_NULL;
   int64_t step = 0;  // collectives this rank has entered
   int64_t beat = 0;
-  std::string step_what;  // the latest step, as messages name it: "all-reduce axis=0"
+  std::unique_ptr<StopWatch> stopwatch;  // with the deadline
+  int64_t stopped_seen_ns = 0;           // what this rank has published of stopwatch->stopped_ns
+  int64_t stop_step = 0, stop_ms = 0;    // what it published (slots 2 and 3)
+  std::string step_what;                 // the latest step, as messages name it: "all-reduce axis=0"
   World() { std::fill(axis_mpi, axis_mpi + kMaxMeshDims, MPI_COMM_NULL); }
   int group_size(int axis) const { return mesh.shape[axis]; }
   int group_rank(int axis) const { return coords[axis]; }
@@ -110,6 +154,7 @@ struct State {
   bool started_mpi = false;
   bool log_opened = false;
   FILE* log = nullptr;
+  std::string log_error;  // why the log could not be opened
 };
 
 inline State& state() {
@@ -177,20 +222,36 @@ inline size_t element_bytes(int onnx_dtype) {
   }
 }
 
-inline void log_call(const World& w, const char* collective, int axis, size_t bytes, int dtype) {
+// Appends a line to the communication log (FLOWC_COMM_LOG=PREFIX: PREFIX.rank<world rank>,
+// opened at the first line); an error when it cannot be opened.
+inline Status log_line(const World& w, const std::string& line) {
   State& s = state();
   if (!s.log_opened) {
     s.log_opened = true;
-    if (const char* prefix = std::getenv("FLOWC_COMM_LOG"); prefix && *prefix) {
+    if (const char* prefix = env::path("FLOWC_COMM_LOG")) {
       const std::string path = std::string(prefix) + ".rank" + std::to_string(w.rank);
-      s.log = std::fopen(path.c_str(), "a");
-      if (s.log == nullptr)
-        std::fprintf(stderr, "flowc: cannot open the communication log %s\n", path.c_str());
+      io::File file;
+      std::string why;
+      if (io::open_for_writing(path, true, &file, &why)) {
+        std::swap(s.log, file.f);
+      } else {
+        s.log_error = "FLOWC_COMM_LOG=" + std::string(prefix) + ": cannot open the communication log " +
+                      path + " for appending: " + why;
+      }
     }
   }
-  if (s.log == nullptr) return;
-  std::fprintf(s.log, "%s axis=%d bytes=%zu dtype=%d\n", collective, axis, bytes, dtype);
+  if (!s.log_error.empty()) return InvalidArgument(s.log_error);
+  if (s.log == nullptr) return Status::Ok();
+  std::fputs(line.c_str(), s.log);
   std::fflush(s.log);
+  return Status::Ok();
+}
+
+inline Status log_call(const World& w, const char* collective, int axis, size_t bytes, int dtype) {
+  State& s = state();
+  if (s.log_opened && s.log == nullptr && s.log_error.empty()) return Status::Ok();  // no log
+  return log_line(w, std::string(collective) + " axis=" + std::to_string(axis) +
+                         " bytes=" + std::to_string(bytes) + " dtype=" + std::to_string(dtype) + "\n");
 }
 
 inline bool disjoint(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -360,21 +421,16 @@ inline ncclDataType_t nccl_type(int dtype) {
 // FLOWC_TIMEOUT_S in seconds; 0 when it is unset or empty.
 inline Status timeout_from_env(double* out) {
   *out = 0;
-  const char* text = std::getenv("FLOWC_TIMEOUT_S");
-  if (text == nullptr || *text == '\0') return Status::Ok();
-  char* end = nullptr;
-  const double t = std::strtod(text, &end);
-  if (end == text || *end != '\0' || !std::isfinite(t) || t <= 0 || t > 1e9) {
-    return InvalidArgument(std::string("FLOWC_TIMEOUT_S=") + text +
-                           ": expected a positive number of seconds, such as 30 or 2.5");
-  }
-  *out = t;
-  return Status::Ok();
+  return env::seconds("FLOWC_TIMEOUT_S", out);
 }
 
 // A rank's slots: 0 holds its state, 2s-1 while it is in step s and 2s once step s is done (0:
-// none yet); 1 holds its heartbeat. Only this rank writes them, atomically, so readers see
-// whole values. Failures are ignored: the slots only serve to explain a timeout.
+// none yet); 1 holds its heartbeat; 2 the latest step in which it found, once it ran again,
+// that it had been stopped while it waited, and 3 for how many milliseconds in all (see
+// WaitClock). Only this rank writes them, atomically, so readers see whole values. Failures are
+// ignored: the slots only serve to explain a timeout.
+constexpr int kSlots = 4;
+
 inline void put_slot(World& w, int slot, int64_t value) {
   int64_t old = 0;
   MPI_Fetch_and_op(&value, &old, MPI_INT64_T, w.rank, slot, MPI_REPLACE, w.watch);
@@ -385,12 +441,26 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Publishes the time this process was stopped since it last looked (StopWatch) as time
+// stopped in, or on its way to, its current step (slots 2 and 3).
+inline void note_stops(World& w) {
+  const int64_t total = w.stopwatch ? w.stopwatch->stopped_ns.load() : 0;
+  if (total == w.stopped_seen_ns) return;
+  const int64_t ms = (total - w.stopped_seen_ns) / 1000000;
+  w.stopped_seen_ns = total;
+  w.stop_ms = (w.stop_step == w.step ? w.stop_ms : 0) + ms;
+  w.stop_step = w.step;
+  put_slot(w, 3, w.stop_ms);  // before the step, so a reader that sees this step sees its time
+  put_slot(w, 2, w.stop_step);
+}
+
 // Enters the next step (a collective, or the all-succeeded check when axis < 0).
 inline void enter(World& w, const char* what, int axis) {
   if (w.timeout_s <= 0) return;
   ++w.step;
   w.step_what = axis >= 0 ? std::string(what) + " axis=" + std::to_string(axis) : std::string(what);
   put_slot(w, 0, 2 * w.step - 1);
+  note_stops(w);
 }
 
 inline void leave(World& w) {
@@ -399,21 +469,61 @@ inline void leave(World& w) {
 
 inline void heartbeat(World& w) { put_slot(w, 1, ++w.beat); }
 
-// Rank r's two slots, or false when they do not arrive within `patience` seconds (the target
+// The time a rank has waited at its current step, counting only the time it ran. A rank that
+// was stopped while it waited finds, once it runs again, that its clock has jumped: that time
+// is not its peers' doing, so it does not count towards the deadline (else the rank that was
+// stopped would time out first when it resumes, and blame the peers that waited for it), and
+// it is published (note_stops), so that a peer that ran out of time meanwhile names it.
+class WaitClock {
+ public:
+  explicit WaitClock(World& w)
+      : w_(w), start_(std::chrono::steady_clock::now()), stopped_at_start_(stopped_ns()) {}
+
+  // At each poll: the seconds waited so far, stopped time left out.
+  double waited() {
+    note_stops(w_);
+    const double stopped = double(stopped_ns() - stopped_at_start_) / 1e9;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() - stopped;
+  }
+
+ private:
+  int64_t stopped_ns() const { return w_.stopwatch ? w_.stopwatch->stopped_ns.load() : 0; }
+  World& w_;
+  std::chrono::steady_clock::time_point start_;
+  int64_t stopped_at_start_;
+};
+
+// Sleeps `seconds`, beating every 10 ms, so that peers never take this rank for a stopped one
+// while it explains a timeout.
+inline void pause_beating(World& w, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (seconds_since(t0) < seconds) {
+    heartbeat(w);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Rank r's slots, or false when they do not arrive within `patience` seconds (the target
 // may have to take part in the transfer, and a stopped process takes part in nothing).
-inline bool read_slots(World& w, int r, int64_t got[2], double patience) {
-  int64_t unused[2] = {0, 0};
+inline bool read_slots(World& w, int r, int64_t got[kSlots], double patience) {
+  int64_t unused[kSlots] = {};
   MPI_Request req = MPI_REQUEST_NULL;
-  if (MPI_Rget_accumulate(unused, 2, MPI_INT64_T, got, 2, MPI_INT64_T, r, 0, 2, MPI_INT64_T, MPI_NO_OP,
-                          w.watch, &req) != MPI_SUCCESS) {
+  if (MPI_Rget_accumulate(unused, kSlots, MPI_INT64_T, got, kSlots, MPI_INT64_T, r, 0, kSlots, MPI_INT64_T,
+                          MPI_NO_OP, w.watch, &req) != MPI_SUCCESS) {
     return false;
   }
   const auto t0 = std::chrono::steady_clock::now();
+  auto next_beat = t0;
   for (;;) {
     int done = 0;
     if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
     if (done) return true;
+    const auto now = std::chrono::steady_clock::now();
     if (seconds_since(t0) > patience) return false;  // the request is left behind: the job ends
+    if (now >= next_beat) {
+      heartbeat(w);
+      next_beat = now + std::chrono::milliseconds(10);
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -430,49 +540,79 @@ inline bool same_group(const World& w, int r, int axis) {
   return true;
 }
 
-// Ends the job: this rank has waited `waited` seconds at its step. The message names the rank
-// that holds it up, from what the ranks published: one that has not reached the step, one that
-// does not answer, or one that is in the step but has stopped moving.
+inline std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+// "rank R was stopped for X s ..." when rank R's slots say it was stopped for at least half the
+// deadline, and noticed it (once it ran again) in step `step` or later (a step it is still in,
+// or went on to after it resumed: the stop held up `step`); with step < 0, in the step it is in
+// now. Else "".
+inline std::string stopped_text(const World& w, int r, const int64_t got[kSlots], int64_t step) {
+  const int64_t current = (got[0] + 1) / 2;
+  if (got[2] <= 0 || (step >= 0 ? got[2] < step : got[2] != current)) return "";
+  // A stop shorter than half the deadline does not explain a timeout (and a process that
+  // did not get the CPU for a moment on a crowded machine is no stopped one).
+  if (double(got[3]) / 1e3 < 0.5 * w.timeout_s) return "";
+  const std::string where = step >= 0 && got[2] == step ? "in this step or on its way to it"
+                            : step >= 0                 ? "while this step waited for it"
+                                        : "in its step " + std::to_string(got[2]) + " or on its way to it";
+  return "rank " + std::to_string(r) + " was stopped for " + seconds_text(double(got[3]) / 1e3) + " " +
+         where + " (it runs again)";
+}
+
+// Ends the job: this rank has waited `waited` seconds at its step (time it did not run left
+// out). The message names the member of the step's group that holds it up, from what the
+// members published: one that does not answer, one that has not reached the step, one that is
+// in the step but has stopped (its heartbeat does not move), or one that was stopped in the
+// step and runs again. Ranks outside the group cannot hold up the step and are not named.
 [[noreturn]] inline void timed_out(World& w, int axis, double waited) {
   const int n = w.size;
-  std::vector<int64_t> state(static_cast<size_t>(n)), beat(static_cast<size_t>(n));
+  std::vector<int64_t> got(static_cast<size_t>(n) * kSlots);
   std::vector<char> answered(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
-    int64_t got[2] = {2 * w.step - 1, w.beat};
-    answered[r] = r == w.rank || read_slots(w, r, got, 0.5);
-    state[r] = got[0];
-    beat[r] = got[1];
+    int64_t* g = &got[static_cast<size_t>(r) * kSlots];
+    g[0] = 2 * w.step - 1;
+    g[1] = w.beat;
+    answered[r] = r == w.rank || !same_group(w, r, axis) || read_slots(w, r, g, 0.5);
   }
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%.1f s", waited);
+  const auto slots = [&](int r) { return &got[static_cast<size_t>(r) * kSlots]; };
+  const std::string secs = seconds_text(waited);
   const std::string step = "step " + std::to_string(w.step) + " (" + w.step_what + ")";
+  const auto member = [&](int r) { return r != w.rank && same_group(w, r, axis); };
   std::string why;
-  // Members of this step's group first: they are the ranks this one waits for.
-  for (int pass = 0; pass < 2 && why.empty(); ++pass) {
-    int lag = -1;
-    for (int r = 0; r < n; ++r) {
-      if (r == w.rank || same_group(w, r, axis) != (pass == 0)) continue;
-      if (!answered[r]) {
-        why =
-            "rank " + std::to_string(r) + " does not answer (stopped or gone) at " + step + " after " + secs;
-        break;
-      }
-      if (state[r] < 2 * w.step - 1 && (lag < 0 || state[r] < state[lag])) lag = r;
+  int lag = -1;
+  for (int r = 0; r < n && why.empty(); ++r) {
+    if (!member(r)) continue;
+    if (!answered[r]) {
+      why = "rank " + std::to_string(r) + " does not answer (stopped or gone) at " + step + " after " + secs;
+    } else if (slots(r)[0] < 2 * w.step - 1 && (lag < 0 || slots(r)[0] < slots(lag)[0])) {
+      lag = r;
     }
-    if (why.empty() && lag >= 0)
-      why = "rank " + std::to_string(lag) + " has not reached " + step + " after " + secs;
   }
+  if (why.empty() && lag >= 0)
+    why = "rank " + std::to_string(lag) + " has not reached " + step + " after " + secs;
   if (why.empty()) {
-    // Every rank got here. One that waits beats every few milliseconds; one that does not is
-    // stopped inside the step.
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    // Every member got here. One that waits beats every 10 ms; one that does not is stopped
+    // inside the step. One that was stopped and runs again says so in its slots (read again:
+    // it may have resumed since, and even finished its part of the step and gone on).
+    pause_beating(w, 0.2);
+    std::vector<int64_t> again(static_cast<size_t>(n) * kSlots);
     for (int r = 0; r < n && why.empty(); ++r) {
-      int64_t again[2] = {0, 0};
-      if (r == w.rank || state[r] != 2 * w.step - 1 || !same_group(w, r, axis)) continue;
-      if (!read_slots(w, r, again, 0.5) || again[1] == beat[r]) {
+      if (!member(r)) continue;
+      int64_t* a = &again[static_cast<size_t>(r) * kSlots];
+      const bool read = read_slots(w, r, a, 0.5);
+      if (slots(r)[0] == 2 * w.step - 1 && (!read || (a[0] == slots(r)[0] && a[1] == slots(r)[1])))
         why = "rank " + std::to_string(r) + " stopped inside " + step + " and has not finished it after " +
               secs;
-      }
+    }
+    for (int r = 0; r < n && why.empty(); ++r) {
+      if (!member(r)) continue;
+      if (const std::string s = stopped_text(w, r, &again[static_cast<size_t>(r) * kSlots], w.step);
+          !s.empty())
+        why = step + " did not finish after " + secs + ": " + s;
     }
   }
   if (why.empty()) why = step + " did not finish after " + secs;
@@ -495,18 +635,18 @@ inline bool same_group(const World& w, int r, int axis) {
 // Waits for a nonblocking MPI call of the current step, beating, until the deadline.
 inline int wait_request(World& w, int axis, MPI_Request* req) {
   using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  auto next_beat = t0;
+  WaitClock waiting(w);
+  auto next_beat = clock::now();
   for (long spin = 0;; ++spin) {
     int done = 0;
     const int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS || done) return rc;
+    const double waited = waiting.waited();
     const auto now = clock::now();
     if (now >= next_beat) {
       heartbeat(w);
       next_beat = now + std::chrono::milliseconds(10);
     }
-    const double waited = std::chrono::duration<double>(now - t0).count();
     if (waited > w.timeout_s) timed_out(w, axis, waited);
     // Ranks may share cores (the host target oversubscribes): give the others the CPU.
     if (spin < 1000) {
@@ -534,9 +674,9 @@ inline int mpi_step(World& w, const char* what, int axis, Call&& call) {
 inline Status open_watch(World* w) {
   const char* what = "flowc::comm::init";
   int64_t* base = nullptr;
-  FLOWC_COMM_MPI(what, MPI_Win_allocate(static_cast<MPI_Aint>(2 * sizeof(int64_t)), sizeof(int64_t),
+  FLOWC_COMM_MPI(what, MPI_Win_allocate(static_cast<MPI_Aint>(kSlots * sizeof(int64_t)), sizeof(int64_t),
                                         MPI_INFO_NULL, w->mpi, &base, &w->watch));
-  base[0] = base[1] = 0;
+  std::fill(base, base + kSlots, int64_t(0));
   FLOWC_COMM_MPI(what, MPI_Win_set_errhandler(w->watch, MPI_ERRORS_RETURN));
   FLOWC_COMM_MPI(what, MPI_Win_lock_all(0, w->watch));
   return Status::Ok();
@@ -567,6 +707,8 @@ inline Status connect(World* w) {
   FLOWC_COMM_MPI(what, MPI_Comm_set_errhandler(w->mpi, MPI_ERRORS_RETURN));
   if (w->timeout_s > 0) {
     if (Status st = open_watch(w); !st.ok()) return st;
+    w->stopwatch = std::make_unique<StopWatch>();
+    w->stopwatch->start();
   }
   int stride = w->size;
   int rest = w->rank;
@@ -691,6 +833,7 @@ inline void finalize() {
   if (s.log) std::fclose(s.log);
   s.log = nullptr;
   s.log_opened = false;
+  s.log_error.clear();
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -738,14 +881,14 @@ inline Status wait_event(World& w, cudaEvent_t event) {
       return LibraryError(std::string("cudaEventSynchronize failed: ") + cudaGetErrorString(e));
     return Status::Ok();
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  detail::WaitClock waiting(w);
   for (;;) {
     const cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return Status::Ok();
     if (e != cudaErrorNotReady)
       return LibraryError(std::string("cudaEventQuery failed: ") + cudaGetErrorString(e));
     detail::heartbeat(w);
-    const double waited = detail::seconds_since(t0);
+    const double waited = waiting.waited();
     if (waited > w.timeout_s) {
       if (w.step == 0) w.step_what = "the device work";
       detail::timed_out(w, -1, waited);
@@ -763,7 +906,7 @@ inline Status all_reduce(World& w, int mesh_axis, const void* send, void* recv, 
   const size_t bytes = count * eb;
   if (send != recv && !detail::disjoint(send, bytes, recv, bytes))
     return detail::overlap_error(what, ", or equal");
-  detail::log_call(w, what, mesh_axis, bytes, dtype);
+  if (Status st = detail::log_call(w, what, mesh_axis, bytes, dtype); !st.ok()) return st;
   if (count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
   // Deferred into the stream like any other work, so the emulator's stream orders
@@ -812,7 +955,7 @@ inline Status all_gather(World& w, int mesh_axis, const void* send, void* recv, 
   if (!in_place && !detail::disjoint(send, bytes, recv, bytes * p)) {
     return detail::overlap_error(what, ", or send at this member's chunk of recv");
   }
-  detail::log_call(w, what, mesh_axis, bytes, dtype);
+  if (Status st = detail::log_call(w, what, mesh_axis, bytes, dtype); !st.ok()) return st;
   if (send_count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
   // Deferred into the stream like any other work, so the emulator's stream orders
@@ -852,7 +995,7 @@ inline Status reduce_scatter(World& w, int mesh_axis, const void* send, void* re
   if (!in_place && !detail::disjoint(send, bytes * p, recv, bytes)) {
     return detail::overlap_error(what, ", or recv at this member's chunk of send");
   }
-  detail::log_call(w, what, mesh_axis, bytes * p, dtype);
+  if (Status st = detail::log_call(w, what, mesh_axis, bytes * p, dtype); !st.ok()) return st;
   if (recv_count == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
   // Deferred into the stream like any other work, so the emulator's stream orders
@@ -902,7 +1045,7 @@ inline Status all_to_all(World& w, int mesh_axis, const void* send, void* recv, 
   const int p = w.group_size(mesh_axis);
   const size_t bytes = count_per_peer * eb * p;
   if (!detail::disjoint(send, bytes, recv, bytes)) return detail::overlap_error(what, "");
-  detail::log_call(w, what, mesh_axis, bytes, dtype);
+  if (Status st = detail::log_call(w, what, mesh_axis, bytes, dtype); !st.ok()) return st;
   if (count_per_peer == 0) return Status::Ok();
 #if defined(FLOWC_HOST)
   // Deferred into the stream like any other work, so the emulator's stream orders
@@ -967,23 +1110,13 @@ struct Transfer {
 
 namespace detail {
 
-inline void log_transfer(const World& w, const Transfer& t, size_t bytes) {
-  // The same file as the collectives' lines (log_call opens it the same way); a transfer's
-  // line names the peer instead of an axis.
+// The same file as the collectives' lines; a transfer's line names the peer instead of an axis.
+inline Status log_transfer(const World& w, const Transfer& t, size_t bytes) {
   State& s = state();
-  if (!s.log_opened) {
-    s.log_opened = true;
-    if (const char* prefix = std::getenv("FLOWC_COMM_LOG"); prefix && *prefix) {
-      const std::string path = std::string(prefix) + ".rank" + std::to_string(w.rank);
-      s.log = std::fopen(path.c_str(), "a");
-      if (s.log == nullptr)
-        std::fprintf(stderr, "flowc: cannot open the communication log %s\n", path.c_str());
-    }
-  }
-  if (s.log == nullptr) return;
-  std::fprintf(s.log, "%s peer=%d bytes=%zu dtype=%d\n", t.kind == Transfer::kSend ? "send" : "recv", t.peer,
-               bytes, t.dtype);
-  std::fflush(s.log);
+  if (s.log_opened && s.log == nullptr && s.log_error.empty()) return Status::Ok();  // no log
+  return log_line(w, std::string(t.kind == Transfer::kSend ? "send" : "recv") +
+                         " peer=" + std::to_string(t.peer) + " bytes=" + std::to_string(bytes) +
+                         " dtype=" + std::to_string(t.dtype) + "\n");
 }
 
 inline Status check_transfers(const World& w, const char* what, const Transfer* ts, int n) {
@@ -1030,17 +1163,18 @@ inline Status check_transfers(const World& w, const char* what, const Transfer* 
 // (timed_out), the ranks waited for are the peers, and their step numbers need not match this
 // rank's (stages do different work): each peer is described by what it published.
 [[noreturn]] inline void transfer_timed_out(World& w, const std::vector<int>& peers, double waited) {
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%.1f s", waited);
-  std::string why = "step " + std::to_string(w.step) + " (" + w.step_what + ") did not finish after " + secs;
+  std::string why = "step " + std::to_string(w.step) + " (" + w.step_what + ") did not finish after " +
+                    seconds_text(waited);
   std::vector<int> seen;
   for (int peer : peers) {
     if (peer == w.rank || std::find(seen.begin(), seen.end(), peer) != seen.end()) continue;
     seen.push_back(peer);
-    int64_t got[2] = {0, 0};
+    int64_t got[kSlots] = {};
     const std::string r = "rank " + std::to_string(peer);
     if (!read_slots(w, peer, got, 0.5)) {
       why += "; " + r + " does not answer (stopped or gone)";
+    } else if (const std::string stopped = stopped_text(w, peer, got, -1); !stopped.empty()) {
+      why += "; " + stopped;
     } else if (got[0] % 2 == 1) {
       why += "; " + r + " is waiting in its step " + std::to_string((got[0] + 1) / 2);
     } else {
@@ -1058,18 +1192,18 @@ inline Status check_transfers(const World& w, const char* what, const Transfer* 
 // Waits for every request of the current step, beating, until the deadline (see wait_request).
 inline int wait_requests(World& w, std::vector<MPI_Request>& reqs, const std::vector<int>& peers) {
   using clock = std::chrono::steady_clock;
-  const auto t0 = clock::now();
-  auto next_beat = t0;
+  WaitClock waiting(w);
+  auto next_beat = clock::now();
   for (long spin = 0;; ++spin) {
     int done = 0;
     const int rc = MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS || done) return rc;
+    const double waited = waiting.waited();
     const auto now = clock::now();
     if (now >= next_beat) {
       heartbeat(w);
       next_beat = now + std::chrono::milliseconds(10);
     }
-    const double waited = std::chrono::duration<double>(now - t0).count();
     if (waited > w.timeout_s) transfer_timed_out(w, peers, waited);
     if (spin < 1000) {
       sched_yield();
@@ -1099,7 +1233,7 @@ inline Status exchange(World& w, const Transfer* ts, int n, cudaStream_t stream)
   std::vector<Transfer> live;
   for (int i = 0; i < n; ++i) {
     const size_t bytes = ts[i].count * detail::element_bytes(ts[i].dtype);
-    detail::log_transfer(w, ts[i], bytes);
+    if (Status st = detail::log_transfer(w, ts[i], bytes); !st.ok()) return st;
     if (bytes > 0) live.push_back(ts[i]);
   }
   if (live.empty()) return Status::Ok();

@@ -54,7 +54,9 @@ function(flowc_target_comm target build)
   # Only MPI's C API is used: skip the deprecated C++ bindings (libmpi_cxx).
   set(MPI_CXX_SKIP_MPICXX ON)
   find_package(MPI REQUIRED COMPONENTS CXX)
-  target_link_libraries(${target} PUBLIC MPI::MPI_CXX)
+  # Threads: FLOWC_TIMEOUT_S's StopWatch runs on a thread of its own.
+  find_package(Threads REQUIRED)
+  target_link_libraries(${target} PUBLIC MPI::MPI_CXX Threads::Threads)
   target_compile_definitions(${target} PUBLIC FLOWC_MULTI_RANK)
   if(build STREQUAL "cuda")
     find_package(CUDAToolkit REQUIRED)
