@@ -113,7 +113,7 @@ def run_cmd(
     ]
     for line in counted:
         out.print(escape(line))
-    if (stats or os.environ.get("FLOWC_STATS", "0") not in ("", "0")) and not counted:
+    if (stats or os.environ.get("FLOWC_STATS", "") == "1") and not counted:
         if target == "host":
             err.print(
                 "[yellow]note:[/] the driver printed no launch counts; a project built by an "
