@@ -3,7 +3,8 @@ two buffers live at the same time share a byte, with the peak (the arena) as low
 work limit allows.
 
 This module stands alone: it imports the standard library and NumPy only (no other flowc
-module), so code generation, the CLI and outside tools can use it without the compiler.
+module), so code generation, the CLI and outside tools can use it without the compiler
+(write_offsets_csv alone imports flowc's file writer, when called).
 
 A buffer is an :class:`Interval`: live on the half-open step interval ``[start, end)`` and
 needing ``size`` bytes at an offset that is a multiple of ``align``. Two buffers conflict when
@@ -16,7 +17,11 @@ have bytes.
    buffers it conflicts with, for several orderings (size, lifetime length, number of
    conflicts, area, the fullest time step it lives through) and two gap rules (best fit:
    the tightest gap that holds it; first fit: the lowest), keeping the lowest peak -- as
-   XLA's heap simulator tries several orderings and keeps the best.
+   XLA's heap simulator tries several orderings and keeps the best. These need each
+   buffer's conflicts listed, as many as the square of the buffers, so they run only
+   while there are few enough (GREEDY_WORK). Two time sweeps always run: best fit in
+   order of start, as an allocator would see the program, forward and backward in time,
+   with the free gaps kept sorted (no conflict lists; 100,000 buffers in about a second).
 2. **Search.** A depth-first search over *canonical* placements, after MiniMalloc (Moffitt,
    ASPLOS 2023): any placement can be pushed down until every buffer rests on one it
    conflicts with (or on 0) without raising the peak, and then the buffers, taken in order
@@ -28,16 +33,18 @@ have bytes.
    some time step's floor plus the bytes still to place there exceeds the target; when
    the buffer just placed has no unplaced buffer above it, its alternatives are not tried
    (a failure there is not its fault). Each decision "does everything fit in C bytes?" is
-   searched first for the capacity asked for, then for a shrinking C (binary search
-   between the highest C that failed and the best peak) while the work limit lasts. Each
-   decision tries several tie-break orders in turn with a node limit that doubles (one
-   order often finishes in a single dive where another thrashes). After each placement,
-   the unplaced buffers that no longer share a time step split into groups searched one
-   after the other, so a failing group never makes the search retry another group's
-   choices (MiniMalloc's dynamic decomposition). Two strategies (dynamic TWA and
-   TWC, as MiniMalloc's SubSolve) search each such group afresh: from its own lowest
-   offsets, ranked by the bytes still to place in its fullest section rather than the
-   initial ones.
+   searched first for the capacity asked for (else for the lower bound), then for a
+   shrinking C (binary search between the highest C that failed and the best peak) while
+   the work limit lasts. Each decision tries several tie-break orders in turn with a node
+   limit that doubles (one order often finishes in a single dive where another thrashes).
+   After each placement, the unplaced buffers that no longer share a time step split into
+   groups searched one after the other, so a failing group never makes the search retry
+   another group's choices (MiniMalloc's dynamic decomposition). Two strategies (dynamic
+   TWA and TWC, as MiniMalloc's SubSolve) search each such group afresh: from its own
+   lowest offsets, ranked by the bytes still to place in its fullest section rather than
+   the initial ones. The search runs on an explicit stack (one level per placed buffer),
+   and a group of buffers apart in time from the rest is searched only when its conflict
+   and section lists stay below SEARCH_PAIRS.
 
 The work limit counts search nodes, never seconds, so the result is the same on every run
 and machine. A placement is ``optimal`` when its peak equals the lower bound, or when the
@@ -46,8 +53,9 @@ search exhausted the next lower target without reaching the limit.
 The lower bound is the maximum over time of the summed sizes of the live buffers, sizes as
 given (not rounded up to their alignment): it holds for any placement, aligned or not.
 
-:func:`check_placement` verifies a placement independently of the placer (a sweep over
-time with a pairwise byte-range test of the live buffers).
+:func:`check_placement` verifies a placement independently of the placer: a sweep over
+time that keeps the live buffers' byte ranges in order of offset and compares each new
+buffer with its neighbours in that order.
 
 One idea: interval placement; kept whole because it stands alone (see above) and the
 search, its bounds and the CSV form share the Interval/Placement records.
@@ -699,10 +707,11 @@ class _Search:
             lasts = members[[c - 1 for c in cuts] + [len(members) - 1]].tolist()
             return [(int(pos[a]), int(pos[b]) + 1) for a, b in zip(firsts, lasts, strict=True)]
 
-        def candidates(members: np.ndarray, last_off: int, last_rank: int) -> list[int]:
+        def candidates(
+            members: np.ndarray, last_off: int, last_rank: int, s0: int, s1: int
+        ) -> list[int]:
             mo = min_off[members]
             ms = size[members]
-            s0, s1 = int(lo[members].min()), int(hi[members].max())
             # Canonical: offsets never decrease; at one offset, buffers come in rank order.
             keep = (mo > last_off) | ((mo == last_off) & (rank[members] > last_rank))
             # Dominance: at or above some unplaced buffer's lowest top, that buffer could
@@ -763,12 +772,13 @@ class _Search:
                     continue
             members = members_of(pa, pb)
             if len(fr) == 8:
-                cands = fr[7]
+                cands, s0, s1 = fr[7]
             else:
-                cands = candidates(members, last_off, last_rank)
+                s0, s1 = int(lo[members].min()), int(hi[members].max())
+                cands = candidates(members, last_off, last_rank, s0, s1)
                 if len(cands) <= 32:
-                    fr.append(cands)  # kept for resuming (a few; a long list is recomputed)
-            s0, s1 = int(lo[members].min()), int(hi[members].max())
+                    # Kept for resuming (a few; a long list is recomputed).
+                    fr.append((cands, s0, s1))
             result = False
             while fr[4] < len(cands):
                 b = cands[fr[4]]
@@ -889,12 +899,10 @@ def _search(
     searches: list[_Search | None] = [None] * len(groups)
     sizes = p.size.tolist()
 
-    def searchable(k: int) -> bool:
-        g = groups[k]
-        pairs = int(p.degree[g].sum()) + int((p.hi[g] - p.lo[g]).sum())
-        return pairs <= SEARCH_PAIRS
-
-    can = [searchable(k) for k in range(len(groups))]
+    # What a group's search keeps: its conflicting pairs (both ways) and sections spanned.
+    weight = [int(p.degree[g].sum()) + int((p.hi[g] - p.lo[g]).sum()) for g in groups]
+    can = [w <= SEARCH_PAIRS for w in weight]
+    kept = 0  # the weight of the searches built and kept; past SEARCH_PAIRS they go
     # Each group's best offsets so far and their peak: a group already within a target
     # needs no new search for it.
     mine: list[tuple[list[int], int]] = []
@@ -907,7 +915,7 @@ def _search(
 
     def attempt(target: int, budget: int) -> tuple[bool, bool]:
         """Fit every group within target; (found, proven impossible). Spends from left."""
-        nonlocal left
+        nonlocal left, kept
         budget = min(budget, left)
         need = [k for k in range(len(groups)) if mine[k][1] > target]
         if any(not can[k] or len(groups[k]) > budget for k in need):
@@ -915,7 +923,11 @@ def _search(
         for k in need:
             g = searches[k]
             if g is None:
+                if kept + weight[k] > SEARCH_PAIRS:
+                    searches[:] = [None] * len(groups)
+                    kept = 0
                 g = searches[k] = _Search(p, groups[k])
+                kept += weight[k]
             try:
                 sol, exhausted = g.solve(target, budget)
             except _OutOfWork:
@@ -1015,6 +1027,7 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     name = os.fspath(path)
     out: list[Interval] = []
     seen: dict[int, int] = {}
+    rows = None
     try:
         with open(name, newline="", encoding="utf-8") as f:
             rows = csv.reader(f)
@@ -1065,7 +1078,8 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     except UnicodeDecodeError:
         raise PlacementError(f"{name}: not a text file") from None
     except csv.Error as e:
-        raise PlacementError(f"{name}: not a CSV file ({e})") from None
+        where = f"{name}:{rows.line_num}" if rows is not None else name
+        raise PlacementError(f"{where}: not a CSV row ({e})") from None
     return out
 
 
