@@ -727,8 +727,9 @@ class _Search:
         # a node [pa, pb, last_off, last_rank, tried, mark, hatless, ...] chooses which
         # buffer of its group comes next; a conjunction [groups, next, off, rank, fresh]
         # searches the groups a placement left, one after the other, and fails as soon as
-        # one does. A node resumed after a failed child recomputes its candidates: the
-        # undo restores exactly the state it first saw, so they are the same list.
+        # one does. A node resumed after a failed child takes its next candidate from the
+        # list it kept, or recomputes a long one: the undo restores exactly the state it
+        # first saw (ranks included), so it is the same list.
         stack: list[list] = [[split(by_lo), 0, -1, -1, False]]
         result: bool | None = None  # the last finished frame's answer; None: just pushed
         while stack:
@@ -921,6 +922,8 @@ def _search(
         if any(not can[k] or len(groups[k]) > budget for k in need):
             return False, False
         for k in need:
+            if len(groups[k]) > budget:
+                return False, False  # what is left cannot place it
             g = searches[k]
             if g is None:
                 if kept + weight[k] > SEARCH_PAIRS:
