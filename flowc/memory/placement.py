@@ -87,9 +87,10 @@ __all__ = [
     "write_offsets_csv",
 ]
 
-# Search nodes for place()'s default: at most about 4 s of CPython on each MiniMalloc
-# instance (154-454 buffers; bench/minimalloc_bench.py on 2 cores, up to 11 s when other
-# jobs load them); no search at all where the greedy stage already reaches the bound.
+# Search nodes for place()'s default: at most about 6.5 s of CPython on each MiniMalloc
+# instance (154-454 buffers; bench/minimalloc_bench.py on 2 cores, D without a capacity,
+# all of it at tight targets; most take under 2.5 s); no search at all where the greedy
+# stage already reaches the bound.
 DEFAULT_WORK_LIMIT = 40_000
 
 # The most bytes all the live buffers may need stacked (sizes plus alignment padding):
