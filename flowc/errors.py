@@ -44,3 +44,10 @@ class VerifyError(FlowcError):
 
 class FlowcWarning(UserWarning):
     """Something flowc did on the user's behalf that changes results; printed as ``warning:``."""
+
+
+class OutputError(FlowcError):
+    """The command's output could not be written to stdout (a full disk, a device error):
+    an I/O error, exit 74 (EX_IOERR), not a bug."""
+
+    exit_code = 74

@@ -28,6 +28,7 @@ from flowc.cli.inspect import inspect
 from flowc.cli.ops import ops
 from flowc.cli.plan_memory import plan_memory_cmd
 from flowc.cli.run import run_cmd
+from flowc.cli.stdout import BrokenPipe, guarded_stdout
 from flowc.cli.verify import verify
 from flowc.errors import FlowcError, FlowcWarning
 
@@ -77,9 +78,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Each warning says what was done to the user's files or results: never deduplicated.
     warnings.simplefilter("always", FlowcWarning)
     try:
-        cli.main(
-            args=list(argv) if argv is not None else None, prog_name="flowc", standalone_mode=False
-        )
+        with guarded_stdout():
+            cli.main(
+                args=list(argv) if argv is not None else None,
+                prog_name="flowc",
+                standalone_mode=False,
+            )
+    except BrokenPipe as e:
+        sys.exit(e.exit_code)  # the reader has all it wanted (`flowc ops | head`)
     except FlowcError as e:
         err.print(f"[bold red]error:[/] {escape(e.message)}")
         if e.hint:
