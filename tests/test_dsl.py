@@ -629,11 +629,13 @@ def test_call_errors() -> None:
         "complex",
         "an attribute cannot be a complex number",
     )
+    # says which attribute is wrong and what it takes (issue 23, point 8: it said
+    # "int() argument must be ... not 'tuple'")
     check_error(
         program("y = softmax(x, axis=[1, 2])"),
         2,
         "softmax",
-        "softmax cannot take these inputs and attributes",
+        "softmax: attribute 'axis' takes an integer, got [1, 2]",
     )
     check_error(
         program("y = all_gather(x)"), 2, "all_gather", "all_gather needs the attribute 'mesh'"

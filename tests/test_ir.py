@@ -61,8 +61,14 @@ def test_sbp_and_mesh() -> None:
         NdSbp((Sbp("B"),)).check(TensorType((4,), DType.F32), mesh)
     with pytest.raises(ValueError, match="unknown SBP kind"):
         Sbp("X")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="at least one device"):
         Mesh("m", (0,))
+    # at most 65,536 devices and 3 axes (issue 23, point 5)
+    Mesh("m", (256, 256))
+    with pytest.raises(ValueError, match="65537 devices; flowc supports at most 65536"):
+        Mesh("m", (65537,))
+    with pytest.raises(ValueError, match="4 axes; flowc supports at most 3"):
+        Mesh("m", (2, 2, 2, 2))
 
 
 def test_attrs_are_frozen_and_sorted() -> None:

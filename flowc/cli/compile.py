@@ -24,6 +24,10 @@ from flowc.cli.options import (
 from flowc.errors import InputError
 from flowc.formatting import dims_text
 
+# The oldest CUDA architecture --arch takes: Maxwell, the oldest CUDA 12 builds for (CUDA 13
+# starts at sm_75; its nvcc says so when the build asks for less).
+MIN_ARCH = 50
+
 
 @click.command(
     name="compile", short_help="Compile MODEL (ONNX or .flow) into a standalone C++ project."
@@ -62,16 +66,27 @@ def compile_cmd(
     import re
     import shlex
 
-    from flowc.codegen.cpp import is_c_ident
+    from flowc.codegen.cpp import MAX_PREFIX, is_c_ident
     from flowc.codegen.project import check_project_dir
 
     # Everything the command line decides is checked before the (slow) model work.
-    if re.fullmatch(r"sm_[0-9]+", arch) is None:
-        raise InputError(f"--arch {arch}: expected sm_NN, e.g. sm_90")
+    number = re.fullmatch(r"sm_([0-9]{2,3})", arch)
+    if number is None or int(number.group(1)) < MIN_ARCH:
+        shown = arch if len(arch) <= 20 else arch[:17] + "..."
+        raise InputError(
+            f"--arch {shown}: expected a CUDA architecture sm_NN from sm_{MIN_ARCH}, e.g. sm_90",
+            hint="sm_80 for an A100, sm_90 for an H100 or H200 (nvcc --list-gpu-arch lists "
+            "those your CUDA builds for)",
+        )
     if prefix is not None and not is_c_ident(prefix):
         raise InputError(
-            f"--prefix {prefix!r} is not a C identifier",
+            f"--prefix {prefix[:40]!r} is not a C identifier",
             hint="use ASCII letters, digits and underscores, not starting with a digit",
+        )
+    if prefix is not None and len(prefix) > MAX_PREFIX:
+        raise InputError(
+            f"--prefix: {len(prefix)} characters; a prefix has at most {MAX_PREFIX}",
+            hint="it names the library file, lib<prefix>_model.so, and a file name holds 255 bytes",
         )
     check_project_dir(project, force)
     popts = parallel_settings(model, parallel)
@@ -95,7 +110,7 @@ def compile_model(
 ) -> None:
     """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
     verify share. --print-pass-times prints every stage's time at the end."""
-    from flowc.codegen.cpp import c_ident
+    from flowc.codegen.cpp import MAX_PREFIX, c_ident
     from flowc.compiler import PipelineSpec, StageTimes, compile_graph, compile_pipeline
 
     streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
@@ -156,7 +171,7 @@ def compile_model(
         compile_graph(
             result.physical.graph,
             project,
-            prefix=prefix or c_ident(logical.name),
+            prefix=prefix or c_ident(logical.name)[:MAX_PREFIX],
             physical=result.physical,
             streams=popts.stream_count(),
             cuda_graph=cuda_graph,

@@ -16,6 +16,10 @@ from flowc.cli.common import err, out, progress
 from flowc.cli.options import path_option, target_option
 from flowc.errors import FlowcError, InputError
 
+# The most worker processes --jobs starts (all of them at once: the pool forks them up
+# front), far more than the cases' builds could use.
+MAX_JOBS = 256
+
 
 @click.command(
     name="conformance", short_help="Run the ONNX node test cases through flowc (ref or host)."
@@ -60,8 +64,12 @@ def conformance(
     evaluates flowc's NumPy reference, `host` compiles, builds and runs on the host."""
     from flowc import conformance as conf
 
-    if jobs < 1:
-        raise InputError(f"--jobs {jobs}: expected at least 1")
+    if not 1 <= jobs <= MAX_JOBS:
+        shown = str(jobs) if abs(jobs) < 10**12 else f"{str(jobs)[:12]}..."
+        raise InputError(
+            f"--jobs {shown}: expected a number of processes from 1 to {MAX_JOBS}",
+            hint=f"this machine has {os.cpu_count() or 1} CPUs",
+        )
     if group_size < 1:
         raise InputError(f"--group-size {group_size}: expected at least 1")
     full = pattern is None

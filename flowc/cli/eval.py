@@ -29,6 +29,7 @@ from flowc.cli.options import (
     parallel_options,
     seed_option,
 )
+from flowc.errors import InputError
 
 
 @click.command(name="eval", short_help="Evaluate MODEL with flowc's NumPy reference into OUT.npz.")
@@ -53,6 +54,12 @@ def eval_cmd(
     from flowc.interpreter import evaluate
 
     output = check_output_path(output)
+    if parallel.pipeline is not None:
+        raise InputError(
+            "--pipeline: flowc eval does not simulate pipeline stages",
+            hint="leave out --pipeline (the stages compute the same outputs), or build and "
+            "run the pipeline with flowc verify --pipeline P",
+        )
     popts = parallel_settings(model, parallel)
     random_seed = seed if random_inputs else None
     if popts is not None:

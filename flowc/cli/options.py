@@ -13,30 +13,52 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from flowc.errors import InputError
+from flowc.ir.types import MAX_MESH_DEVICES, MAX_MICROBATCHES
 
 F = TypeVar("F", bound=Callable[..., Any])
 Decorator = Callable[[F], F]
+
+# The most branch-and-bound nodes --search-nodes may give: HiGHS counts them in a C int.
+MAX_SEARCH_NODES = (1 << 31) - 1
 
 
 # -- parsing option values ---------------------------------------------------------------------
 
 
+def _shown(text: str) -> str:
+    """A value as an error message quotes it: a 400-digit number is cut short."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
 def parse_dims(text: str, what: str) -> tuple[int, ...]:
+    from flowc.ir.builder import MAX_ELEMENTS
+    from flowc.ir.types import MAX_RANK
+
     parts = text.lower().replace(",", "x").split("x") if text else []
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         raise InputError(
-            f"{what}: {text!r} is not a shape", hint="write dims as 1x3x224x224"
+            f"{what}: {_shown(text)} is not a shape", hint="write dims as 1x3x224x224"
         ) from None
     if any(d < 0 for d in dims):
-        raise InputError(f"{what}: {text!r} has a negative dimension")
+        raise InputError(f"{what}: {_shown(text)} has a negative dimension")
+    if len(dims) > MAX_RANK:
+        raise InputError(
+            f"{what}: {len(dims)} dimensions; flowc holds tensors of rank at most {MAX_RANK}"
+        )
+    if any(d > MAX_ELEMENTS for d in dims):
+        raise InputError(
+            f"{what}: {_shown(text)} has a dimension above {MAX_ELEMENTS}, more elements than "
+            "flowc supports"
+        )
     return dims
 
 
@@ -53,6 +75,8 @@ def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
+    from flowc.ir.builder import MAX_ELEMENTS
+
     dims = {}
     for item in items:
         name, sep, value = item.rpartition("=")
@@ -61,19 +85,38 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
         try:
             dims[name] = int(value)
         except ValueError:
-            raise InputError(f"--dim {item!r}: {value!r} is not an integer") from None
+            raise InputError(f"--dim {_shown(item)}: {_shown(value)} is not an integer") from None
         if dims[name] < 1:
-            raise InputError(f"--dim {item!r}: a dimension must be at least 1")
+            raise InputError(f"--dim {_shown(item)}: a dimension must be at least 1")
+        if dims[name] > MAX_ELEMENTS:
+            raise InputError(
+                f"--dim {_shown(item)}: a dimension above {MAX_ELEMENTS}, more elements than "
+                "flowc supports"
+            )
     return dims
 
 
+# The largest byte count an option takes: what an int64 (the generated program's sizes and
+# offsets) holds.
+MAX_BYTES = (1 << 63) - 1
+
+
 def parse_bytes(text: str, what: str) -> int:
-    """``1000000``, ``64MiB``, ``1.5GB``, ``512k`` -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", text.lower())
+    """``1000000``, ``64MiB``, ``1.5GB``, ``512k`` -> bytes (exactly: no float rounding),
+    at most MAX_BYTES."""
+    m = re.fullmatch(r"\s*([0-9]{1,4000}(?:\.[0-9]{1,4000})?)\s*([kmgt]?)(i?)b?\s*", text.lower())
     if m is None:
-        raise InputError(f"{what} {text!r}: expected a byte count like 1000000, 64MiB or 1.5GB")
+        raise InputError(
+            f"{what} {_shown(text)}: expected a byte count like 1000000, 64MiB or 1.5GB"
+        )
     scale = (1024 if m.group(3) else 1000) ** "_kmgt".index(m.group(2) or "_")
-    return int(float(m.group(1)) * scale)
+    count = int(Fraction(m.group(1)) * scale)
+    if count > MAX_BYTES:
+        raise InputError(
+            f"{what} {_shown(text)}: more than {MAX_BYTES} bytes (8 EiB), the most flowc "
+            "can address"
+        )
+    return count
 
 
 # -- option groups -----------------------------------------------------------------------------
@@ -314,6 +357,7 @@ def parallel_options(fn: F) -> F:
                 "Branch-and-bound nodes the placement search may use (a work limit: the same "
                 "plan on any machine; default 2000).",
                 low=0,
+                high=MAX_SEARCH_NODES,
             ),
             count_option(
                 "--pipeline",
@@ -322,6 +366,7 @@ def parallel_options(fn: F) -> F:
                 "--mesh PxK: K per stage); the cuts come from --stage-boundary, the program's "
                 "stage blocks, or the partition balancing the stages.",
                 low=1,
+                high=MAX_MESH_DEVICES,
             ),
             count_option(
                 "--microbatches",
@@ -329,6 +374,7 @@ def parallel_options(fn: F) -> F:
                 "With --pipeline: split the batch (axis 0) into M micro-batches that stream "
                 "through the stages.",
                 low=1,
+                high=MAX_MICROBATCHES,
                 default=1,
             ),
             text_option(
@@ -357,8 +403,16 @@ def input_option(help: str = "An input array.") -> Decorator[Any]:
 
 
 def seed_option(help: str) -> Decorator[Any]:
-    """--seed N (default 0) for the seeded random inputs."""
-    return click.option("--seed", default=0, show_default=True, help=help)
+    """--seed N (default 0) for the seeded random inputs: NumPy takes seeds from 0, and
+    flowc at most 2**64 - 1."""
+    return click.option(
+        "--seed",
+        type=click.IntRange(0, (1 << 64) - 1),
+        default=0,
+        show_default=True,
+        metavar="N",
+        help=help,
+    )
 
 
 def output_option(

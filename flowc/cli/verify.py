@@ -3,6 +3,7 @@ independent reference (onnxruntime; the NumPy reference for a .flow program)."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -65,6 +66,11 @@ def verify(
     from flowc.harness.ort import run_onnxruntime
 
     path = model.path
+    if tol is not None and not 0 <= tol < math.inf:  # nan too
+        raise InputError(
+            f"--tol {tol}: expected an error bound of 0 or more",
+            hint="e.g. --tol 1e-4 (max|got-ref| / max|ref|)",
+        )
     if path.suffix.lower() not in (".onnx", ".flow"):
         raise InputError(f"{path}: verify takes an .onnx model or a .flow program")
     if path.suffix.lower() == ".onnx":

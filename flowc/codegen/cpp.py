@@ -105,6 +105,11 @@ def cmake_string(text: str) -> str:
     return f'"{s}"'
 
 
+# The longest symbol prefix: it names the project's library, lib<prefix>_model.so, and
+# CMake's <prefix>_model.dir beside it, and a file name holds 255 bytes.
+MAX_PREFIX = 200
+
+
 def is_c_ident(text: str) -> bool:
     """Whether ``text`` is a C identifier (ASCII letters, digits, underscores)."""
     return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) is not None

@@ -31,6 +31,7 @@ from flowc import __version__
 from flowc.codegen.cpp import (
     BLOCK,
     MAX_GRID,
+    MAX_PREFIX,
     CodegenError,
     c_comment,
     c_float,
@@ -883,4 +884,10 @@ def _prefix(prefix: str | None, graph: Graph) -> str:
             f"--prefix {prefix!r} is not a C identifier",
             hint="use letters, digits and underscores, not starting with a digit",
         )
-    return (prefix or c_ident(graph.name)) + "_"
+    if prefix is not None and len(prefix) > MAX_PREFIX:
+        raise CodegenError(
+            f"--prefix: {len(prefix)} characters; a prefix has at most {MAX_PREFIX} (it names "
+            f"the library file lib<prefix>_model.so)",
+        )
+    # A model's name may be longer than a file name holds: its prefix is cut short.
+    return (prefix or c_ident(graph.name)[:MAX_PREFIX]) + "_"

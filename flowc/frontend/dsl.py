@@ -21,7 +21,7 @@ import json
 import operator
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +32,20 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from flowc.errors import FlowcError
 from flowc.frontend.files import check_regular_file
+from flowc.frontend.npy import load_npz
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value, make_splat
 from flowc.ir.layout import fits, split_factor
-from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
+from flowc.ir.types import (
+    MAX_MESH_DEVICES,
+    MAX_RANK,
+    Mesh,
+    NdSbp,
+    Sbp,
+    TensorType,
+    mesh_size_problem,
+)
 from flowc.ir.verify import verify_graph
 from flowc.ops.registry import all_ops, get_op, op_by_dsl_name
 from flowc.resources import grammar_file
@@ -183,8 +192,7 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+            return load_npz(path, f"weights file {path}", FlowcError)
         if suffix == ".safetensors":
             try:
                 from safetensors.numpy import load_file
@@ -251,6 +259,7 @@ class _Reader:
         self.weights_declared = False
         self.stage: int | None = None
         self.counter = 0
+        self.loads = False  # whether a param is load(...)ed: what a weights file is for
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -317,6 +326,12 @@ class _Reader:
                 else "types: " + ", ".join(shorts),
             ) from None
         shape = [] if dims is None else [self.integer(d.children[0]) for d in dims.children]
+        if len(shape) > MAX_RANK:
+            raise self.fail(
+                t,
+                f"a tensor of rank {len(shape)}: flowc holds tensors of rank at most {MAX_RANK}",
+                hint="merge axes with reshape",
+            )
         for d, node in zip(shape, dims.children if dims is not None else [], strict=True):
             if d < 0:
                 raise self.fail(node, f"dimension {d} is negative")
@@ -485,8 +500,9 @@ class _Reader:
         if t.data == "mesh_decl":
             name_t, dims = t.children
             shape = tuple(self.integer(d.children[0]) for d in dims.children)
-            if any(d < 1 for d in shape):
-                raise self.fail(t, f"mesh axes need at least one device, got {list(shape)}")
+            problem = mesh_size_problem(shape)
+            if problem is not None:
+                raise self.fail(t, problem)
             if self.mesh is not None:
                 raise self.fail(t, "the mesh is declared twice")
             self.mesh = Mesh(self.new_name(name_t), shape)
@@ -514,6 +530,7 @@ class _Reader:
     def initializer(self, t: Tree, name: str, ttype: TensorType) -> np.ndarray:
         np_dtype = ttype.dtype.np
         if t.data == "init_load":
+            self.loads = True
             key = self.string(t.children[0])
             if self.weights is None:
                 raise self.fail(
@@ -666,6 +683,9 @@ class _Reader:
         except (TypeError, ValueError, IndexError, ArithmeticError) as e:
             # An op's type inference assumes attributes of the kinds ONNX gives (an int
             # axis, a list of ints); a program can write anything (axis=[1, 2], perm="ab").
+            wrong = attribute_kind_problem(op, attrs)
+            if wrong is not None:
+                raise self.fail(where, f"{opdef.dsl_name}: {wrong}") from None
             raise self.fail(
                 where,
                 f"{opdef.dsl_name} cannot take these inputs and attributes: {e}",
@@ -825,6 +845,13 @@ class _Reader:
             if self.stage is not None:
                 raise self.fail(t, "stages do not nest")
             self.stage = self.integer(t.children[0])
+            if self.stage >= MAX_MESH_DEVICES:
+                # stage s runs on mesh axis 0's device s
+                raise self.fail(
+                    t.children[0],
+                    f"stage {self.stage}: a pipeline has at most {MAX_MESH_DEVICES} stages, "
+                    f"numbered from 0",
+                )
             for s in t.children[1:]:
                 if isinstance(s, Tree) and s.data == "return_stmt":
                     raise self.fail(s, "return belongs after the stages, not inside one")
@@ -923,6 +950,63 @@ def known_attributes(op: str) -> frozenset[str]:
     return frozenset(names)
 
 
+# What an attribute holds, by the type of its registry default or its ONNX schema type.
+_KIND_OF_DEFAULT = {int: "int", float: "float", str: "string", tuple: "ints"}
+_KIND_OF_SCHEMA = {
+    "FLOAT": "float",
+    "INT": "int",
+    "STRING": "string",
+    "TENSOR": "tensor",
+    "FLOATS": "floats",
+    "INTS": "ints",
+    "STRINGS": "strings",
+}
+_KIND_TEXT = {
+    "int": "an integer",
+    "float": "a number",
+    "string": "a string",
+    "tensor": "a tensor(...)",
+    "ints": "a list of integers",
+    "floats": "a list of numbers",
+    "strings": "a list of strings",
+}
+
+
+def _is_kind(v: Any, kind: str) -> bool:
+    if kind in ("ints", "floats", "strings"):
+        return isinstance(v, (list, tuple)) and all(_is_kind(x, kind[:-1]) for x in v)
+    if kind == "int":
+        return isinstance(v, (int, np.integer))
+    if kind == "float":
+        return isinstance(v, (int, float, np.integer, np.floating))
+    if kind == "string":
+        return isinstance(v, str)
+    return isinstance(v, np.ndarray)
+
+
+def attribute_kind_problem(op: str, attrs: Mapping[str, Any]) -> str | None:
+    """Which attribute in ``attrs`` is not of the kind ``op`` takes (an integer, a list of
+    integers, ...), said in words; None when each one is, or its kind is not known."""
+    import onnx.defs
+
+    defaults = get_op(op).attrs
+    schema = onnx.defs.get_schema(op).attributes if onnx.defs.has(op) else {}
+    for key, v in attrs.items():
+        default = defaults.get(key)
+        kind = _KIND_OF_DEFAULT.get(type(default))
+        if isinstance(default, tuple) and not (default and _is_kind(default, "ints")):
+            kind = None  # () or a tuple of floats: leave it to the schema
+        if kind is None and key in schema:
+            kind = _KIND_OF_SCHEMA.get(getattr(schema[key].type, "name", ""))
+        if kind is None or _is_kind(v, kind):
+            continue
+        shown = "a tensor" if isinstance(v, np.ndarray) else repr(v)
+        if len(shown) > 40:
+            shown = shown[:37] + "..."
+        return f"attribute {key!r} takes {_KIND_TEXT[kind]}, got {shown}"
+    return None
+
+
 def _required(t: Tree | None) -> Tree:
     assert t is not None, "the grammar requires a type here"
     return t
@@ -990,9 +1074,17 @@ def parse_program(
     tree = parse_tree(src)
     reader = _Reader(src, Path(weights) if weights is not None else None, Path(base_dir or "."))
     try:
-        return reader.program(tree)
+        graph = reader.program(tree)
     except RecursionError:
         raise src.error(1, 1, "the program nests too deeply") from None
+    if weights is not None and not reader.loads:
+        # Weights nobody reads are a mistake (another program meant, a load() forgotten),
+        # not something to drop silently.
+        raise DslError(
+            f"{path}: weights {weights} are given, but the program loads no parameter",
+            hint='leave out --weights, or declare the params it holds: param w: f32[...] = load("w")',
+        )
+    return graph
 
 
 def load_program(

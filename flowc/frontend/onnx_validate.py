@@ -25,10 +25,13 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from flowc.errors import ModelLoadError, ShapeError
 from flowc.ir.builder import MAX_ELEMENTS
 from flowc.ir.dtype import DType
+from flowc.ir.types import MAX_RANK
 
 # A sparse tensor is made dense at import; past this many bytes the dense form is refused
 # (a sparse initializer of a few bytes may declare a dense shape of terabytes).
 MAX_DENSE_SPARSE_BYTES = 1 << 30
+# OperatorSetIdProto.version is an int64, but onnx's schema lookup takes an int32.
+MAX_OPSET_VERSION = (1 << 31) - 1
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 _A = AttributeProto
@@ -78,6 +81,10 @@ def element_type(code: int, what: str) -> DType:
 
 
 def element_count(dims: Sequence[int], what: str) -> int:
+    if len(dims) > MAX_RANK:
+        raise ModelLoadError(
+            f"{what} has rank {len(dims)}; flowc holds tensors of rank at most {MAX_RANK}"
+        )
     n = 1
     for k, d in enumerate(dims):
         if d < 0:
@@ -209,6 +216,12 @@ def _opsets(imports: Iterable[onnx.OperatorSetIdProto], what: str) -> dict[str, 
             raise ModelLoadError(
                 f"{what} imports opset version {o.version} of domain {domain or 'ai.onnx'!r}; "
                 "versions start at 1"
+            )
+        if o.version > MAX_OPSET_VERSION:
+            raise ModelLoadError(
+                f"{what} imports opset version {o.version} of domain {domain or 'ai.onnx'!r}; "
+                f"ONNX numbers opset versions up to {MAX_OPSET_VERSION} (a 32-bit int)",
+                hint="the file may be corrupt, or the exporter wrote a wrong version",
             )
         key = "" if domain in _ONNX_DOMAINS else domain
         if key in out and out[key] != o.version:

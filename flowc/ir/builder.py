@@ -16,7 +16,7 @@ import numpy as np
 
 from flowc.errors import FlowcWarning, InputError, ShapeError
 from flowc.ir.graph import Attrs, Graph, Value, compact_constant, is_splat, make_splat
-from flowc.ir.types import TensorType
+from flowc.ir.types import MAX_RANK, TensorType
 from flowc.ops.registry import InferCtx, OpDef, get_op
 
 
@@ -175,6 +175,12 @@ class GraphBuilder:
             raise ShapeError(f"{where}: has {olo}..{ohi} outputs, got {n_out}")
         types = self.infer(op, ins, frozen, n_out, name)
         for k, t in enumerate(types):
+            if t.rank > MAX_RANK:
+                raise ShapeError(
+                    f"{where}: output {k} would have rank {t.rank}; flowc holds tensors of rank "
+                    f"at most {MAX_RANK}",
+                    hint="check the shapes and the shape inputs the model gives this node",
+                )
             if t.numel > MAX_ELEMENTS or any(d > MAX_ELEMENTS for d in t.shape):
                 raise ShapeError(
                     f"{where}: output {k} would have shape {list(t.shape)} ({t.numel} elements), "

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from flowc.ir.dtype import DType
 
+# The highest rank of a tensor: NumPy's limit (its reference interpreter and every constant
+# are NumPy arrays), refused where a model is read.
+MAX_RANK = 64
+
 
 @dataclass(frozen=True)
 class TensorType:
@@ -44,17 +48,48 @@ class TensorType:
         return f"{self.dtype.short}[{', '.join(str(d) for d in self.shape)}]"
 
 
+# The most devices a mesh may hold, the product of its axes (and so the most pipeline
+# stages, mesh axis 0): the compiler lays out, writes and simulates every rank's program.
+MAX_MESH_DEVICES = 1 << 16
+# The most micro-batches of a pipeline: each stage's program unrolls them all at compile
+# time (the two-stage MLP of 65,536 rows: 1,024 in 3 s, 16,384 in 72 s, 65,536 in minutes).
+MAX_MICROBATCHES = 1 << 10
+# The most mesh axes: the placement search weighs every nd-SBP of every value, a number
+# exponential in the axes (the transformer example: 1 s on 2 axes, 27 s on 3, minutes and
+# gigabytes on 4 or 5). Three hold a pipeline over a 2-D (data x tensor) stage mesh.
+MAX_MESH_AXES = 3
+
+
+def mesh_size_problem(shape: tuple[int, ...]) -> str | None:
+    """Why a mesh of ``shape`` cannot be (no axis, more than MAX_MESH_AXES, an axis below 1,
+    more devices than MAX_MESH_DEVICES), or None; ``shape`` may hold integers of any size."""
+    if not shape:
+        return "a mesh needs at least one axis"
+    if len(shape) > MAX_MESH_AXES:
+        return f"the mesh has {len(shape)} axes; flowc supports at most {MAX_MESH_AXES}"
+    if any(d < 1 for d in shape):
+        return f"mesh axes need at least one device, got {list(shape)}"
+    devices = math.prod(shape)
+    if devices > MAX_MESH_DEVICES:
+        # (a product of thousands of digits has no str())
+        count = str(devices) if devices < 10**30 else "more than 10^30"
+        return f"the mesh has {count} devices; flowc supports at most {MAX_MESH_DEVICES}"
+    return None
+
+
 @dataclass(frozen=True)
 class Mesh:
-    """A named, shaped grid of devices, e.g. ``gpus[2, 2]``."""
+    """A named, shaped grid of devices, e.g. ``gpus[2, 2]``: at most MAX_MESH_DEVICES."""
 
     name: str
     shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if not self.shape or any(int(d) < 1 for d in self.shape):
-            raise ValueError(f"mesh {self.name!r} needs positive axis sizes, got {self.shape}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        shape = tuple(int(d) for d in self.shape)
+        problem = mesh_size_problem(shape)
+        if problem is not None:
+            raise ValueError(f"mesh {self.name!r}: {problem}")
+        object.__setattr__(self, "shape", shape)
 
     @property
     def ndim(self) -> int:

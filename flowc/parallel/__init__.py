@@ -17,7 +17,7 @@ from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
 from flowc.ir.layout import fits
 from flowc.ir.names import did_you_mean
-from flowc.ir.types import Mesh, NdSbp, Sbp
+from flowc.ir.types import Mesh, NdSbp, Sbp, mesh_size_problem
 from flowc.parallel.cost import PlanCost, Profile
 from flowc.parallel.lower import Physical
 from flowc.parallel.plan import Plan
@@ -26,13 +26,22 @@ METHODS = ("auto", "data", "none")
 
 
 def parse_mesh(text: str) -> Mesh:
-    """``4`` or ``2x4`` (also ``2,4``) -> Mesh."""
-    parts = re.split(r"[x,]", text.strip().lower())
-    if not parts or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+    """``4`` or ``2x4`` (also ``2,4``) -> Mesh, of at most MAX_MESH_DEVICES devices."""
+    parts = [p.strip() for p in re.split(r"[x,]", text.strip().lower())]
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    # ASCII digits only (str.isdigit takes superscripts), and few enough for int()
+    if not all(re.fullmatch(r"[0-9]{1,4300}", p) and int(p) >= 1 for p in parts):
         raise InputError(
-            f"--mesh {text!r}: expected device counts per mesh axis, like 4 or 2x4",
+            f"--mesh {shown!r}: expected device counts per mesh axis, like 4 or 2x4",
         )
-    return Mesh("gpus", tuple(int(p) for p in parts))
+    shape = tuple(int(p) for p in parts)
+    problem = mesh_size_problem(shape)
+    if problem is not None:
+        raise InputError(
+            f"--mesh {shown!r}: {problem}",
+            hint="give the devices the program runs on, e.g. --mesh 8 or --mesh 2x4",
+        )
+    return Mesh("gpus", shape)
 
 
 _ONE = re.compile(r"^\s*(?:S\s*\(\s*(\d+)\s*\)|S\s*(\d+)|(B)|(P))\s*$", re.IGNORECASE)

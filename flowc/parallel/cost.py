@@ -78,6 +78,18 @@ class Profile:
         return self.mesh_axis.get(axis, self.link)
 
 
+# What a profile's numbers may be. Rates (FLOP/s, bytes/s) and times (seconds) far past any
+# machine's keep every modeled time finite and ordered (a rate of 1e-300 or a time of 1e308
+# overflows sums to inf, and the schedule's simulation cannot order infinite times); the
+# counts are whole numbers the simulator divides by, the workspace a byte count the arena
+# holds per stream.
+RATE_BOUNDS = (1.0, 1e21)
+SECONDS_BOUNDS = (1e-12, 3600.0)
+MAX_SMS = 1 << 16
+MAX_BLOCKS_PER_SM = 1 << 10
+MAX_WORKSPACE = 1 << 40
+
+
 def load_profile(path: str | Path | None = None) -> Profile:
     """Read a cost profile; None gives the shipped H200 NVLink profile."""
     p = Path(path) if path is not None else DEFAULT_PROFILE
@@ -98,7 +110,7 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
             raise InputError(f"cost profile {path}: missing table [{key}]", hint=hint)
         return t
 
-    def number(t: dict[str, Any], key: str, where: str) -> float:
+    def number(t: dict[str, Any], key: str, where: str, bounds: tuple[float, float]) -> float:
         v = t.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise InputError(
@@ -106,19 +118,35 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
                 + ("" if v is None else f", got {v!r}"),
                 hint=hint,
             )
-        if not math.isfinite(v) or v <= 0:
+        lo, hi = bounds
+        if not lo <= v <= hi:  # nan too
             raise InputError(
-                f"cost profile {path}: [{where}] {key} must be > 0, got {v}", hint=hint
+                f"cost profile {path}: [{where}] {key} must be a number from {lo:g} to {hi:g}, "
+                f"got {v:g}",
+                hint=hint,
             )
         return float(v)
 
+    def whole(t: dict[str, Any], key: str, where: str, lo: int, hi: int, unit: str) -> int:
+        # A count is not rounded: sms = 0.5 is a mistake, not 0 (or 1) SMs.
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InputError(
+                f"cost profile {path}: [{where}] {key} must be a whole number of {unit} from "
+                f"{lo} to {hi}, got {v!r}",
+                hint=hint,
+            )
+        return v
+
     def rates(key: str) -> dict[str, float]:
         t = table(key)
-        number(t, "default", key)
-        return {k: number(t, k, key) for k in t}
+        number(t, "default", key, RATE_BOUNDS)
+        return {k: number(t, k, key, RATE_BOUNDS) for k in t}
 
     def link(t: dict[str, Any], where: str) -> Link:
-        return Link(number(t, "alpha", where), number(t, "bandwidth", where))
+        return Link(
+            number(t, "alpha", where, SECONDS_BOUNDS), number(t, "bandwidth", where, RATE_BOUNDS)
+        )
 
     compute, matmul = rates("compute"), rates("matmul")
     memory = table("memory")
@@ -127,7 +155,7 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
         raise InputError(f"cost profile {path}: mesh_axis must be a table", hint=hint)
     axes: dict[int, Link] = {}
     for k, t in overrides.items():
-        if not k.isdigit() or not isinstance(t, dict):
+        if not (k.isascii() and k.isdigit() and len(k) <= 9) or not isinstance(t, dict):
             raise InputError(
                 f"cost profile {path}: [mesh_axis.{k}] must be a table named by a mesh axis "
                 "number, e.g. [mesh_axis.0]",
@@ -138,26 +166,23 @@ def _parse_profile(data: dict[str, Any], path: Path, hint: str) -> Profile:
     if not isinstance(device, dict):
         raise InputError(f"cost profile {path}: [device] must be a table", hint=hint)
     extra: dict[str, Any] = {}
-    for key in ("sms", "blocks_per_sm"):
-        if key in device:
-            extra[key] = int(number(device, key, "device"))
+    if "sms" in device:
+        extra["sms"] = whole(device, "sms", "device", 1, MAX_SMS, "streaming multiprocessors")
+    if "blocks_per_sm" in device:
+        extra["blocks_per_sm"] = whole(
+            device, "blocks_per_sm", "device", 1, MAX_BLOCKS_PER_SM, "blocks"
+        )
     if "workspace" in device:
-        w = device["workspace"]
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise InputError(
-                f"cost profile {path}: [device] workspace must be a byte count >= 0, got {w!r}",
-                hint=hint,
-            )
-        extra["workspace"] = w
+        extra["workspace"] = whole(device, "workspace", "device", 0, MAX_WORKSPACE, "bytes")
     if "event_overhead" in device:
-        extra["event_overhead"] = number(device, "event_overhead", "device")
+        extra["event_overhead"] = number(device, "event_overhead", "device", SECONDS_BOUNDS)
     return Profile(
         **extra,
         name=str(data.get("name", path.stem)),
         compute=compute,
         matmul=matmul,
-        memory_bandwidth=number(memory, "bandwidth", "memory"),
-        launch_overhead=number(memory, "launch_overhead", "memory"),
+        memory_bandwidth=number(memory, "bandwidth", "memory", RATE_BOUNDS),
+        launch_overhead=number(memory, "launch_overhead", "memory", SECONDS_BOUNDS),
         link=link(table("collective"), "collective"),
         mesh_axis=axes,
     )

@@ -70,7 +70,7 @@ from flowc.ir.layout import (
     nd_sbps,
     shard,
 )
-from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
+from flowc.ir.types import MAX_MICROBATCHES, Mesh, NdSbp, Sbp, TensorType
 from flowc.ir.verify import verify_graph
 from flowc.parallel.boxing import LOCAL_SLICE
 from flowc.parallel.cost import Link, Profile, boxing_time, evaluate_plan
@@ -95,8 +95,10 @@ class Microbatched:
 
 
 def microbatch_graph(graph: Graph, microbatches: int, profile: Profile) -> Microbatched:
-    if microbatches < 1:
-        raise InputError(f"--microbatches {microbatches}: expected at least 1")
+    if not 1 <= microbatches <= MAX_MICROBATCHES:
+        raise InputError(
+            f"--microbatches {microbatches}: expected a count from 1 to {MAX_MICROBATCHES}"
+        )
     if microbatches == 1:
         return Microbatched(
             graph, [v.type.nbytes for v in graph.inputs], [v.type.nbytes for v in graph.outputs]
