@@ -5,16 +5,20 @@ A case is ``(generator, seed)``; ``make_case`` turns it into a model file's byte
 deterministically, so a failure reproduces from its seed alone. Generators:
 
 * ``onnx``: seeded mutations of real models (the shared test models, the example model) and
-  of small built models (one op family each), at the protobuf level (dims, dtypes, names,
-  attribute types and values, initializer lengths, sparse initializers, Constant data,
-  opsets, cycles, missing inputs, local functions, op types) and at the byte level.
-* ``dsl``: mutations of DSL programs, huge shapes in fills and shape ops included.
+  of small built models (one op family each), at the protobuf level (dims and ranks past
+  64, dtypes, names, attribute types and values, initializer lengths, sparse initializers,
+  Constant data, opset versions past an int32, cycles, missing inputs, local functions, op
+  types) and at the byte level.
+* ``dsl``: mutations of DSL programs, huge shapes in fills and shape ops included, and
+  meshes, stage numbers and ranks past flowc's bounds.
 
 ``run_cases`` runs each case in a forked child of the calling process (the imports are
 paid once, a fork costs milliseconds) under an address-space limit and a wall-clock
-timeout. A case must end in acceptance (import, compile passes, code generation and random
-inputs all succeed) or a FlowcError with exit code 2; anything else is an internal error, a
-crash (the child died on a signal), a hang, or memory (a MemoryError, or the limit hit).
+timeout. A case must end in acceptance (import, random inputs, the reference interpreter
+where the graph is small, compile passes and code generation all succeed: what `flowc eval`
+and `flowc compile` do) or a FlowcError with exit code 2; anything else is an internal
+error, a crash (the child died on a signal), a hang, or memory (a MemoryError, or the limit
+hit).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
+from flowc.ir.graph import Graph
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_MODELS = REPO.parent / "shared" / "models"
@@ -265,6 +271,10 @@ def onnx_seeds() -> list[Seed]:
 # -- ONNX mutations ---------------------------------------------------------------------------
 
 DIMS = [-1, 0, -7, 1, 3, 2**31, 2**40, 2**62, 2**63 - 1]
+RANKS = [9, 33, 64, 65, 100]
+# Opset versions: ONNX's, and past them up to the field's int64 (the schema lookup's int32)
+OPSETS = [1, 5, 7, 9, 11, 13, 15, 17, 18, 19, 21, 22, 23, 24, 30, 0, -1]
+OPSETS += [2**31 - 1, 2**31, 2**40, 2**63 - 1]
 DTYPES = [0, 1, 2, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 19, 21, 22, 23, 25, 26, 40, 99, -3]
 INTS = [0, 1, -1, 2, 3, -5, 7, 64, 2**31, -(2**31), 2**62, 2**63 - 1, -(2**63)]
 FLOATS = [0.0, -1.0, 1e-5, 1e38, float("inf"), float("nan"), -0.5]
@@ -396,12 +406,17 @@ def mut_dim(rng: random.Random, m: onnx.ModelProto) -> str:
     dims = v.type.tensor_type.shape.dim
     d = rng.choice(dims)
     r = rng.random()
-    if r < 0.7:
+    if r < 0.65:
         d.dim_value = rng.choice(DIMS)
-    elif r < 0.8:
+    elif r < 0.75:
         d.dim_param = rng.choice(["", "batch", "seq", "zz"])
-    elif r < 0.9:
+    elif r < 0.85:
         dims.add().dim_value = rng.choice(DIMS)
+    elif r < 0.92:
+        # ranks past ONNX's usual ones, up to and past NumPy's limit of 64
+        for _ in range(rng.choice(RANKS) - len(dims)):
+            dims.add().dim_value = 1
+        return f"rank of {v.name} -> {len(dims)}"
     else:
         del dims[:]
     return f"dim of {v.name}"
@@ -651,14 +666,14 @@ def mut_opset(rng: random.Random, m: onnx.ModelProto) -> str:
     r = rng.random()
     if r < 0.6 and m.opset_import:
         o = rng.choice(m.opset_import)
-        o.version = rng.choice([1, 5, 7, 9, 11, 13, 15, 17, 18, 19, 21, 22, 23, 24, 30, 0, -1])
+        o.version = rng.choice(OPSETS)
         return f"opset {o.domain!r} -> {o.version}"
     if r < 0.8:
         del m.opset_import[:]
         return "no opset imports"
     o = m.opset_import.add()
     o.domain = rng.choice(["", "ai.onnx", "com.microsoft", "ai.onnx.ml", "weird"])
-    o.version = rng.choice([1, 17, 99])
+    o.version = rng.choice([1, 17, 99, 2**31, 2**63 - 1])
     return f"extra opset {o.domain!r}"
 
 
@@ -847,7 +862,16 @@ DSL_SEEDS = [
     "    return y\n}}\n",
     "graph g(x: f32[2]) -> (y: f32[{a}]) {{\n    param w: f32[{a}] = {init}\n"
     "    t = tile(w, [{b}])\n    y = reshape(t, [{a}])\n    return y\n}}\n",
+    # meshes, stages and ranks past what flowc holds
+    "mesh gpus[{mesh}]\ngraph g(x: f32[{a}, 4] @ S(0)) -> (y: f32[{a}, 4]) {{\n"
+    "    y = relu(x)\n    return y\n}}\n",
+    "graph g(x: f32[{a}, 4]) -> (y: f32[{a}, 4]) {{\n    stage {stage} {{\n"
+    "        h = relu(x)\n    }}\n    y = h * 2.0\n    return y\n}}\n",
+    "graph g(x: f32[{ones}]) -> (y: f32[{ones}]) {{\n    t = unsqueeze(x, [0])\n"
+    "    y = squeeze(t, [0])\n    return y\n}}\n",
 ]
+DSL_MESHES = ["2", "4", "65536", "65537", "2147483648", "2, 2", "2, 2, 2, 2", "1" * 40]
+DSL_RANKS = [1, 8, 63, 64, 65, 100]
 DSL_DIMS = [1, 2, 3, 7, 2**16, 2**24, 2**31, 2**31 + 1, 2**33, 2**40, 2**63 - 1, 0]
 DSL_INITS = ["zeros", "ones", "fill(2)", "normal(0.0, 1.0)", "uniform(0.5, 1.5)", "fill(nan)"]
 
@@ -874,6 +898,9 @@ def dsl_case(seed: int) -> Case:
             b=rng.choice(DSL_DIMS),
             v=rng.choice(["2", "0.5", "-1", "nan", "1e38"]),
             init=rng.choice(DSL_INITS),
+            mesh=rng.choice(DSL_MESHES),
+            stage=rng.choice([0, 1, 65535, 65536, 2**31]),
+            ones=", ".join(["1"] * rng.choice(DSL_RANKS)),
         )
         what = "template"
     else:
@@ -906,14 +933,22 @@ def make_case(gen: str, seed: int) -> Case:
 # -- checking one case ------------------------------------------------------------------------
 
 
+# The largest graph the check also evaluates, in FLOPs (the ops' cost model) and in the
+# bytes its nodes compute: the mutants of the small models, not the bigger real ones nor a
+# fill of gigabytes (milliseconds each, not seconds).
+EVAL_MAX_FLOPS = 50_000_000
+EVAL_MAX_BYTES = 64 << 20
+
+
 def check_file(path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str]:
-    """(outcome, message) of one model file: imported, compiled, code generated and given
-    random inputs, or a FlowcError of exit code 2, or else an internal error."""
+    """(outcome, message) of one model file: imported, given random inputs, evaluated by
+    the reference interpreter (`flowc eval`, where small), compiled and code generated, or
+    a FlowcError of exit code 2, or else an internal error."""
     from flowc.compiler import generate_program
     from flowc.errors import FlowcError
     from flowc.frontend import ImportOptions, load_graph
-    from flowc.interpreter import MAX_RANDOM_INPUT_BYTES, random_inputs
-    from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+    from flowc.interpreter import MAX_RANDOM_INPUT_BYTES, evaluate, random_inputs
+    from flowc.passes.manager import COMPILE_PIPELINE, DEFAULT_PIPELINE, PassManager
 
     try:
         with warnings.catch_warnings():
@@ -922,9 +957,14 @@ def check_file(path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str
             # Inputs past the bound must be refused before any is made; below it, making
             # them is checked only where that is quick.
             total = sum(v.type.nbytes for v in g.inputs)
+            feeds = None
             if total > MAX_RANDOM_INPUT_BYTES or total <= 16 << 20:
-                random_inputs(g)
-            g = PassManager(COMPILE_PIPELINE).run(g)
+                feeds = random_inputs(g)
+            # What `flowc eval` runs, then the rest of what `flowc compile` runs.
+            g = PassManager(DEFAULT_PIPELINE).run(g)
+            if feeds is not None and _small(g):
+                evaluate(g, feeds)
+            g = PassManager(COMPILE_PIPELINE[len(DEFAULT_PIPELINE) :]).run(g)
             generate_program(g)
     except FlowcError as e:
         if e.exit_code != 2:
@@ -937,6 +977,16 @@ def check_file(path: Path, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str
     except Exception:
         return "internal", traceback.format_exc()
     return "accepted", ""
+
+
+def _small(g: Graph) -> bool:
+    from flowc.ops.registry import get_op
+
+    computed = sum(o.type.nbytes for n in g.nodes for o in n.outputs)
+    return (
+        computed <= EVAL_MAX_BYTES
+        and sum(get_op(n.op).count_flops(n) for n in g.nodes) <= EVAL_MAX_FLOPS
+    )
 
 
 def warm_up() -> None:

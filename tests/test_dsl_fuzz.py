@@ -619,8 +619,9 @@ N_PIPELINE = 200
 
 def test_fuzz_dsl_mutants_compile_or_exit_2() -> None:
     """Mutated example programs and templates with huge shapes (fills, random params, expand,
-    tile, reshape) through import, the compile passes, code generation and random inputs,
-    each in a forked child under a 4 GiB address-space limit: every one ends in success or a
+    tile, reshape; meshes, stages and ranks past flowc's bounds) through import, random
+    inputs, the reference interpreter, the compile passes and code generation, each in a
+    forked child under a 4 GiB address-space limit: every one ends in success or a
     FlowcError of exit code 2, never an internal error, a MemoryError or a hang."""
     import fuzzing
 

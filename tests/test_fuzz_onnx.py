@@ -2,12 +2,14 @@
 runs them for longer).
 
 * The committed corpus (tests/fuzz_corpus/): one small model per defect found, each of which
-  once ended in an internal error (exit 70), a hang or an allocation of gigabytes; each must
-  now exit 2 with a message naming the culprit (cases.json: the command and that name).
+  once ended in an internal error (exit 70), a hang or an allocation of gigabytes (or, like
+  a mesh of 2**31 devices, tens of gigabytes of compile); each must now exit 2 with a
+  message naming the culprit (cases.json: the command and that name).
 * A fixed set of seeded mutants of the ONNX test models and of DSL programs, each in a
   forked child under a 4 GiB address-space limit and a 20 s timeout: every one must be
-  accepted (import, compile passes, code generation, random inputs) or rejected with a
-  FlowcError of exit code 2; no internal error, crash, hang or MemoryError.
+  accepted (import, random inputs, the reference interpreter where the graph is small,
+  compile passes, code generation) or rejected with a FlowcError of exit code 2; no
+  internal error, crash, hang or MemoryError.
 """
 
 from __future__ import annotations
