@@ -67,14 +67,20 @@ class Target:
     mode: int | None = None  # a replaced regular file's permission bits
 
 
-def _what(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    return "not a regular file, character device or FIFO"
+_KINDS = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def file_kind(mode: int) -> str:
+    """What a path is, for messages ("a FIFO (named pipe)"), from its ``st_mode``."""
+    return next((k for test, k in _KINDS if test(mode)), "not a regular file")
 
 
 def classify(path: Path | str, what: str | None = None) -> Target:
@@ -105,7 +111,7 @@ def classify(path: Path | str, what: str | None = None) -> Target:
         return Target(real, Kind.STREAM)
     shown = label if real == given.absolute() else f"{label} (-> {real})"
     raise OutputError(
-        f"{shown}: {_what(st.st_mode)}; flowc writes an output to a regular file, a character "
+        f"{shown}: {file_kind(st.st_mode)}; flowc writes an output to a regular file, a character "
         "device or a FIFO only",
         hint="choose a file path",
     )

@@ -308,11 +308,11 @@ def test_folders_sockets_and_block_devices_are_refused(
 
 
 def _special_kinds(path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
-    yield "a FIFO", lambda: os.mkfifo(path)
+    yield "a FIFO (named pipe)", lambda: os.mkfifo(path)
     yield "a symbolic link", lambda: path.symlink_to(path.with_name("elsewhere"))
-    yield "a folder", lambda: path.mkdir()
+    yield "a directory", lambda: path.mkdir()
     if ROOT:
-        yield "a device node", lambda: os.mknod(path, 0o666 | stat.S_IFCHR, NULL)
+        yield "a character device", lambda: os.mknod(path, 0o666 | stat.S_IFCHR, NULL)
 
 
 def test_special_files_in_a_project_are_never_replaced(
@@ -354,7 +354,7 @@ def test_a_project_folder_that_is_a_special_file_is_refused(
     out = tmp_path / "p"
     os.mkfifo(out)
     code, text = run_cli(["compile", str(tiny), "-o", str(out)], capsys)
-    assert code == 2 and "a FIFO, not a folder" in text, text
+    assert code == 2 and "a FIFO (named pipe), not a folder" in text, text
     assert stat.S_ISFIFO(out.lstat().st_mode)
     assert project.LOCK not in os.listdir(tmp_path)
 

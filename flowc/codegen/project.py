@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from flowc.atomic_file import file_kind
 from flowc.codegen.weights import WeightsLayout, header, same_file_bytes, write_weights_file
 from flowc.errors import FlowcError, FlowcWarning
 from flowc.resources import runtime_dir
@@ -217,7 +218,7 @@ def check_project_dir(out: Path, force: bool = False) -> OldProject:
         if not top.exists():
             what = "a broken link"
         else:
-            what = "a file" if top.is_file() else _kind(os.stat(top).st_mode)
+            what = "a file" if top.is_file() else file_kind(os.stat(top).st_mode)
         raise ProjectError(
             f"-o {out}: {top} is {what}, not a folder",
             hint="choose a path under an existing folder",
@@ -639,20 +640,6 @@ def open_project(out: Path, wait_s: float | None = None) -> Iterator[None]:
 # -- writing a project ----------------------------------------------------------------------------
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device node"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def _aside_name(out: Path, name: str, taken: set[str]) -> str:
     """``name.user-N`` with the first N not in use."""
     n = 1
@@ -712,7 +699,7 @@ def _plan(out: Path, old: OldProject, new: dict[str, bytes | WeightsLayout], for
                 made.add(folder)
                 continue
             if not stat.S_ISDIR(fst.st_mode):
-                user_thing(folder, f"{_kind(fst.st_mode)} where flowc needs a folder")
+                user_thing(folder, f"{file_kind(fst.st_mode)} where flowc needs a folder")
                 if force:
                     plan.steps.append(Step("mkdir", folder))
                 made.add(folder)
@@ -727,7 +714,7 @@ def _plan(out: Path, old: OldProject, new: dict[str, bytes | WeightsLayout], for
         if st is None:
             plan.steps.append(Step("put", name))
         elif not stat.S_ISREG(st.st_mode):
-            user_thing(name, f"{_kind(st.st_mode)} where flowc writes a file")
+            user_thing(name, f"{file_kind(st.st_mode)} where flowc writes a file")
             plan.steps.append(Step("put", name))
         elif isinstance(data, bytes) and st.st_size == len(data) and here.read_bytes() == data:
             continue  # the same bytes: nothing to do, whoever wrote them

@@ -12,15 +12,8 @@ import os
 import stat
 from pathlib import Path
 
+from flowc.atomic_file import file_kind
 from flowc.errors import FlowcError, ModelLoadError
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 def check_regular_file(
@@ -37,7 +30,7 @@ def check_regular_file(
         raise error(f"{what} {p}: cannot read it ({e.strerror or e})") from None
     if stat.S_ISREG(st.st_mode):
         return p
-    kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+    kind = file_kind(st.st_mode)
     target = ""
     if p.is_symlink():
         target = f" (a link to {os.path.realpath(p)})"
