@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 import operator
 import os
 import zlib
@@ -33,7 +34,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from flowc.errors import FlowcError
 from flowc.frontend.files import check_regular_file
 from flowc.frontend.npy import load_npz
-from flowc.ir.builder import GraphBuilder
+from flowc.ir.builder import MAX_ELEMENTS, GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Value, make_splat
 from flowc.ir.layout import fits, split_factor
@@ -335,6 +336,12 @@ class _Reader:
         for d, node in zip(shape, dims.children if dims is not None else [], strict=True):
             if d < 0:
                 raise self.fail(node, f"dimension {d} is negative")
+        if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+            raise self.fail(
+                t,
+                f"{dtype.short}{list(shape)} has more elements than flowc supports "
+                f"({MAX_ELEMENTS})",
+            )
         return TensorType(tuple(shape), dtype)
 
     def placement(self, t: Tree | None, ttype: TensorType, what: str) -> NdSbp | None:
