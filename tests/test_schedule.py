@@ -302,7 +302,7 @@ def test_profile_sets_the_workspace_and_a_memory_limit_caps_it(tmp_path: Path) -
         assert load_profile(f).workspace == expect
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace("workspace = 33554432", "workspace = -1"))
-    with pytest.raises(InputError, match="workspace must be a byte count"):
+    with pytest.raises(InputError, match="workspace must be a whole number of bytes"):
         load_profile(bad)
     p = load_profile()
     assert workspace_within(p, None) is p and workspace_within(p, 1 << 40) is p

@@ -411,7 +411,7 @@ def test_default_profile_numbers(profile: Profile) -> None:
         ("name = 'x'\n[memory\n", "not valid TOML"),
         ("[compute]\ndefault = 1e12\n", r"missing table \[matmul\]"),
         (None, r"\[collective\] needs a number 'alpha'"),
-        (None, r"\[memory\] bandwidth must be > 0"),
+        (None, r"\[memory\] bandwidth must be a number from 1 to 1e\+21, got -1"),
         ("[mesh_axis.first]\nalpha = 1\nbandwidth = 1\n", "named by a mesh axis number"),
     ],
 )
