@@ -222,3 +222,21 @@ def test_search_nodes_is_a_work_limit_the_printout_reports() -> None:
     assert r.returncode == 0, r.stderr
     assert "NOT PROVEN OPTIMAL" in r.stdout and "node limit 0 reached" in r.stdout
     assert_clean_error(flowc("inspect", model, "--search-nodes", "5"), "--search-nodes need")
+
+
+def test_input_npy_headers_are_checked_before_numpy_reads_them(tmp_path: Path) -> None:
+    """A dimension past int64 was an internal error (OverflowError), a call in the header
+    said "<ast.Call object at 0x...>"; both now say what the header holds."""
+    np.save(tmp_path / "ok.npy", np.ones((2, 3), np.float32))
+    header = (tmp_path / "ok.npy").read_bytes()
+    model = str(_bf16_model(tmp_path / "m.onnx"))
+    for name, shape, fragment in (
+        ("big", b"(99999999999999999999, 3)", "outside 0 to 9223372036854775807"),
+        ("call", b"(os.system('x'), 3)", "os.system('x')"),
+    ):
+        (tmp_path / f"{name}.npy").write_bytes(header.replace(b"(2, 3)", shape))
+        r = flowc(
+            "eval", model, "--input", f"z={tmp_path / f'{name}.npy'}", "--random-inputs",
+            "-o", str(tmp_path / "y.npz"),
+        )  # fmt: skip
+        assert_clean_error(r, "--input z", fragment)

@@ -87,18 +87,20 @@ def _split_input(item: str, names: Sequence[str]) -> tuple[str, str]:
 
 def _read_npy(path: str, name: str) -> np.ndarray:
     from flowc.frontend.files import check_regular_file
+    from flowc.frontend.npy import load_npy
 
     p = Path(path)
     if not p.exists():
         raise InputError(f"--input {name}: {p}: no such file")
     check_regular_file(p, f"--input {name}:", InputError)  # not a FIFO or /dev/zero
-    try:
-        a = np.load(p, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise InputError(f"--input {name}: {p} is not a readable .npy file ({e})") from None
-    if not isinstance(a, np.ndarray):
+    if zipfile.is_zipfile(p):
         raise InputError(f"--input {name}: {p} holds several arrays; give one .npy per input")
-    return a
+    try:
+        # The header is checked before NumPy reads it (dims past int64, a call in it, a
+        # shape larger than the file).
+        return load_npy(p, f"--input {name}: {p}")
+    except OSError as e:
+        raise InputError(f"--input {name}: {p} cannot be read ({e.strerror or e})") from None
 
 
 def as_declared_type(name: str, a: np.ndarray, specs: Sequence[Any]) -> np.ndarray:
