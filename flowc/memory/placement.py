@@ -33,10 +33,12 @@ have bytes.
    some time step's floor plus the bytes still to place there exceeds the target; when
    the buffer just placed has no unplaced buffer above it, its alternatives are not tried
    (a failure there is not its fault). Each decision "does everything fit in C bytes?" is
-   searched first for the capacity asked for (else for the lower bound), then for a
-   shrinking C (binary search between the highest C that failed and the best peak) while
-   the work limit lasts. Each decision tries several tie-break orders in turn with a node
-   limit that doubles (one order often finishes in a single dive where another thrashes).
+   searched first for the capacity asked for (else for the lower bound, given up early
+   when no dive gets near placing everything, then a ladder of C above it, the slack
+   halving, down to the first that fails), then for a shrinking C (binary search between
+   the highest C that failed and the best peak) while the work limit lasts. Each decision
+   tries several tie-break orders in turn with a node limit that doubles (one order often
+   finishes in a single dive where another thrashes).
    After each placement, the unplaced buffers that no longer share a time step split into
    groups searched one after the other, so a failing group never makes the search retry
    another group's choices (MiniMalloc's dynamic decomposition). Two strategies (dynamic
@@ -87,9 +89,9 @@ __all__ = [
     "write_offsets_csv",
 ]
 
-# Search nodes for place()'s default: at most about 6.5 s of CPython on each MiniMalloc
+# Search nodes for place()'s default: at most about 7 s of CPython on each MiniMalloc
 # instance (154-454 buffers; bench/minimalloc_bench.py on 2 cores, D without a capacity,
-# all of it at tight targets; most take under 2.5 s); no search at all where the greedy
+# all of it at tight targets; most take under 2.7 s); no search at all where the greedy
 # stage already reaches the bound.
 DEFAULT_WORK_LIMIT = 40_000
 
@@ -558,6 +560,8 @@ class _Search:
         ]
         self.ranks = [self._rank(keys, np.arange(m), None) for keys, _ in self.strategies]
         self.nodes = 0
+        # The most buffers the last _dfs had placed at once: how near its target it came.
+        self.deepest = 0
 
     def _rank(
         self, names: tuple[str, str, str], ids: np.ndarray, fullest: np.ndarray | None
@@ -570,12 +574,15 @@ class _Search:
         rank[order] = np.arange(len(ids))
         return rank
 
-    def solve(self, capacity: int, budget: int) -> tuple[list[int] | None, bool]:
+    def solve(
+        self, capacity: int, budget: int, give_up: bool = False
+    ) -> tuple[list[int] | None, bool]:
         """(offsets, exhausted): offsets when a placement within ``capacity`` was found.
         Round robin over the tie-break orders with a node limit doubling from 2 per buffer
         (as MiniMalloc): an order that suits the instance finishes early. exhausted is True
         when one search ran to its end without a placement (so there is none). Raises
-        _OutOfWork when the budget is spent; ``nodes`` then holds what was used."""
+        _OutOfWork when the budget is spent; ``nodes`` then holds what was used. With
+        ``give_up``, also when no dive of the first two rounds placed half the buffers."""
         used = 0
         self.nodes = 0
         if (self.size > capacity).any() or (self.total0 > capacity).any():
@@ -583,6 +590,7 @@ class _Search:
         limit = self.m
         while True:
             limit *= 2
+            deepest = 0
             for (names, dynamic), rank in zip(self.strategies, self.ranks, strict=True):
                 take = min(limit, budget - used)
                 if take <= 0:
@@ -592,9 +600,19 @@ class _Search:
                     sol, exhausted = self._dfs(capacity, take, rank, names if dynamic else None)
                 except _OutOfWork:
                     used += take
+                    deepest = max(deepest, self.deepest)
                     continue
                 self.nodes += used
                 return sol, exhausted
+            if give_up and limit == 4 * self.m and 2 * deepest < self.m:
+                # Two rounds (every order with 2, then 4 nodes a buffer) and no dive got
+                # half the buffers in: the target is far out of reach, and more rounds do
+                # not bring it closer. On the MiniMalloc set D's lower bound stays at 84
+                # of 213 buffers through every round (all 26,666 nodes it was given),
+                # while the lower bounds that fit only in a third round (E, I, K) had a
+                # dive past 90% after two.
+                self.nodes = used
+                raise _OutOfWork
 
     def _dfs(
         self,
@@ -632,6 +650,7 @@ class _Search:
         # or (-1, a group, its old ranks, None) for a dynamic group's fresh rank.
         trail: list[tuple[int, np.ndarray, np.ndarray, np.ndarray | None]] = []
         self.nodes = 0
+        self.deepest = depth = 0  # buffers placed: the most at once, and now
 
         def check(cur: int, s0: int, s1: int) -> bool:
             # Each section's floor: above the placed buffers there, at least the lowest
@@ -651,6 +670,10 @@ class _Search:
         def put(b: int, o: int) -> tuple[bool, int, int]:
             """Place b at o. Returns whether nothing unplaced conflicts with it, and the
             sections whose floor, lowest offset or bytes to place changed."""
+            nonlocal depth
+            depth += 1
+            if depth > self.deepest:
+                self.deepest = depth
             top = o + int(size[b])
             placed[b] = True
             offset[b] = o
@@ -675,6 +698,7 @@ class _Search:
             return len(ids) == 0, a0, a1
 
         def undo(mark: int) -> None:
+            nonlocal depth
             while len(trail) > mark:
                 b, ids, o_saved, f_saved = trail.pop()
                 if b < 0:
@@ -682,6 +706,7 @@ class _Search:
                     rank[ids] = o_saved
                     continue
                 assert f_saved is not None
+                depth -= 1
                 placed[b] = False
                 offset[b] = -1
                 min_off[ids] = o_saved
@@ -886,11 +911,14 @@ def _search(
 ) -> tuple[list[int], int, bool, bool]:
     """Look for lower peaks with the canonical decision search, under one node budget:
     first the capacity when asked for, else the lower bound, with two thirds of the budget
-    (a quarter of the rest once it is met), then a binary search over the multiples of
-    ``unit`` between the highest target that failed and the best peak, each try with a
-    third of what is left (at least two dives); a loose target is met in about one node
-    per buffer. A target that runs out of work counts as failed. Returns (offsets, peak,
-    improved, proven optimal).
+    (a quarter of the rest once it is met; the lower bound is given up early when its
+    dives stay far from placing everything). When the lower bound fails, a ladder of
+    targets above it, the slack halving (lb + lb/2, lb + lb/4, ...), down to the first
+    that fails. Then a binary search over the multiples of ``unit`` between the highest
+    target that failed and the best peak. Each try after the first gets a third of what
+    is left (at least two dives); a loose target is met in about one node per buffer. A
+    target that runs out of work counts as failed. Returns (offsets, peak, improved,
+    proven optimal).
 
     A group is searched only where that can work: a placement takes at least one node per
     buffer, so a group with more buffers than a try's budget is left out of that try (at
@@ -915,8 +943,9 @@ def _search(
     improved = False
     proven_lo = lb  # no peak below this exists (the lower bound holds for any placement)
 
-    def attempt(target: int, budget: int) -> tuple[bool, bool]:
-        """Fit every group within target; (found, proven impossible). Spends from left."""
+    def attempt(target: int, budget: int, give_up: bool = False) -> tuple[bool, bool]:
+        """Fit every group within target; (found, proven impossible). Spends from left.
+        ``give_up``: see _Search.solve."""
         nonlocal left, kept
         budget = min(budget, left)
         need = [k for k in range(len(groups)) if mine[k][1] > target]
@@ -933,7 +962,7 @@ def _search(
                 g = searches[k] = _Search(p, groups[k])
                 kept += weight[k]
             try:
-                sol, exhausted = g.solve(target, budget)
+                sol, exhausted = g.solve(target, budget, give_up)
             except _OutOfWork:
                 left -= g.nodes
                 return False, False
@@ -969,9 +998,15 @@ def _search(
     # where the search prunes best. Without it, K went to a binary search from the greedy
     # peak, whose looser targets took the budget: 1.122x its lower bound, against 1.000x
     # with the capacity (its lower bound).
-    first = capacity if capacity is not None and lb <= capacity else lb
+    asked = capacity is not None and lb <= capacity
+    first = capacity if capacity is not None and asked else lb
     if first < best_peak:
-        found, infeasible = attempt(first, left * 2 // 3)
+        # Without a capacity the lower bound may be out of reach, and then its two
+        # thirds were all lost (D: 26,666 nodes, and 1.0685x against 1.0633x with the
+        # capacity); a lower bound whose dives stay far from placing everything is given
+        # up after two rounds (_Search.solve), leaving the rest to the targets above it.
+        # A capacity asked for gets its whole share: fitting it is the point.
+        found, infeasible = attempt(first, left * 2 // 3, give_up=not asked)
         if found:
             best_off, best_peak = current()
             improved = True
@@ -982,6 +1017,32 @@ def _search(
             if infeasible:
                 proven_lo = -(-(first + 1) // unit) * unit
     lo = -(-(failed + 1) // unit) * unit
+    if not asked and failed == first:
+        # The lower bound failed. The lowest peak lies a few percent above it, far below
+        # the greedy peak (12-39% above on the MiniMalloc set), and a binary search from
+        # the greedy peak spends its tries where the answer is not: its middles land on
+        # whichever tight targets happen to be costly (D: 1,046,528 takes 19,900 nodes
+        # where 1,048,576 takes 8,000; it ended at 1.0685x). So first a ladder, the slack
+        # above the lower bound halving (a half, a quarter, ... of it), down to the first
+        # rung that fails; each rung met is a new best peak, and the binary search then
+        # only narrows the last step. D meets lb + lb/16 (1.0633x, as with its capacity),
+        # J lb + lb/16 and then 1,036,288 in the binary search (1.0476x, from 1.0549x).
+        k = 1
+        while left > 0 and lb >> k:
+            target = -(-(lb + (lb >> k)) // unit) * unit
+            k += 1
+            if target >= best_peak:
+                continue  # the greedy stage or a rung met already does as well
+            if target < lo:
+                break
+            found, infeasible = attempt(target, max(left // 3, dive(target)))
+            if not found:
+                lo = target + unit
+                if infeasible:
+                    proven_lo = max(proven_lo, target + unit)
+                break
+            best_off, best_peak = current()
+            improved = True
     while lo < best_peak and left > 0:
         # The middle multiple of unit in [lo, best_peak).
         target = lo + (-(-(best_peak - lo) // unit) - 1) // 2 * unit
