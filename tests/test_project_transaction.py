@@ -429,3 +429,22 @@ def test_a_file_the_user_changed_is_not_replaced_without_force(
     code, err = run_cli(["compile", model, "-o", str(out), "--force"], capsys)
     assert code == 0, err
     assert (out / "main.cu.user-1").read_text() == edited
+
+
+def test_build_and_run_lock_only_a_folder_with_something_to_recover(
+    tmp_path: Path, programs: tuple[Files, Files], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project with no unfinished swap is only read by build and run: no lock file is
+    made in it (a project on a read-only disk still runs)."""
+    from flowc.harness.build import recover
+
+    out = tmp_path / "p"
+    write_project(out, *programs[0])
+    before = contents(out)
+
+    def no_lock(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("locked a folder with nothing to recover")
+
+    monkeypatch.setattr(project, "project_lock", no_lock)
+    recover(out)
+    assert contents(out) == before

@@ -627,9 +627,15 @@ def recover_project(out: Path) -> str | None:
 @contextmanager
 def open_project(out: Path, wait_s: float | None = None) -> Iterator[None]:
     """The lock on an existing project folder, with any unfinished swap recovered first:
-    what `flowc build` and `flowc run` hold while they read OUT/."""
+    what `flowc build` and `flowc run` hold while they read OUT/. A folder with nothing to
+    recover is not locked (nor written: a project on a read-only disk still runs); one
+    with a lock file waits for the compile holding it, or takes over a killed one's."""
     out = Path(os.path.abspath(out))
-    if not out.is_dir():
+    try:
+        pending = [n for n in os.listdir(out) if _own_entry(n)]
+    except OSError:
+        pending = []  # not a folder: the command's own checks say so
+    if not pending:
         yield
         return
     with project_lock(out, wait_s):
