@@ -8,7 +8,8 @@ A compile into OUT/:
 
 - holds OUT/'s lock (``.flowc.lock``, an flock naming its holder, removed at the end) from
   before its generation until its files are in place; a second compile waits a little, then
-  is refused naming the first. `flowc build` and `flowc run` take it too;
+  is refused naming the first. `flowc build` and `flowc run` take it too when OUT/ holds
+  something to settle (a journal, a staging folder, a lock file);
 - stages every file that changes under a transaction folder in OUT/ (``.flowc-tx-*``),
   written and synced, so a full disk fails there with OUT/ untouched. A file whose bytes
   are unchanged is left alone (its mtime too: a rebuild after an identical recompile has
