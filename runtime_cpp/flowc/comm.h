@@ -95,6 +95,7 @@ struct StopWatch {
   static constexpr std::chrono::milliseconds kPeriod{20};
   static constexpr std::chrono::milliseconds kStoppedGap{200};
   std::atomic<int64_t> stopped_ns{0};
+  std::atomic<int64_t> wakes{0};  // counted after stopped_ns is updated
   std::atomic<bool> quit{false};
   std::thread thread;
 
@@ -108,8 +109,20 @@ struct StopWatch {
           stopped_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(now - last - kPeriod).count();
         }
         last = now;
+        ++wakes;
       }
     });
+  }
+
+  // Returns once the thread has woken twice more (at most a second): by then a stop that
+  // ended before the call is in stopped_ns. The rank's own thread can run first after a
+  // SIGCONT and would otherwise see the whole stop as time waited.
+  void catch_up() const {
+    const int64_t from = wakes.load();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (wakes.load() < from + 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   ~StopWatch() {
     quit = true;
@@ -479,14 +492,23 @@ class WaitClock {
   explicit WaitClock(World& w)
       : w_(w), start_(std::chrono::steady_clock::now()), stopped_at_start_(stopped_ns()) {}
 
-  // At each poll: the seconds waited so far, stopped time left out.
+  // At each poll: the seconds waited so far, stopped time left out. Past the deadline it
+  // looks again once the stop watch has caught up, so a stop that just ended is not counted.
   double waited() {
+    double s = measure();
+    if (w_.timeout_s > 0 && s > w_.timeout_s && w_.stopwatch) {
+      w_.stopwatch->catch_up();
+      s = measure();
+    }
+    return s;
+  }
+
+ private:
+  double measure() {
     note_stops(w_);
     const double stopped = double(stopped_ns() - stopped_at_start_) / 1e9;
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() - stopped;
   }
-
- private:
   int64_t stopped_ns() const { return w_.stopwatch ? w_.stopwatch->stopped_ns.load() : 0; }
   World& w_;
   std::chrono::steady_clock::time_point start_;
