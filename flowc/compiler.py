@@ -1,6 +1,13 @@
 """The compile driver: frontend -> passes -> parallel -> schedule -> memory -> codegen ->
 write, in that order, each stage handed the previous one's result.
 
+It owns the whole road for every device count: the command line (and any script) fills an
+options record (flowc.options) and calls ``compile_model``, ``load_model``,
+``placement_target`` and ``place`` here; no caller picks passes or runs a stage itself.
+One pass list (``pass_list``) runs before placement for one device, a mesh and a pipeline
+alike, so a mesh places the fused graph (FusedGemm with its epilogue, FusedConv, the fused
+attention op), whose ops declare their SBP signatures like any other.
+
 Nothing downstream calls back up: code generation gets the schedule and the memory plan it
 writes down, the memory planner gets the schedule's happens-before order, the schedule gets
 the (rank) graph. Each stage is timed for ``--print-pass-times``.
@@ -14,24 +21,40 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
+
+from flowc.codegen.cpp import MAX_PREFIX, c_ident
 from flowc.codegen.program import WeightsLayout, generate, generate_pipeline, layout_weights
 from flowc.codegen.project import project_writer
 from flowc.errors import InputError
+from flowc.formatting import dims_text
+from flowc.frontend import ImportOptions, load_graph
 from flowc.ir.graph import Graph, Node
 from flowc.ir.types import Mesh
+from flowc.ir.verify import verify_graph
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
+from flowc.options import (
+    CompileOptions,
+    ModelArgs,
+    ParallelArgs,
+    parse_bytes,
+    parse_dim_values,
+    parse_shapes,
+)
 from flowc.parallel import (
     METHODS,
     Memory,
     Parallelized,
     ParallelOptions,
     make_plan,
+    parse_mesh,
+    parse_sbp,
     workspace_within,
 )
 from flowc.parallel.cost import Profile, evaluate_plan, load_profile
@@ -45,10 +68,15 @@ from flowc.parallel.pipeline import (
     microbatch_graph,
     stage_node_costs,
 )
+from flowc.parallel.simulate import simulate
 from flowc.passes.fuse_elementwise import fuse_elementwise
+from flowc.passes.manager import DEFAULT_PIPELINE, PassManager
+from flowc.passes.manager import compile_pipeline as compile_passes
 from flowc.schedule.actors import build_actor_graph
 from flowc.schedule.memory_order import memory_order
-from flowc.schedule.partition import Partition, partition
+from flowc.schedule.partition import Partition, parse_stage_boundaries, partition
+from flowc.schedule.pipeline import PipelineRun, gpipe, one_f_one_b
+from flowc.schedule.pipeline import simulate as simulate_order
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
 from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
@@ -57,6 +85,14 @@ if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
 
 T = TypeVar("T")
+# Where the driver says what it is doing (the command line prints it; scripts pass nothing).
+Progress = Callable[[str], None]
+# Where the IR printed after a pass goes (--dump-after): the pass's name and the text.
+Dump = Callable[[str, str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 @dataclass
@@ -353,6 +389,8 @@ def build_pipeline(
             value_bytes_fn=value_bytes_fn,
         ),
     )
+    for node, stage in zip(mb.graph.nodes, part.node_stage, strict=True):
+        node.stage = stage
     placements: list[StagePlacement] = []
     cuts: list[list[Reshard]] = []
     if opts is None:
@@ -376,6 +414,7 @@ def build_pipeline(
         None,
         placements,
         cuts,
+        mb.graph,
     )
     return pipe, part
 
@@ -437,3 +476,301 @@ def compile_pipeline(
         )
         times.run("write", lambda: write(files, weights))
     return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs, unrolled)
+
+
+# -- the driver: from an options record to a project -------------------------------------------
+
+
+def pass_list(precision: str = "fp32", compiled: bool = True) -> tuple[str, ...]:
+    """The passes a graph goes through before placement and code generation, the same for
+    one device, a mesh and a pipeline (``compiled=False``: the import clean-up alone, what
+    eval and convert read)."""
+    return compile_passes(precision) if compiled else DEFAULT_PIPELINE
+
+
+def load_model(
+    model: ModelArgs,
+    *,
+    compiled: bool = True,
+    precision: str = "fp32",
+    times: StageTimes | None = None,
+    dump: Dump | None = None,
+) -> Graph:
+    """MODEL imported and put through ``pass_list``; the import and each pass are timed
+    into ``times``, and the IR after each pass --dump-after names goes to ``dump``."""
+    times = StageTimes() if times is None else times
+    opts = ImportOptions(
+        shapes=parse_shapes(model.shapes), dims=parse_dim_values(model.dims), weights=model.weights
+    )
+    graph = times.run("import", lambda: load_graph(model.path, opts))
+    pm = PassManager(pass_list(precision, compiled), dump_after=set(model.dump_after))
+    graph = pm.run(graph)
+    times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
+    for name, text in pm.dumps:
+        if dump is not None:
+            dump(name, text)
+    return graph
+
+
+Target = ParallelOptions | PipelineSpec | None
+
+
+def _program_graph(model: ModelArgs) -> Graph:
+    """A .flow program as written (its mesh and placements), before any pass."""
+    return load_graph(model.path, ImportOptions(weights=model.weights))
+
+
+def placement_target(model: ModelArgs, par: ParallelArgs) -> Target:
+    """Where the program runs: None for one device, ParallelOptions for a mesh, a
+    PipelineSpec for --pipeline. A .flow program's own mesh applies when no --mesh is given,
+    and its placements are constraints like --sbp (which wins for the same value). Every
+    option is checked here, before the slow work."""
+    if par.pipeline is not None:
+        return _pipeline_target(model, par)
+    alone = [
+        o
+        for o, given in (
+            ("--microbatches", par.microbatches != 1),
+            ("--stage-boundary", par.stage_boundary is not None),
+        )
+        if given
+    ]
+    if alone:
+        raise InputError(f"{', '.join(alone)} need{'s' if len(alone) == 1 else ''} --pipeline P")
+    m = parse_mesh(par.mesh) if par.mesh is not None else None
+    program_mesh, placed = None, {}
+    if model.path.suffix.lower() == ".flow":
+        graph = _program_graph(model)
+        program_mesh = graph.mesh
+        placed = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
+    if m is None:
+        m = program_mesh
+    if m is None:
+        given = [o for o, v in (("--sbp", par.sbps), ("--mem-limit", par.mem_limit)) if v]
+        if par.parallel != "auto":
+            given.append("--parallel")
+        if par.cost_profile is not None:
+            given.append("--cost-profile")
+        if par.search_nodes is not None:
+            given.append("--search-nodes")
+        if given:
+            raise InputError(
+                f"{', '.join(given)} need{'s' if len(given) == 1 else ''} --mesh",
+                hint="e.g. --mesh 4 or --mesh 2x2 (or a mesh declaration in the program)",
+            )
+        return None
+    if placed and program_mesh is not None and program_mesh.shape != m.shape:
+        shape = dims_text(program_mesh.shape)
+        raise InputError(
+            f"{model.path}: its placements are for mesh {shape}, but --mesh is "
+            f"{dims_text(m.shape)}",
+            hint=f"use --mesh {shape}, or remove the program's @ annotations",
+        )
+    fixed = dict(parse_sbp(t, m) for t in par.sbps)
+    if m.size == 1:
+        # One device: every layout is whole; the program is the ordinary one.
+        return None
+    if par.parallel != "none":
+        # `none` keeps every value whole: the program's placements do not apply.
+        fixed = {**placed, **fixed}
+    limit = parse_bytes(par.mem_limit, "--mem-limit") if par.mem_limit is not None else None
+    return ParallelOptions(
+        m, par.parallel, fixed, limit, par.cost_profile, node_limit=par.search_nodes
+    )
+
+
+def _pipeline_target(model: ModelArgs, par: ParallelArgs) -> PipelineSpec:
+    """A PipelineSpec from --pipeline P [--mesh PxK] [--microbatches M] [--stage-boundary]
+    [--sbp ...: layouts on each stage's K devices]."""
+    assert par.pipeline is not None
+    stages = int(par.pipeline)
+    if par.mesh is not None:
+        m = parse_mesh(par.mesh)
+    else:
+        program_mesh = None
+        if model.path.suffix.lower() == ".flow":
+            program_mesh = _program_graph(model).mesh
+        m = program_mesh or Mesh("gpus", (stages,))
+    text = par.stage_boundary
+    spec = PipelineSpec(
+        stages,
+        m,
+        microbatches=int(par.microbatches),
+        boundaries=parse_stage_boundaries(text) if text is not None else None,
+        mem_limit=parse_bytes(par.mem_limit, "--mem-limit") if par.mem_limit is not None else None,
+    )
+    check_pipeline_mesh(spec)
+    per_stage = math.prod(m.shape[1:])
+    if par.sbps and per_stage == 1:
+        raise InputError(
+            f"--sbp with --pipeline {stages} on mesh {dims_text(m.shape)}: each stage runs on "
+            "one device, so every value is whole there",
+            hint=f"give each stage devices to split over, e.g. --mesh {stages}x2",
+        )
+    if per_stage > 1:
+        stage_mesh = Mesh("stage", m.shape[1:])
+        # --sbp layouts are on the stage mesh (the axes after the pipeline axis); each stage
+        # takes those of the values it holds.
+        fixed = dict(parse_sbp(t, stage_mesh) for t in par.sbps)
+        spec.stage_options = ParallelOptions(
+            stage_mesh, par.parallel, fixed, None, par.cost_profile, node_limit=par.search_nodes
+        )
+    elif par.cost_profile is not None:
+        spec.stage_options = ParallelOptions(
+            Mesh("stage", (1,)), "none", {}, None, par.cost_profile
+        )
+    return spec
+
+
+def place(
+    graph: Graph,
+    popts: ParallelOptions,
+    times: StageTimes | None = None,
+    progress: Progress = _quiet,
+) -> Parallelized:
+    """The placement of ``graph`` (after ``pass_list``) on ``popts.mesh``: the plan, the
+    rank graph, its cost and memory."""
+    times = StageTimes() if times is None else times
+    verify_graph(graph)
+    progress(
+        f"placing {len(graph.nodes)} nodes on mesh {dims_text(popts.mesh.shape)} ({popts.method})"
+    )
+    t0 = time.perf_counter()
+    result = times.run("parallel placement", lambda: parallelize(graph, popts))
+    progress(f"plan ready in {time.perf_counter() - t0:.2f} s")
+    return result
+
+
+def simulate_ranks(result: Parallelized, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Every rank of ``result``'s program in the multi-rank NumPy simulator (collectives
+    simulated); the whole outputs, in the graph's order."""
+    return simulate(result.physical, feeds)
+
+
+def stage_profile(spec: PipelineSpec) -> Profile:
+    """The cost profile a pipeline's stages are scheduled with."""
+    return workspace_within(
+        load_profile(spec.stage_options.profile if spec.stage_options else None), spec.mem_limit
+    )
+
+
+def compile_model(
+    opts: CompileOptions,
+    project: Path,
+    *,
+    target: Target | str = "from options",
+    progress: Progress = _quiet,
+    dump: Dump | None = None,
+    times: StageTimes | None = None,
+) -> Compiled | CompiledPipeline:
+    """The whole road for one options record: load and run ``pass_list``, then (on a mesh)
+    placement or (with --pipeline) the stage partition and placements, then schedule,
+    memory, code generation, and OUT/ written as one transaction. ``target``: what
+    placement_target gave, when the caller checked the options before."""
+    sch = opts.schedule
+    times = StageTimes() if times is None else times
+    popts = placement_target(opts.model, opts.parallel) if isinstance(target, str) else target
+    if isinstance(popts, PipelineSpec) and sch.schedule_for != "latency":
+        raise InputError(
+            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
+            "latency only (the micro-batches of a stage overlap by design)",
+            hint="leave out --schedule-for, or compile without --pipeline",
+        )
+    source = opts.model.path.name
+    graph = load_model(opts.model, precision=sch.precision, times=times, dump=dump)
+    if isinstance(popts, PipelineSpec):
+        spec = popts
+        _check_stage_layouts(graph, spec)
+        progress(
+            f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "
+            f"{dims_text(spec.mesh.shape)}, {spec.microbatches} micro-batch"
+            + ("es" if spec.microbatches != 1 else "")
+        )
+        compiled_pipe = compile_pipeline(
+            graph,
+            project,
+            spec,
+            prefix=opts.prefix,
+            source=source,
+            arch=opts.arch,
+            force=opts.force,
+            streams=sch.streams,
+            times=times,
+            precision=sch.precision,
+        )
+        progress(compiled_pipe.partition.summary().splitlines()[0])
+        return compiled_pipe
+    if popts is None:
+        progress(f"generating {project}/")
+        return compile_graph(
+            graph,
+            project,
+            prefix=opts.prefix,
+            source=source,
+            arch=opts.arch,
+            force=opts.force,
+            streams=sch.streams,
+            times=times,
+            cuda_graph=not sch.no_cuda_graph,
+            precision=sch.precision,
+            schedule_for=sch.schedule_for,
+        )
+    # The memory limit counts the arena of the program as compiled: the same streams.
+    popts = ParallelOptions(
+        popts.mesh,
+        popts.method,
+        popts.sbp,
+        popts.mem_limit,
+        popts.profile,
+        node_limit=popts.node_limit,
+        streams=sch.streams,
+    )
+    result = place(graph, popts, times, progress)
+    progress(
+        f"generating {project}/ for {popts.mesh.size} ranks "
+        f"({result.memory.total} bytes per device)"
+    )
+    return compile_graph(
+        result.physical.graph,
+        project,
+        prefix=opts.prefix or c_ident(graph.name)[:MAX_PREFIX],
+        source=source,
+        arch=opts.arch,
+        force=opts.force,
+        physical=result.physical,
+        streams=popts.stream_count(),
+        times=times,
+        cuda_graph=not sch.no_cuda_graph,
+        profile=result.profile,  # the one the memory limit was measured with
+        precision=sch.precision,
+        schedule_for=sch.schedule_for,
+    )
+
+
+def _check_stage_layouts(graph: Graph, spec: PipelineSpec) -> None:
+    """--sbp with --pipeline names values of the model: a name no stage holds is a typo."""
+    if spec.stage_options is None or not spec.stage_options.sbp:
+        return
+    names = {v.name for v in graph.values()}
+    for name in spec.stage_options.sbp:
+        if name not in names:
+            raise InputError(
+                f"--sbp {name}=...: the graph has no value named {name!r}",
+                hint="`flowc inspect MODEL --print-ir` lists the value names",
+            )
+
+
+def simulate_pipeline_order(
+    stages: int, microbatches: int, forward_s: list[float], order: str
+) -> PipelineRun:
+    """The micro-batch order ``order`` ("gpipe" or "1f1b") fired over the stages' modeled
+    forward times. Inference graphs have no backward: 1F1B is simulated on a synthetic
+    backward of twice the forward, as a training step's would roughly be."""
+    if order == "1f1b":
+        return simulate_order(
+            one_f_one_b(stages, microbatches),
+            microbatches,
+            forward_s,
+            [2 * f for f in forward_s],
+        )
+    return simulate_order(gpipe(stages, microbatches), microbatches, forward_s)

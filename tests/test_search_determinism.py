@@ -24,7 +24,7 @@ from flowc.ir.types import Mesh
 from flowc.parallel import ParallelOptions
 from flowc.parallel.cost import Profile, evaluate_plan, load_profile
 from flowc.parallel.plan import Plan
-from flowc.parallel.report import print_plan
+from flowc.report.plan import print_plan
 from flowc.parallel.search import (
     PlacementProblem,
     broadcast_plan,

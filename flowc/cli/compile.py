@@ -3,14 +3,13 @@ verify share."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import click
 
-from flowc.cli.common import choose_target, err, out, progress
-from flowc.cli.loading import load_model, load_parallel, parallel_settings
+from flowc.cli.common import choose_target, out, progress
+from flowc.cli.loading import dump_ir, parallel_settings, print_stage_times
 from flowc.cli.options import (
     ModelArgs,
     ParallelArgs,
@@ -22,7 +21,6 @@ from flowc.cli.options import (
     target_option,
 )
 from flowc.errors import InputError
-from flowc.formatting import dims_text
 
 # The oldest CUDA architecture --arch takes: Maxwell, the oldest CUDA 12 builds for (CUDA 13
 # starts at sm_75; its nvcc says so when the build asks for less).
@@ -91,7 +89,16 @@ def compile_cmd(
     check_project_dir(project, force)
     popts = parallel_settings(model, parallel)
     target = choose_target(target, "build")
-    compile_model(model, project, popts, schedule, prefix=prefix, arch=arch[3:], force=force)
+    compile_model(
+        model,
+        project,
+        popts,
+        schedule,
+        prefix=prefix,
+        arch=arch[3:],
+        force=force,
+        parallel=parallel,
+    )
     shown = shlex.quote(str(project))
     out.print(
         f"wrote {shown}/; build it with: flowc build {shown} --target {target}",
@@ -107,79 +114,19 @@ def compile_model(
     prefix: str | None = None,
     arch: str = "90",
     force: bool = False,
+    parallel: ParallelArgs | None = None,
 ) -> None:
-    """Load, (parallelize,) schedule, plan memory, generate and write OUT/: what compile and
-    verify share. --print-pass-times prints every stage's time at the end."""
-    from flowc.codegen.cpp import MAX_PREFIX, c_ident
-    from flowc.compiler import PipelineSpec, StageTimes, compile_graph, compile_pipeline
-
-    streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
-    cuda_graph = not schedule.no_cuda_graph
+    """The driver's compile_model for the command line's options (``popts``: the placement
+    target, checked before): what compile and verify share. --print-pass-times prints every
+    stage's time at the end."""
+    from flowc.compiler import StageTimes
+    from flowc.compiler import compile_model as drive
+    from flowc.options import CompileOptions
 
     times = StageTimes()
-    if isinstance(popts, PipelineSpec) and schedule_for != "latency":
-        raise InputError(
-            "--schedule-for memory with --pipeline: a pipeline's stages are scheduled for "
-            "latency only",
-            hint="leave out --schedule-for, or compile without --pipeline",
-        )
-    # What every kind of program is generated with.
-    shared: dict[str, Any] = dict(
-        source=model.path.name,
-        arch=arch,
-        force=force,
-        times=times,
-        precision=precision,
+    opts = CompileOptions(
+        model, schedule, parallel or ParallelArgs(), prefix=prefix, arch=arch, force=force
     )
-    if isinstance(popts, PipelineSpec):
-        graph = load_model(model, for_compile=True, times=times, precision=precision)
-        spec = popts
-        progress(
-            f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "
-            f"{dims_text(spec.mesh.shape)}, {spec.microbatches} micro-batch"
-            + ("es" if spec.microbatches != 1 else "")
-        )
-        compiled = compile_pipeline(graph, project, spec, prefix=prefix, streams=streams, **shared)
-        progress(compiled.partition.summary().splitlines()[0])
-    elif popts is None:
-        graph = load_model(model, for_compile=True, times=times, precision=precision)
-        progress(f"generating {project}/")
-        compile_graph(
-            graph,
-            project,
-            prefix=prefix,
-            streams=streams,
-            cuda_graph=cuda_graph,
-            schedule_for=schedule_for,
-            **shared,
-        )
-    else:
-        if precision in ("bf16", "fp16"):
-            raise InputError(
-                f"--precision {precision} with --mesh: narrow storage is not placed over a "
-                "mesh yet",
-                hint="use --precision fp32 or tf32 with --mesh, or --pipeline P",
-            )
-
-        # The memory limit counts the arena of the program as compiled: the same streams.
-        popts = dataclasses.replace(popts, streams=streams)
-        logical, result = load_parallel(model, popts, times=times)
-        progress(
-            f"generating {project}/ for {popts.mesh.size} ranks "
-            f"({result.memory.total} bytes per device)"
-        )
-        compile_graph(
-            result.physical.graph,
-            project,
-            prefix=prefix or c_ident(logical.name)[:MAX_PREFIX],
-            physical=result.physical,
-            streams=popts.stream_count(),
-            cuda_graph=cuda_graph,
-            profile=result.profile,  # the one the memory limit was measured with
-            schedule_for=schedule_for,
-            **shared,
-        )
+    drive(opts, project, target=popts, progress=progress, dump=dump_ir, times=times)
     if model.print_times:
-        err.print("stage times:", markup=False)
-        for line in times.lines():
-            err.print(line, markup=False)
+        print_stage_times(times)

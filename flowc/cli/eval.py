@@ -63,13 +63,13 @@ def eval_cmd(
     popts = parallel_settings(model, parallel)
     random_seed = seed if random_inputs else None
     if popts is not None:
+        from flowc.compiler import simulate_ranks
         from flowc.interpreter import check_feeds
-        from flowc.parallel.simulate import simulate
 
         graph, result = load_parallel(model, popts)
         checked = check_feeds(graph, read_graph_inputs(inputs, graph, random_seed))
         progress(f"simulating {popts.mesh.size} ranks")
-        outs = simulate(result.physical, checked)
+        outs = simulate_ranks(result, checked)
         results = {v.name: a for v, a in zip(graph.outputs, outs, strict=True)}
         write_npz_atomic(output, results)
         out.print(f"wrote {output} (simulated on {popts.mesh.size} ranks)")

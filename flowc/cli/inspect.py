@@ -116,18 +116,21 @@ def inspect(
 
         # Before the slow steps: a missing `dot` or a file in the way fails at once.
         check_target(report)
-    if isinstance(popts, PipelineSpec) and report is not None:
-        raise InputError(
-            "--report with --pipeline is not supported yet",
-            hint="inspect the model without --pipeline (a .flow program's stage blocks are "
-            "marked in the report's graph)",
-        )
     if isinstance(popts, PipelineSpec):
-        print_pipeline(model, popts, show_schedule, pipeline_schedule or "gpipe", streams, gantt)
+        print_pipeline(
+            model,
+            popts,
+            show_schedule,
+            pipeline_schedule or "gpipe",
+            streams,
+            gantt,
+            precision=precision,
+            report=report,
+        )
         return
     if popts is not None:
         logical, result, recorded = print_plan_view(
-            model, popts, print_ir, record=report is not None
+            model, popts, print_ir, record=report is not None, precision=precision
         )
         if show_schedule:
             print_schedule(
@@ -170,10 +173,10 @@ def inspect(
     for v in graph.outputs:
         io.add_row("output", escape(v.name), str(v.type))
     console.print(io)
-    from flowc.passes.manager import DEFAULT_PIPELINE, compile_pipeline
+    from flowc.compiler import pass_list
 
     # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
-    passes = ", ".join(compile_pipeline(precision) if compiled else DEFAULT_PIPELINE)
+    passes = ", ".join(pass_list(precision, compiled))
     ops = Table(
         title=f"ops ({len(graph.nodes)} nodes after {passes})",
         title_justify="left",

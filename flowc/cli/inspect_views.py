@@ -29,6 +29,8 @@ def write_report_page(
     schedule_for: str,
     sched: Any = None,
     plan: Any = None,
+    notes: list[str] | None = None,
+    ranks: int = 1,
 ) -> None:
     """--report DIR: the page of flowc.report, from what inspect computed and printed. On a
     mesh the logical graph is drawn with its layouts and collectives, and the memory plan
@@ -38,8 +40,7 @@ def write_report_page(
 
     sbp: dict[Any, Any] = {}
     collectives: dict[Any, list[str]] = {}
-    ranks = 1
-    notes: list[str] = []
+    notes = list(notes or [])
     if result is not None:
         sbp = dict(result.plan.value_sbp)
         for v, who, st in result.cost.boxing:
@@ -156,7 +157,7 @@ def print_schedule(
             markup=False,
         )
     if gantt is not None:
-        from flowc.schedule.gantt import draw_gantt
+        from flowc.report import draw_gantt
 
         data = {"version": 1, "ranks": [sched.to_json(rank=r) for r in range(ranks)]}
         draw_gantt(data, gantt, title=graph.name)
@@ -170,64 +171,94 @@ def print_pipeline(
     order: str,
     streams: int | None,
     gantt: Path | None,
+    precision: str = "fp32",
+    report: Path | None = None,
 ) -> None:
     """The stages of --pipeline P: the partition and, with --schedule, the micro-batch
-    simulation of ``order`` over the stages' modeled times."""
-    from flowc.compiler import StageTimes, build_pipeline, schedule_graph, schedule_pipeline
-    from flowc.parallel.cost import load_profile
-    from flowc.schedule.pipeline import Phase, gpipe, one_f_one_b, simulate
+    simulation of ``order`` over the stages' modeled times; with --report, the page of the
+    micro-batch graph marked by stage, with stage 0's schedule and memory plan."""
+    from flowc.compiler import (
+        StageTimes,
+        build_pipeline,
+        plan_schedule,
+        schedule_graph,
+        schedule_pipeline,
+        simulate_pipeline_order,
+        stage_profile,
+    )
 
-    graph = load_model(model, for_compile=True)
-    profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+    graph = load_model(model, for_compile=True, precision=precision)
+    profile = stage_profile(spec)
     pipe, part = build_pipeline(graph, spec, profile, StageTimes())
-    out.print(
+    console = recording(out) if report is not None else out
+    console.print(
         f"[bold]{escape(model.path.name)}[/]: {spec.stages} pipeline stages on mesh "
         f"{dims_text(spec.mesh.shape)} ({pipe.ranks_per_stage} device(s) per stage), "
         f"{spec.microbatches} micro-batch(es)"
     )
-    out.print(escape(part.summary()), markup=False)
+    console.print(escape(part.summary()), markup=False)
     if pipe.placements:
-        out.print(escape(pipe.placement_summary()), markup=False)
-    if not show_schedule:
-        return
-    scheds = [schedule_graph(s.graph, profile, streams) for s in pipe.stages]
-    forward = [s.makespan_s for s in scheds]
+        console.print(escape(pipe.placement_summary()), markup=False)
+    programs = None
     m = spec.microbatches
-    if order == "1f1b":
-        # Inference graphs have no backward: 1F1B is simulated on a synthetic backward of
-        # twice the forward, as a training step's would roughly be.
-        run = simulate(one_f_one_b(spec.stages, m), m, forward, [2 * f for f in forward])
-    else:
-        run = simulate(gpipe(spec.stages, m), m, forward)
-    out.print(
-        f"{order} over {m} micro-batch(es): makespan {run.makespan * 1e6:.3f} us, bubble "
-        f"{run.bubble:.3f} (the ideal for equal stages: "
-        f"{(spec.stages - 1) / (m + spec.stages - 1):.3f})",
-        markup=False,
-    )
-    for s, firings in enumerate(run.firings):
-        text = " ".join(f"{'F' if f.phase == Phase.F else 'B'}{f.microbatch}" for f in firings)
-        out.print(
-            f"  stage {s}: forward {forward[s] * 1e6:.3f} us per micro-batch, busy "
-            f"{run.busy_s[s] * 1e6:.3f} us, at most {run.max_in_flight[s]} micro-batch(es) in "
-            f"flight; order {text}",
+    run = None
+    if show_schedule:
+        scheds = [schedule_graph(s.graph, profile, streams) for s in pipe.stages]
+        forward = [s.makespan_s for s in scheds]
+        run = simulate_pipeline_order(spec.stages, m, forward, order)
+        console.print(
+            f"{order} over {m} micro-batch(es): makespan {run.makespan * 1e6:.3f} us, bubble "
+            f"{run.bubble:.3f} (the ideal for equal stages: "
+            f"{(spec.stages - 1) / (m + spec.stages - 1):.3f})",
             markup=False,
         )
-    # What the generated program runs: each stage's micro-batches unrolled, the cuts
-    # double-buffered, receives waiting for the sender's modeled sends.
-    _, programs = schedule_pipeline(pipe, profile, streams)
-    span = max(p.makespan_s for p in programs)
-    out.print(
-        f"the program's schedule (micro-batches unrolled per stage): makespan "
-        f"{span * 1e6:.3f} us; stages end at "
-        + ", ".join(f"{p.makespan_s * 1e6:.3f}" for p in programs)
-        + " us",
-        markup=False,
-    )
-    if gantt is None:
+        for s, firings in enumerate(run.firings):
+            text = " ".join(f"{f.phase.name}{f.microbatch}" for f in firings)
+            console.print(
+                f"  stage {s}: forward {forward[s] * 1e6:.3f} us per micro-batch, busy "
+                f"{run.busy_s[s] * 1e6:.3f} us, at most {run.max_in_flight[s]} micro-batch(es) "
+                f"in flight; order {text}",
+                markup=False,
+            )
+    if show_schedule or report is not None:
+        # What the generated program runs: each stage's micro-batches unrolled, the cuts
+        # double-buffered, receives waiting for the sender's modeled sends.
+        _, programs = schedule_pipeline(pipe, profile, streams)
+    if show_schedule:
+        assert programs is not None
+        span = max(p.makespan_s for p in programs)
+        console.print(
+            f"the program's schedule (micro-batches unrolled per stage): makespan "
+            f"{span * 1e6:.3f} us; stages end at "
+            + ", ".join(f"{p.makespan_s * 1e6:.3f}" for p in programs)
+            + " us",
+            markup=False,
+        )
+    if report is not None:
+        assert programs is not None and pipe.microbatch_graph is not None
+        write_report_page(
+            report,
+            model.path,
+            console,
+            pipe.microbatch_graph,
+            None,
+            None,
+            streams,
+            "latency",
+            programs[0],
+            plan_schedule(programs[0]),
+            notes=[
+                f"pipeline of {spec.stages} stages on mesh {dims_text(spec.mesh.shape)}, "
+                f"{m} micro-batch(es): the graph is one micro-batch's, boxed by stage; "
+                "memory and schedule are stage 0's program (its micro-batches unrolled)."
+            ],
+            ranks=spec.mesh.size,
+        )
+    if gantt is None or run is None:
         return
-    from flowc.schedule.gantt import draw_gantt
+    from flowc.report import draw_gantt
 
+    assert programs is not None
     if order == "gpipe":
         timeline = {
             "version": 1,
@@ -248,7 +279,7 @@ def print_pipeline(
                     "actors": [
                         {
                             "id": k,
-                            "name": f"{'F' if f.phase == Phase.F else 'B'}{f.microbatch}",
+                            "name": f"{f.phase.name}{f.microbatch}",
                             "op": f.phase.name,
                             "kind": "node",
                             "stream": 0,
@@ -278,15 +309,16 @@ def print_plan_view(
     popts: Any,
     print_ir: bool,
     record: bool = False,
+    precision: str = "fp32",
 ) -> tuple[Any, Any, Console]:
     """--mesh: the plan beside the data-parallel and all-broadcast ones; the logical graph,
     the parallel result and the console printed on (recording, for --report)."""
     import dataclasses
 
     from flowc.compiler import parallelize
-    from flowc.parallel.report import Summary, print_plan, summarize
+    from flowc.report.plan import Summary, print_plan, summarize
 
-    graph, result = load_parallel(model, popts)
+    graph, result = load_parallel(model, popts, precision=precision)
     if print_ir:
         sys.stdout.write(str(result.physical.graph))
         sys.stdout.flush()

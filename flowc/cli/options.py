@@ -10,153 +10,29 @@ the commands (choices, default, help), so each command's help text stays its own
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from flowc.errors import InputError
 from flowc.ir.types import MAX_MESH_DEVICES, MAX_MICROBATCHES
+from flowc.options import (  # noqa: F401  (the records and parsers commands import from here)
+    MAX_BYTES,
+    ModelArgs,
+    ParallelArgs,
+    ScheduleArgs,
+    parse_bytes,
+    parse_dim_values,
+    parse_dims,
+    parse_shapes,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 Decorator = Callable[[F], F]
 
 # The most branch-and-bound nodes --search-nodes may give: HiGHS counts them in a C int.
 MAX_SEARCH_NODES = (1 << 31) - 1
-
-
-# -- parsing option values ---------------------------------------------------------------------
-
-
-def _shown(text: str) -> str:
-    """A value as an error message quotes it: a 400-digit number is cut short."""
-    return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def parse_dims(text: str, what: str) -> tuple[int, ...]:
-    from flowc.ir.builder import MAX_ELEMENTS
-    from flowc.ir.types import MAX_RANK
-
-    parts = text.lower().replace(",", "x").split("x") if text else []
-    try:
-        dims = tuple(int(p) for p in parts)
-    except ValueError:
-        raise InputError(
-            f"{what}: {_shown(text)} is not a shape", hint="write dims as 1x3x224x224"
-        ) from None
-    if any(d < 0 for d in dims):
-        raise InputError(f"{what}: {_shown(text)} has a negative dimension")
-    if len(dims) > MAX_RANK:
-        raise InputError(
-            f"{what}: {len(dims)} dimensions; flowc holds tensors of rank at most {MAX_RANK}"
-        )
-    if any(d > MAX_ELEMENTS for d in dims):
-        raise InputError(
-            f"{what}: {_shown(text)} has a dimension above {MAX_ELEMENTS}, more elements than "
-            "flowc supports"
-        )
-    return dims
-
-
-def parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.rpartition("=")
-        if not sep or not name:
-            raise InputError(
-                f"--shape {item!r}: expected NAME=DIMS", hint="e.g. --shape input=1x3x224x224"
-            )
-        shapes[name] = parse_dims(dims, f"--shape {name}")
-    return shapes
-
-
-def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
-    from flowc.ir.builder import MAX_ELEMENTS
-
-    dims = {}
-    for item in items:
-        name, sep, value = item.rpartition("=")
-        if not sep or not name:
-            raise InputError(f"--dim {item!r}: expected SYMBOL=N", hint="e.g. --dim batch=1")
-        try:
-            dims[name] = int(value)
-        except ValueError:
-            raise InputError(f"--dim {_shown(item)}: {_shown(value)} is not an integer") from None
-        if dims[name] < 1:
-            raise InputError(f"--dim {_shown(item)}: a dimension must be at least 1")
-        if dims[name] > MAX_ELEMENTS:
-            raise InputError(
-                f"--dim {_shown(item)}: a dimension above {MAX_ELEMENTS}, more elements than "
-                "flowc supports"
-            )
-    return dims
-
-
-# The largest byte count an option takes: what an int64 (the generated program's sizes and
-# offsets) holds.
-MAX_BYTES = (1 << 63) - 1
-
-
-def parse_bytes(text: str, what: str) -> int:
-    """``1000000``, ``64MiB``, ``1.5GB``, ``512k`` -> bytes (exactly: no float rounding),
-    at most MAX_BYTES."""
-    m = re.fullmatch(r"\s*([0-9]{1,4000}(?:\.[0-9]{1,4000})?)\s*([kmgt]?)(i?)b?\s*", text.lower())
-    if m is None:
-        raise InputError(
-            f"{what} {_shown(text)}: expected a byte count like 1000000, 64MiB or 1.5GB"
-        )
-    scale = (1024 if m.group(3) else 1000) ** "_kmgt".index(m.group(2) or "_")
-    count = int(Fraction(m.group(1)) * scale)
-    if count > MAX_BYTES:
-        raise InputError(
-            f"{what} {_shown(text)}: more than {MAX_BYTES} bytes (8 EiB), the most flowc "
-            "can address"
-        )
-    return count
-
-
-# -- option groups -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    """MODEL and how to import it: --shape, --dim, --weights and the pass-manager switches."""
-
-    path: Path
-    shapes: tuple[str, ...]
-    dims: tuple[str, ...]
-    weights: str | None
-    dump_after: tuple[str, ...]
-    print_times: bool
-
-
-@dataclass(frozen=True)
-class ScheduleArgs:
-    """How the compiled program runs: streams, CUDA Graph, schedule objective, precision."""
-
-    streams: int | None
-    no_cuda_graph: bool
-    schedule_for: str
-    precision: str
-
-
-@dataclass(frozen=True)
-class ParallelArgs:
-    """The mesh, the placement search and the pipeline, as given on the command line."""
-
-    mesh: str | None
-    parallel: str
-    sbps: tuple[str, ...]
-    mem_limit: str | None
-    cost_profile: Path | None
-    search_nodes: int | None
-    pipeline: int | None
-    microbatches: int
-    stage_boundary: str | None
 
 
 # -- kinds of option ---------------------------------------------------------------------------

@@ -209,6 +209,9 @@ class Pipelined:
     # With K > 1 devices per stage: each stage's plan, and per cut each value's transfer.
     placements: list[StagePlacement] = field(default_factory=list)
     cuts: list[list[Reshard]] = field(default_factory=list)
+    # The graph of one micro-batch, each node marked with its stage (Node.stage): what the
+    # report draws.
+    microbatch_graph: Graph | None = None
 
     def placement_summary(self, limit: int = 8) -> str:
         """Each stage's plan (its modeled time, the layouts of its parameters and of the values

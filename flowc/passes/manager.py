@@ -70,9 +70,13 @@ class PassManager:
 
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
-# What `flowc compile` runs before code generation.
+# What `flowc compile` runs before placement and code generation, for one device and for
+# many alike: split_projections first (a fused q/k/v projection split into three, so a mesh
+# can split each weight's columns; on one device three GEMMs of a third each), then the
+# fusions, so a mesh places the fused ops.
 COMPILE_PIPELINE = (
     *DEFAULT_PIPELINE,
+    "split_projections",
     "lower_ops",
     "fold_batchnorm",
     "fuse_conv",

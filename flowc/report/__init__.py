@@ -35,11 +35,23 @@ from flowc.report.graph import (
 )
 from flowc.report.memory import draw_memory, largest, live_bytes
 
+# The Gantt chart of a schedule, drawn here for the page and by `flowc inspect --gantt`
+# (which reaches the schedule's drawing through the report, not the schedule package).
+from flowc.schedule.gantt import draw_gantt
+
 if TYPE_CHECKING:
     from flowc.memory.plan import MemoryPlan
     from flowc.schedule.program import Schedule
 
-__all__ = ["COLLAPSE_ABOVE", "Report", "check_target", "find_dot", "rich_html", "write_report"]
+__all__ = [
+    "COLLAPSE_ABOVE",
+    "Report",
+    "check_target",
+    "draw_gantt",
+    "find_dot",
+    "rich_html",
+    "write_report",
+]
 
 PAGE = "index.html"
 
@@ -81,8 +93,6 @@ def _data_uri(png: bytes) -> str:
 
 
 def _gantt_png(schedule: Schedule, title: str) -> bytes:
-    from flowc.schedule.gantt import draw_gantt
-
     # draw_gantt writes a file (atomically); a private temporary folder holds it.
     with tempfile.TemporaryDirectory(prefix="flowc-report-") as tmp:
         path = Path(tmp) / "gantt.png"
