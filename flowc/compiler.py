@@ -481,11 +481,14 @@ def compile_pipeline(
 # -- the driver: from an options record to a project -------------------------------------------
 
 
-def pass_list(precision: str = "fp32", compiled: bool = True) -> tuple[str, ...]:
-    """The passes a graph goes through before placement and code generation, the same for
-    one device, a mesh and a pipeline (``compiled=False``: the import clean-up alone, what
-    eval and convert read)."""
-    return compile_passes(precision) if compiled else DEFAULT_PIPELINE
+def pass_list(
+    precision: str = "fp32", compiled: bool = True, placed: bool = False
+) -> tuple[str, ...]:
+    """The passes a graph goes through before placement and code generation: one list for
+    one device, a mesh and a pipeline, the fusions included; ``placed`` (the graph is to be
+    split over devices) adds split_projections in front of them. ``compiled=False``: the
+    import clean-up alone, what eval and convert read."""
+    return compile_passes(precision, placed) if compiled else DEFAULT_PIPELINE
 
 
 def load_model(
@@ -493,6 +496,7 @@ def load_model(
     *,
     compiled: bool = True,
     precision: str = "fp32",
+    placed: bool = False,
     times: StageTimes | None = None,
     dump: Dump | None = None,
 ) -> Graph:
@@ -503,7 +507,7 @@ def load_model(
         shapes=parse_shapes(model.shapes), dims=parse_dim_values(model.dims), weights=model.weights
     )
     graph = times.run("import", lambda: load_graph(model.path, opts))
-    pm = PassManager(pass_list(precision, compiled), dump_after=set(model.dump_after))
+    pm = PassManager(pass_list(precision, compiled, placed), dump_after=set(model.dump_after))
     graph = pm.run(graph)
     times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
     for name, text in pm.dumps:
@@ -513,6 +517,14 @@ def load_model(
 
 
 Target = ParallelOptions | PipelineSpec | None
+
+
+def is_placed(target: Target) -> bool:
+    """Whether the placement search splits the graph over devices: a mesh, or a pipeline
+    whose stages have several devices each."""
+    if isinstance(target, PipelineSpec):
+        return math.prod(target.mesh.shape[1:]) > 1
+    return target is not None
 
 
 def _program_graph(model: ModelArgs) -> Graph:
@@ -677,7 +689,9 @@ def compile_model(
             hint="leave out --schedule-for, or compile without --pipeline",
         )
     source = opts.model.path.name
-    graph = load_model(opts.model, precision=sch.precision, times=times, dump=dump)
+    graph = load_model(
+        opts.model, precision=sch.precision, placed=is_placed(popts), times=times, dump=dump
+    )
     if isinstance(popts, PipelineSpec):
         spec = popts
         _check_stage_layouts(graph, spec)

@@ -24,8 +24,9 @@ from conftest import SHARED_MODELS, run_cli
 from onnx import TensorProto, helper, numpy_helper
 from test_models import LIGHT_DIR
 
-from flowc.cli.loading import load
+from flowc.compiler import load_model
 from flowc.ir.graph import Graph
+from flowc.options import ModelArgs
 from flowc.report.graph import collapse
 
 CHROMIUM = next(
@@ -167,7 +168,7 @@ def check_page(page: Path, min_nodes: int, tmp: Path) -> str:
 
 def drawn_nodes(model: Path, *args: str) -> int:
     """Nodes the collapsed graph has: its items plus the graph's inputs and outputs."""
-    graph = load(model, [], list(args), for_compile=True)
+    graph = load_model(ModelArgs(model, dims=tuple(args)))
     return len(collapse(graph)) + len(graph.inputs) + len(graph.outputs)
 
 
@@ -191,7 +192,7 @@ def test_report_of_bert_tiny_in_chromium(
     # any step has live (counted here from the buffers' intervals).
     from flowc.compiler import plan_schedule, schedule_graph
 
-    plan = plan_schedule(schedule_graph(load(model, [], args[1::2], for_compile=True)))
+    plan = plan_schedule(schedule_graph(load_model(ModelArgs(model, dims=tuple(args[1::2])))))
     table = text[text.index("<th>largest buffers</th>") :]
     table = table[: table.index("</table>")]
     listed = [int(b) for b in re.findall(r"<td class=num>(\d+)</td><td class=num>\d+</td>", table)]
@@ -208,7 +209,7 @@ def test_report_collapses_densenet_into_its_dense_blocks(
 ) -> None:
     need_tools()
     model = LIGHT_DIR / "light_densenet121.onnx"
-    graph = load(model, [], [], for_compile=True)
+    graph = load_model(ModelArgs(model))
     items = collapse(graph)
     # DenseNet-121 is named for its dense blocks of 6, 12, 24 and 16 layers.
     assert [it.repeats for it in items if it.kind == "repeat"] == [6, 12, 24, 16]

@@ -227,6 +227,22 @@ CASES += [
         has=["(S(1), B, B) -> (S(1))", "(B, S(1), S(0)) -> (S(2))", "(S(0), B, B) -> (S(0))"],
         lacks=["(S(2), S(0), B) -> (P)"],
     ),
+    # A bias epilogue over a k split: the bias is P (one rank adds it), never B.
+    Case(
+        "FusedGemm-bias",
+        "FusedGemm",
+        [f32(4, 8), f32(8, 6), f32(6)],
+        has=["(S(1), S(0), P) -> (P)", "(P, B, P) -> (P)", "(B, P, P) -> (P)"],
+        lacks=["(S(1), S(0), B) -> (P)", "(P, B, B) -> (P)"],
+    ),
+    Case(
+        "FusedGemm-bias-gelu",
+        "FusedGemm",
+        [f32(4, 8), f32(8, 6), f32(6)],
+        {"activation": "gelu_tanh"},
+        has=["(B, S(1), S(0)) -> (S(1))", "(S(0), B, B) -> (S(0))"],
+        lacks=["(S(1), S(0), P) -> (P)", "(P, B, P) -> (P)", "(S(1), S(0), B) -> (P)"],
+    ),
     Case(
         "FusedGemm-residual",
         "FusedGemm",

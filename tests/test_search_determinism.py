@@ -24,7 +24,6 @@ from flowc.ir.types import Mesh
 from flowc.parallel import ParallelOptions
 from flowc.parallel.cost import Profile, evaluate_plan, load_profile
 from flowc.parallel.plan import Plan
-from flowc.report.plan import print_plan
 from flowc.parallel.search import (
     PlacementProblem,
     broadcast_plan,
@@ -33,6 +32,7 @@ from flowc.parallel.search import (
     solve_cost_graph,
 )
 from flowc.passes.manager import PassManager
+from flowc.report.plan import print_plan
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))

@@ -180,6 +180,7 @@ def print_pipeline(
     from flowc.compiler import (
         StageTimes,
         build_pipeline,
+        is_placed,
         plan_schedule,
         schedule_graph,
         schedule_pipeline,
@@ -187,7 +188,7 @@ def print_pipeline(
         stage_profile,
     )
 
-    graph = load_model(model, for_compile=True, precision=precision)
+    graph = load_model(model, for_compile=True, precision=precision, placed=is_placed(spec))
     profile = stage_profile(spec)
     pipe, part = build_pipeline(graph, spec, profile, StageTimes())
     console = recording(out) if report is not None else out

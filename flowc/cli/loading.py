@@ -21,7 +21,12 @@ def print_stage_times(times: Any, title: str = "stage times:") -> None:
 
 
 def load_model(
-    model: ModelArgs, *, for_compile: bool = False, times: Any = None, precision: str = "fp32"
+    model: ModelArgs,
+    *,
+    for_compile: bool = False,
+    times: Any = None,
+    precision: str = "fp32",
+    placed: bool = False,
 ) -> Any:
     """MODEL through the driver's pass list (``for_compile``: the whole list, as compile
     runs it; otherwise the import clean-up alone). Without ``times`` the import and pass
@@ -55,5 +60,5 @@ def load_parallel(
     """The graph after the pass list and its placement (plan, rank graph, cost, memory)."""
     from flowc.compiler import place
 
-    graph = load_model(model, for_compile=True, times=times, precision=precision)
+    graph = load_model(model, for_compile=True, times=times, precision=precision, placed=True)
     return graph, place(graph, popts, times, progress)

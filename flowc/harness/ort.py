@@ -47,3 +47,39 @@ def run_onnxruntime(
     input_names = {i.name for i in sess.get_inputs()}
     outs = sess.run(names, {k: v for k, v in feeds.items() if k in input_names})
     return {n: np.asarray(o) for n, o in zip(names, outs, strict=True)}
+
+
+def round_to(a: np.ndarray, precision: str) -> np.ndarray:
+    """A float32 array rounded to the storage type of ``precision`` ("bf16", "fp16"), as
+    flowc stores it (clamped to its finite range), and back in float32; others as they are."""
+    from flowc.passes.precision import STORAGE, narrow_constant
+
+    if precision not in STORAGE or a.dtype != np.float32:
+        return a
+    return np.asarray(narrow_constant(a, STORAGE[precision])).astype(np.float32)
+
+
+def rounded_model(model: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose float32 weights (initializers and Constant nodes of the main
+    graph) are rounded to ``precision``'s storage type and computed in float32: what rounding
+    the weights alone costs, the baseline `flowc verify --precision bf16|fp16` is judged by."""
+    from onnx import numpy_helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in m.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT:
+            t.CopyFrom(
+                numpy_helper.from_array(round_to(numpy_helper.to_array(t), precision), t.name)
+            )
+    for n in m.graph.node:
+        if n.op_type != "Constant":
+            continue
+        for a in n.attribute:
+            if a.name == "value" and a.t.data_type == onnx.TensorProto.FLOAT:
+                a.t.CopyFrom(
+                    numpy_helper.from_array(
+                        round_to(numpy_helper.to_array(a.t), precision), a.t.name
+                    )
+                )
+    return m

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from flowc.ir.dtype import DType
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 
 Coords = tuple[int, ...]
@@ -183,3 +184,21 @@ def nd_sbps(rank: int, mesh: Mesh, partial: bool = True) -> Iterator[NdSbp]:
 
 def broadcast(mesh: Mesh) -> NdSbp:
     return NdSbp(tuple(Sbp("B") for _ in mesh.shape))
+
+
+# The float types a partial sum is never held in: a P value of one of them is carried in
+# float32 until its reduction, and rounded after it (docs/parallel.md, "Narrow types").
+NARROW_FLOATS = frozenset({DType.F16, DType.BF16})
+
+
+def has_partial(sbp: NdSbp) -> bool:
+    return any(p.kind == "P" for p in sbp.parts)
+
+
+def carried_type(t: TensorType, sbp: NdSbp) -> TensorType:
+    """The type a value of logical type ``t`` is held in under layout ``sbp``: its own, but
+    float32 for a narrow float partial sum (each rank's part is not rounded before the
+    sum, so a mesh computes what one device computes)."""
+    if t.dtype in NARROW_FLOATS and has_partial(sbp):
+        return t.with_dtype(DType.F32)
+    return t

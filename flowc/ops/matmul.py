@@ -783,13 +783,16 @@ def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     if ctx.has(2):
         n_split[2] = sr.S(len(ctx.shape(2)) - 1)
     sigs.append(with_res(n_split, sr.S(ro - 1)))
-    if ctx.attr("activation") == "none" and not ctx.has(2) and res is None:
-        # A k split sums partial products: linear only without an epilogue.
-        sigs += [
-            sr.sig(ctx, {0: sr.S(a_k), 1: sr.S(b_k)}, sr.P, 1),
-            sr.partial(ctx, outs, (0,)),
-            sr.partial(ctx, outs, (1,)),
-        ]
+    if ctx.attr("activation") == "none" and res is None:
+        # A k split sums partial products: linear only without an activation. A bias is
+        # then taken as P too (one rank adds it, the others add zeros), never B, which
+        # every rank would add.
+        given: dict[int, Sbp] = {0: sr.S(a_k), 1: sr.S(b_k)}
+        if ctx.has(2):
+            given[2] = sr.P
+        sigs.append(sr.sig(ctx, given, sr.P, 1))
+        bias = (2,) if ctx.has(2) else ()
+        sigs += [sr.partial(ctx, outs, (0, *bias)), sr.partial(ctx, outs, (1, *bias))]
     for j in range(ro - 2):
         if outs[0].shape[j] != 1:
             given = {i: sr.aligned(ctx.shape(i)[:-2], ro - 2, j) for i in (0, 1)}

@@ -18,7 +18,7 @@ from typing import Any
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ir.layout import broadcast, local_type
+from flowc.ir.layout import broadcast, carried_type, local_type
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel.boxing import (
@@ -215,7 +215,9 @@ def _paths_from(ttype: TensorType, mesh: Mesh, src: NdSbp, profile: Profile) -> 
 def boxing_plan(
     ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: Profile
 ) -> tuple[BoxingStep, ...]:
-    """The cheapest steps from ``src`` to ``dst`` under ``profile``."""
+    """The cheapest steps from ``src`` to ``dst`` under ``profile`` (a narrow partial sum
+    priced at the float32 bytes it is carried in)."""
+    ttype = carried_type(ttype, src)
     return tuple(
         checked_path(ttype, mesh, src, dst, lambda: _paths_from(ttype, mesh, src, profile))
     )
@@ -228,6 +230,7 @@ def boxing_time(ttype: TensorType, mesh: Mesh, src: NdSbp, dst: NdSbp, profile: 
         steps = boxing_plan(ttype, mesh, src, dst, profile)
     except BoxingError:
         return math.inf
+    ttype = carried_type(ttype, src)
     return sum(step_time(s, profile, ttype, mesh) for s in steps)
 
 
@@ -344,8 +347,9 @@ def evaluate_plan(graph: Graph, plan: Plan, profile: Profile) -> PlanCost:
     boxing: list[tuple[Value, Node | None, BoxingStep]] = []
     for v, targets in value_targets(graph, plan).items():
         for sbp, who in targets:
+            carried = carried_type(v.type, plan.value_sbp[v])
             for step in boxing_plan(v.type, mesh, plan.value_sbp[v], sbp, profile):
-                comm += step_time(step, profile, v.type, mesh)
+                comm += step_time(step, profile, carried, mesh)
                 boxing.append((v, who, step))
     params = sum(local_type(c.type, plan.value_sbp[c], mesh).nbytes for c in graph.constants)
     return PlanCost(compute, comm, params, boxing)

@@ -11,6 +11,10 @@ coordinate-dependent ops read at run time. The physical graph:
 - runs every node on local shapes (constants that spell out shapes are replaced through the
   op's ``localize`` hook; a signature may name another op to run, as a vocabulary-split
   Gather runs GatherShard);
+- holds a float16/bfloat16 partial sum (P) in float32: a node with such an output computes
+  in float32 (its narrow operands widened, a weight shard stored widened), the reduction
+  adds float32 values, and the sum is rounded to the narrow type after it; so a mesh
+  rounds where one device does, once, after the sum;
 - inserts the boxing steps wherever a consumer wants another layout than its producer gives,
   as communication ops (flowc.ops.comm) with Reshape/Transpose around them when the tensor
   axis is not the first, and makes every graph output whole (all-B) at the end.
@@ -24,8 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat, make_splat
-from flowc.ir.layout import broadcast, is_partial_root, local_type, shard
+from flowc.ir.layout import (
+    NARROW_FLOATS,
+    broadcast,
+    carried_type,
+    has_partial,
+    is_partial_root,
+    local_type,
+    shard,
+)
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel import boxing as bx
@@ -61,6 +74,15 @@ class Physical:
         return shard(array, sbp, self.mesh, coords)
 
 
+def _as_f32(a: np.ndarray) -> np.ndarray:
+    """A constant in float32 (a fill stays a fill: it is not expanded)."""
+    if is_splat(a):
+        return make_splat(
+            np.float32(a.reshape(-1)[0] if a.size else 0), a.shape, np.dtype(np.float32)
+        )
+    return a.astype(np.float32)
+
+
 class _Lowerer:
     def __init__(
         self, graph: Graph, plan: Plan, profile: Profile | None, local_io: bool = False
@@ -77,6 +99,8 @@ class _Lowerer:
         # (logical value, layout) -> the physical value holding it so.
         self.held: dict[tuple[Value, NdSbp], Value] = {}
         self.mesh_attr = tuple(plan.mesh.shape)
+        # Physical value -> its float32 copy (widen()).
+        self.widened: dict[Value, Value] = {}
 
     # -- building blocks --------------------------------------------------------------------
 
@@ -89,6 +113,26 @@ class _Lowerer:
 
     def const(self, name: str, array: np.ndarray) -> Value:
         return self.g.add_constant(name, array)
+
+    def cast(self, x: Value, to: DType, name: str) -> Value:
+        return self.add("Cast", [x], {"to": to.onnx, "saturate": 0}, name).outputs[0]
+
+    def widen(self, x: Value) -> Value:
+        """``x`` in float32 when it is a narrow float: a constant (a weight shard) is stored
+        widened, so nothing is cast at run time; a computed value gets a Cast."""
+        if x.type.dtype not in NARROW_FLOATS:
+            return x
+        if x in self.widened:
+            return self.widened[x]
+        if x.const is not None:
+            w = self.const(f"{x.name}/f32", _as_f32(x.const))
+            if x in self.phys.shards:
+                array, sbp = self.phys.shards[x]
+                self.phys.shards[w] = (_as_f32(array), sbp)
+        else:
+            w = self.cast(x, DType.F32, f"{x.name}/f32")
+        self.widened[x] = w
+        return w
 
     def reshape(self, x: Value, shape: tuple[int, ...], name: str) -> Value:
         if x.type.shape == shape:
@@ -164,7 +208,12 @@ class _Lowerer:
         )
         x = base
         for k, st in enumerate(steps):
+            if has_partial(st.dst) and x.type.dtype != carried_type(v.type, st.dst).dtype:
+                x = self.widen(x)  # B -> P: the partial sum is carried in float32
             x = self.step(x, st, f"box/{v.name}/{k}")
+            if not has_partial(st.dst) and x.type.dtype != v.type.dtype:
+                # Reduced: rounded to the narrow type once, after the sum.
+                x = self.cast(x, v.type.dtype, f"box/{v.name}/{k}/round")
             self.phys.boxing.append((v, consumer, st))
             self.held.setdefault((v, st.dst), x)
         self.held[key] = x
@@ -179,7 +228,8 @@ class _Lowerer:
             layout = self.plan.value_sbp[v]
             if self.local_io:
                 # Each rank is handed its own part of the input (a micro-batch).
-                self.held[(v, layout)] = self.g.add_input(v.name, local_type(v.type, layout, mesh))
+                local = carried_type(local_type(v.type, layout, mesh), layout)
+                self.held[(v, layout)] = self.g.add_input(v.name, local)
                 continue
             x = self.g.add_input(v.name, v.type)
             self.held[(v, whole)] = x
@@ -213,6 +263,13 @@ class _Lowerer:
         for o, x in zip(self.logical.outputs, outs, strict=True):
             self.rename_output(x, o.name)
         self.g.outputs = outs
+        # A weight shard that only its widened copy serves is not shipped.
+        read = {i for n in self.g.nodes for i in n.inputs if i is not None} | set(outs)
+        dropped = {c for c in self.widened if c.const is not None and c not in read}
+        if dropped:
+            self.g.constants = [c for c in self.g.constants if c not in dropped]
+            for c in dropped:
+                self.phys.shards.pop(c, None)
         return self.phys
 
     def rename_output(self, x: Value, name: str) -> None:
@@ -241,12 +298,26 @@ class _Lowerer:
         local_outs = [
             local_type(o.type, strategy.output(j), self.mesh) for j, o in enumerate(node.outputs)
         ]
+        # In float32 when it makes a narrow partial sum or takes one (a linear op on P).
+        wide = any(
+            carried_type(o.type, strategy.output(j)) != o.type for j, o in enumerate(node.outputs)
+        ) or any(
+            x is not None and v is not None and x.type.dtype != v.type.dtype
+            for x, v in zip(inputs, node.inputs, strict=True)
+        )
+        if wide:
+            inputs = [None if x is None else self.widen(x) for x in inputs]
+            local_outs = [
+                t.with_dtype(DType.F32) if t.dtype in NARROW_FLOATS else t for t in local_outs
+            ]
         if opdef.localize is not None:
             local_ins = [None if x is None else x.type for x in inputs]
             for i, array in opdef.localize(node, local_ins, local_outs).items():  # type: ignore[arg-type]
                 inputs[i] = self.const(f"{node.name or node.op}/local{i}", array)
         op = node.op
         attrs: dict[str, Any] = dict(node.attrs)
+        if wide and op == "Cast" and int(attrs.get("to", 0)) in {d.onnx for d in NARROW_FLOATS}:
+            attrs["to"] = DType.F32.onnx
         if strategy.physical is not None:
             op = strategy.physical
             attrs["mesh"] = self.mesh_attr
@@ -268,7 +339,10 @@ class _Lowerer:
             )
         pnode.stage = node.stage
         for j, o in enumerate(node.outputs):
-            self.held[(o, strategy.output(j))] = pnode.outputs[j]
+            y, layout = pnode.outputs[j], strategy.output(j)
+            if y.type.dtype != carried_type(o.type, layout).dtype:
+                y = self.cast(y, o.type.dtype, f"{node.name or node.op}/round{j}")
+            self.held[(o, layout)] = y
 
 
 def lower(

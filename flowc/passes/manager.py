@@ -71,12 +71,9 @@ class PassManager:
 
 DEFAULT_PIPELINE = ("fold_constants", "simplify")
 # What `flowc compile` runs before placement and code generation, for one device and for
-# many alike: split_projections first (a fused q/k/v projection split into three, so a mesh
-# can split each weight's columns; on one device three GEMMs of a third each), then the
-# fusions, so a mesh places the fused ops.
+# many alike: the fusions come before placement, so a mesh places the fused ops.
 COMPILE_PIPELINE = (
     *DEFAULT_PIPELINE,
-    "split_projections",
     "lower_ops",
     "fold_batchnorm",
     "fuse_conv",
@@ -87,10 +84,17 @@ COMPILE_PIPELINE = (
 )
 
 
-def compile_pipeline(precision: str = "fp32") -> tuple[str, ...]:
+def compile_pipeline(precision: str = "fp32", placed: bool = False) -> tuple[str, ...]:
     """What `flowc compile --precision P` runs: COMPILE_PIPELINE, with the narrow storage
-    pass (passes/precision.py) before widen_types for bf16 and fp16."""
-    if precision not in ("bf16", "fp16"):
-        return COMPILE_PIPELINE
-    at = COMPILE_PIPELINE.index("widen_types")
-    return (*COMPILE_PIPELINE[:at], f"store_{precision}", *COMPILE_PIPELINE[at:])
+    pass (passes/precision.py) before widen_types for bf16 and fp16. ``placed`` (a graph
+    that the placement search will split over devices): split_projections first, so each of
+    q, k and v is a projection whose weight columns split by heads; on one device the fused
+    projection stays one GEMM, whose output attention reads as three views."""
+    passes: tuple[str, ...] = COMPILE_PIPELINE
+    if precision in ("bf16", "fp16"):
+        at = passes.index("widen_types")
+        passes = (*passes[:at], f"store_{precision}", *passes[at:])
+    if placed:
+        at = len(DEFAULT_PIPELINE)
+        passes = (*passes[:at], "split_projections", *passes[at:])
+    return passes

@@ -1,0 +1,182 @@
+"""One compile path for one device or many: every --precision on one device, --mesh 2,
+--mesh 2x2 and a two-stage pipeline, with one stream or the scheduler's choice, compiles the
+shared models through the same pass list (the fused ops of one device are the fused ops of
+every rank); an all-pairs subset is built and run on the host and compared with onnxruntime;
+a few cells are built for CUDA (compile and link)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS
+
+from flowc.compiler import Compiled, CompiledPipeline, compile_model
+from flowc.errors import FlowcWarning
+from flowc.harness.build import build, run
+from flowc.harness.compare import max_rel_error
+from flowc.harness.ort import inference_mode, round_to, rounded_model, run_onnxruntime
+from flowc.interpreter import random_inputs
+from flowc.ir.graph import Graph
+from flowc.options import CompileOptions, ModelArgs, ParallelArgs, ScheduleArgs
+from flowc.toolchain import find_cuda
+
+MODELS = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
+PRECISIONS = ["fp32", "tf32", "bf16", "fp16"]
+STREAMS: list[int | None] = [1, None]  # None: the scheduler's choice
+# The device layouts: one device, --mesh 2, --mesh 2x2, and --mesh 2 --pipeline 2
+# --microbatches 2. Models whose batch is fixed to 1 run the pipeline cell with one micro-batch (the cut is
+# still there); the others split their batch of 2 into two.
+BATCH_ONE = {"gpt2_tiny", "resnet_tiny", "vit_tiny"}
+FUSED = ("FusedGemm", "FusedConv", "FusedAttention")
+# flowc verify's tolerances (flowc/cli/verify.py), for the programs run here.
+TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
+
+
+def configs(model: str) -> dict[str, ParallelArgs]:
+    return {
+        "one": ParallelArgs(),
+        "mesh2": ParallelArgs(mesh="2"),
+        "mesh2x2": ParallelArgs(mesh="2x2"),
+        "pipeline2": ParallelArgs(
+            mesh="2", pipeline=2, microbatches=1 if model in BATCH_ONE else 2
+        ),
+    }
+
+
+def model_args(name: str) -> ModelArgs:
+    dims = ("batch=2", "seq=16") if name == "bert_tiny" else ()
+    return ModelArgs(SHARED_MODELS / f"{name}.onnx", dims=dims)
+
+
+def compile_cell(
+    name: str, precision: str, par: ParallelArgs, streams: int | None, out: Path
+) -> Compiled | CompiledPipeline:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlowcWarning)
+        return compile_model(
+            CompileOptions(
+                model_args(name), ScheduleArgs(streams=streams, precision=precision), par
+            ),
+            out,
+        )
+
+
+def rank_graphs(c: Compiled | CompiledPipeline) -> list[Graph]:
+    if isinstance(c, CompiledPipeline):
+        return [s.graph for s in c.pipeline.stages]
+    return [c.graph]
+
+
+def fused_ops(graphs: list[Graph]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for g in graphs:
+        for n in g.nodes:
+            if n.op in FUSED:
+                counts[n.op] = counts.get(n.op, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", MODELS)
+def test_every_cell_compiles_with_the_fusions_of_one_device(
+    name: str, precision: str, tmp_path: Path
+) -> None:
+    """Each (device layout, streams) cell compiles; a mesh's rank graph runs the fused ops
+    one device runs (one pass list): the same attention and convolution kernels, and at
+    least as many fused GEMMs (a mesh splits a fused q/k/v projection into three, so each
+    splits by heads); a pipeline's stages together run them all."""
+    one: dict[str, int] | None = None
+    for label, par in configs(name).items():
+        for streams in STREAMS:
+            out = tmp_path / f"{label}-{streams}"
+            c = compile_cell(name, precision, par, streams, out)
+            assert (out / "flowc_model.json").is_file()
+            got = fused_ops(rank_graphs(c))
+            if one is None:
+                one = got
+                assert one, f"{name} has no fused op on one device"
+            where = f"{label}, streams {streams}: {got} against one device's {one}"
+            assert set(got) == set(one), where
+            for op in ("FusedAttention", "FusedConv"):
+                assert got.get(op) == one.get(op), where
+            assert got.get("FusedGemm", 0) >= one.get("FusedGemm", 0), where
+
+
+# All pairs of (precision, device layout, streams) at least once in 16 runs: every
+# (precision, layout) pair, and streams alternating so that each precision and each
+# layout runs with both.
+LAYOUTS = ["one", "mesh2", "mesh2x2", "pipeline2"]
+PAIRS = [
+    (p, layout, STREAMS[(i + j) % 2])
+    for i, p in enumerate(PRECISIONS)
+    for j, layout in enumerate(LAYOUTS)
+]
+# Most runs use mlp (the quickest to build); an attention model takes one run per precision.
+RUN_MODEL = {("bf16", "mesh2"): "bert_tiny", ("fp16", "mesh2x2"): "bert_tiny"}
+
+
+@functools.cache
+def reference(name: str, precision: str) -> tuple[dict[str, np.ndarray], dict, dict]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlowcWarning)
+        from flowc.compiler import load_model
+
+        graph = load_model(model_args(name), compiled=False)
+    feeds = random_inputs(graph, seed=3)
+    model = inference_mode(onnx.load(str(SHARED_MODELS / f"{name}.onnx")))
+    ref = run_onnxruntime(model, feeds)
+    rounded = run_onnxruntime(
+        rounded_model(model, precision), {k: round_to(v, precision) for k, v in feeds.items()}
+    )
+    return feeds, ref, rounded
+
+
+@pytest.mark.parametrize(
+    ("precision", "layout", "streams"), PAIRS, ids=[f"{p}-{lay}-{s}" for p, lay, s in PAIRS]
+)
+def test_all_pairs_run_on_the_host(
+    precision: str, layout: str, streams: int | None, tmp_path: Path
+) -> None:
+    """Built with g++ and run on host ranks (mpirun for a mesh): every output within the
+    precision's tolerance of onnxruntime, or (bf16/fp16) within twice what rounding the
+    weights and inputs alone costs, as flowc verify judges."""
+    name = RUN_MODEL.get((precision, layout), "mlp")
+    out = tmp_path / "out"
+    compile_cell(name, precision, configs(name)[layout], streams, out)
+    build(out, "host", quick=True)
+    feeds, ref, rounded = reference(name, precision)
+    got, _ = run(out, feeds, target="host")
+    for k, r in ref.items():
+        err = max_rel_error(got[k], r)
+        base = max_rel_error(rounded[k], r)
+        bound = max(TOLERANCE[precision], 2 * base if precision in ("bf16", "fp16") else 0.0)
+        assert err <= bound, f"{k}: error {err:.3g} > {bound:.3g} (rounding alone {base:.3g})"
+
+
+@pytest.mark.parametrize(
+    ("precision", "par"),
+    [
+        ("bf16", ParallelArgs(mesh="2x2")),
+        ("fp16", ParallelArgs(mesh="2", pipeline=2, microbatches=2)),
+    ],
+    ids=["bf16-mesh2x2", "fp16-pipeline"],
+)
+def test_narrow_multi_rank_cuda_builds_link(
+    precision: str, par: ParallelArgs, tmp_path: Path
+) -> None:
+    tk = find_cuda()
+    missing = tk.missing(["cublasLt", "cudnn", "nccl"]) if tk.nvcc else ["nvcc"]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the CUDA program, but {missing} are missing")
+        pytest.skip(f"no CUDA toolchain here ({', '.join(missing)} missing)")
+    out = tmp_path / "out"
+    compile_cell("mlp", precision, par, None, out)
+    bdir = build(out, "cuda", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
