@@ -590,30 +590,48 @@ inline std::string stopped_text(const World& w, int r, const int64_t got[kSlots]
 // members published: one that does not answer, one that has not reached the step, one that is
 // in the step but has stopped (its heartbeat does not move), or one that was stopped in the
 // step and runs again. Ranks outside the group cannot hold up the step and are not named.
+// A rank that finds the member it waits for short of an earlier step than its own leaves the
+// report to that step's waiters for a while (kDeferS): the member's group at that step is
+// waiting for it there and names the step the member never reached, the cause; this rank's
+// step is only held up behind it. Past the while it reports what it sees.
+constexpr double kDeferS = 1.0;
+
 [[noreturn]] inline void timed_out(World& w, int axis, double waited) {
   const int n = w.size;
   std::vector<int64_t> got(static_cast<size_t>(n) * kSlots);
   std::vector<char> answered(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    int64_t* g = &got[static_cast<size_t>(r) * kSlots];
-    g[0] = 2 * w.step - 1;
-    g[1] = w.beat;
-    answered[r] = r == w.rank || !same_group(w, r, axis) || read_slots(w, r, g, 0.5);
-  }
   const auto slots = [&](int r) { return &got[static_cast<size_t>(r) * kSlots]; };
-  const std::string secs = seconds_text(waited);
-  const std::string step = "step " + std::to_string(w.step) + " (" + w.step_what + ")";
   const auto member = [&](int r) { return r != w.rank && same_group(w, r, axis); };
   std::string why;
   int lag = -1;
-  for (int r = 0; r < n && why.empty(); ++r) {
-    if (!member(r)) continue;
-    if (!answered[r]) {
-      why = "rank " + std::to_string(r) + " does not answer (stopped or gone) at " + step + " after " + secs;
-    } else if (slots(r)[0] < 2 * w.step - 1 && (lag < 0 || slots(r)[0] < slots(lag)[0])) {
-      lag = r;
+  const std::string step = "step " + std::to_string(w.step) + " (" + w.step_what + ")";
+  const auto look = [&]() {
+    why.clear();
+    lag = -1;
+    for (int r = 0; r < n; ++r) {
+      int64_t* g = slots(r);
+      g[0] = 2 * w.step - 1;
+      g[1] = w.beat;
+      answered[r] = r == w.rank || !same_group(w, r, axis) || read_slots(w, r, g, 0.5);
     }
+    for (int r = 0; r < n && why.empty(); ++r) {
+      if (!member(r)) continue;
+      if (!answered[r]) {
+        why = "rank " + std::to_string(r) + " does not answer (stopped or gone) at " + step;
+      } else if (slots(r)[0] < 2 * w.step - 1 && (lag < 0 || slots(r)[0] < slots(lag)[0])) {
+        lag = r;
+      }
+    }
+  };
+  look();
+  // Slot 0 is 2s - 1 while in step s and 2s once it is done: a member at most 2(s - 1) - 1
+  // has not finished the step before ours.
+  if (why.empty() && lag >= 0 && slots(lag)[0] < 2 * (w.step - 1)) {
+    pause_beating(w, kDeferS);
+    look();
   }
+  const std::string secs = seconds_text(waited);
+  if (!why.empty()) why += " after " + secs;
   if (why.empty() && lag >= 0)
     why = "rank " + std::to_string(lag) + " has not reached " + step + " after " + secs;
   if (why.empty()) {
