@@ -3,6 +3,7 @@ the plan's modeled time against the uniform plans.
 
     .venv/bin/python bench/search_bench.py                      # GPT-2 small on 2x2, depths 1..12
     .venv/bin/python bench/search_bench.py --max-layers 4 --param-limit 0.5
+    .venv/bin/python bench/search_bench.py --passes logical    # the unfused graph, to compare
 
 Per depth: the search's wall time (cost graph, reductions, solve; not lowering; the cost
 model's caches are shared between depths, as within one process), the ILP
@@ -27,6 +28,7 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpt2_graph import gpt2_model
 
+from flowc.compiler import pass_list
 from flowc.errors import FlowcWarning, InputError
 from flowc.frontend import load_graph
 from flowc.ir.graph import Graph
@@ -44,8 +46,13 @@ from flowc.parallel.search import (
 from flowc.passes.manager import PassManager
 
 
-def gpt2_graph(layers: int, hidden: int, heads: int, seq: int, batch: int, vocab: int) -> Graph:
-    """The generator's model (fill weights) read as flowc reads a model for placement."""
+def gpt2_graph(
+    layers: int, hidden: int, heads: int, seq: int, batch: int, vocab: int, passes: str = "compile"
+) -> Graph:
+    """The generator's model (fill weights) read as flowc reads a model for placement:
+    ``passes="compile"`` the driver's pass list for a placed graph (the fused graph every
+    compile places); ``"logical"`` the unfused graph (fold, simplify, split_projections)
+    that placement saw before the one compile path, for comparison."""
     model = gpt2_model(layers, hidden, heads, seq, batch, vocab, weights="fill")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpt2.onnx"
@@ -53,6 +60,8 @@ def gpt2_graph(layers: int, hidden: int, heads: int, seq: int, batch: int, vocab
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FlowcWarning)
             g = load_graph(path)
+    if passes == "compile":
+        return PassManager(pass_list(placed=True)).run(g)
     return PassManager(("fold_constants", "simplify", "split_projections")).run(g)
 
 
@@ -73,12 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--mesh", default="2x2")
     ap.add_argument("--param-limit", type=float, default=None, help="fraction of all weights")
+    ap.add_argument(
+        "--passes",
+        choices=["compile", "logical"],
+        default="compile",
+        help="the graph placed: compile's (fused, the default) or the unfused one",
+    )
     a = ap.parse_args(argv)
     mesh = parse_mesh(a.mesh)
     profile = load_profile()
     print(
         f"# GPT-2 hidden {a.hidden}, {a.heads} heads, seq {a.seq}, batch {a.batch}, vocab "
-        f"{a.vocab}; mesh {a.mesh}; profile {profile.name}"
+        f"{a.vocab}; mesh {a.mesh}; profile {profile.name}; {a.passes} graph"
         + (f"; parameters <= {a.param_limit:g} x weights per rank" if a.param_limit else "")
     )
     print(
@@ -86,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'auto us':>9} {'data us':>9} {'none us':>9} {'auto/best uniform':>18}"
     )
     for layers in range(a.min_layers, a.max_layers + 1):
-        g = gpt2_graph(layers, a.hidden, a.heads, a.seq, a.batch, a.vocab)
+        g = gpt2_graph(layers, a.hidden, a.heads, a.seq, a.batch, a.vocab, a.passes)
         weights = sum(c.type.nbytes for c in g.constants)
         limit = int(weights * a.param_limit) if a.param_limit else None
         t0 = time.perf_counter()

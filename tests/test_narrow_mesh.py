@@ -24,9 +24,10 @@ from flowc.parallel.cost import boxing_time, load_profile
 REDUCING = ("AllReduce", "ReduceScatter")
 
 
-def megatron_mlp(precision: str, mesh: str) -> tuple[object, object]:
+def megatron_mlp(precision: str, mesh: str, gather: bool = False) -> tuple[object, object]:
     """mlp with its first projection's columns and second projection's rows split on the
-    last mesh axis: the second GEMM (with a bias) leaves partial sums."""
+    last mesh axis: the second GEMM (with a bias) leaves partial sums. ``gather``: the
+    second projection whole instead, so the hidden activation is all-gathered."""
     short = DType.BF16.short if precision == "bf16" else DType.F16.short
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FlowcWarning)
@@ -38,6 +39,13 @@ def megatron_mlp(precision: str, mesh: str) -> tuple[object, object]:
         return NdSbp(tuple(Sbp("S", axis) if a == last else Sbp("B") for a in range(m.ndim)))
 
     fixed = {f"m.0.weight.{short}": on_last(0), f"m.2.weight.{short}": on_last(1)}
+    if gather:
+        whole = NdSbp((Sbp("B"),) * m.ndim)
+        fixed = {
+            f"m.0.weight.{short}": on_last(0),
+            f"m.2.weight.{short}": whole,
+            "/m/m.1/Relu_output_0": on_last(1),
+        }
     return g, place(g, ParallelOptions(m, "auto", fixed))
 
 
@@ -80,17 +88,25 @@ def test_a_narrow_partial_sum_is_priced_at_float32_bytes() -> None:
     assert gather_bf16 < gather_f32  # an all-gather moves the narrow bytes
 
 
-def test_the_host_program_of_a_narrow_mesh_reduces_float32(tmp_path: Path) -> None:
-    """The generated rank program: its all-reduce is on a float32 buffer (the comm log of a
-    host run names the dtype and bytes), and its outputs match onnxruntime within bf16's
-    tolerance."""
+@pytest.mark.parametrize(
+    ("gather", "collective", "nbytes", "dtype"),
+    [(False, "all-reduce", 8 * 10 * 4, 1), (True, "all-gather", 8 * 128 * 2, 16)],
+    ids=["partial-sum-in-float32", "activation-in-bf16"],
+)
+def test_the_host_program_moves_what_the_rule_says(
+    gather: bool, collective: str, nbytes: int, dtype: int, tmp_path: Path
+) -> None:
+    """The generated rank programs on two host ranks: a partial sum is all-reduced as
+    float32 (ONNX type 1, 4 bytes an element), a bf16 activation is all-gathered as bf16
+    (type 16, 2 bytes): the communication log of each rank names the bytes and the type;
+    and the outputs match onnxruntime within bf16's tolerance."""
     import onnx
 
     from flowc.compiler import compile_graph
     from flowc.harness.build import build, run
     from flowc.harness.ort import inference_mode, run_onnxruntime
 
-    g, result = megatron_mlp("bf16", "2")
+    g, result = megatron_mlp("bf16", "2", gather)
     out = tmp_path / "out"
     compile_graph(
         result.physical.graph,  # type: ignore[attr-defined]
@@ -101,14 +117,14 @@ def test_the_host_program_of_a_narrow_mesh_reduces_float32(tmp_path: Path) -> No
     )
     build(out, "host", quick=True)
     feeds = random_inputs(g, seed=5)
-    log = tmp_path / "comm.log"
-    got, _ = run(out, feeds, target="host", env={"FLOWC_COMM_LOG": str(log)})
+    got, _ = run(out, feeds, target="host", env={"FLOWC_COMM_LOG": str(tmp_path / "comm")})
     ref = run_onnxruntime(inference_mode(onnx.load(str(SHARED_MODELS / "mlp.onnx"))), feeds)
     for name, r in ref.items():
         err = np.abs(got[name] - r).max() / np.abs(r).max()
         assert err < 5e-2, f"{name}: {err}"
-    lines = [ln for p in sorted(tmp_path.glob("comm.log*")) for ln in p.read_text().splitlines()]
-    reduces = [ln for ln in lines if ln.startswith("all-reduce")]
-    assert len(reduces) == 2, lines  # one per rank
-    # The [8, 10] partial sum: float32 (ONNX type 1), 4 bytes per element.
-    assert all(ln.endswith(f"bytes={8 * 10 * 4} dtype=1") for ln in reduces), reduces
+    lines = [ln for p in sorted(tmp_path.glob("comm.rank*")) for ln in p.read_text().splitlines()]
+    moved = [ln for ln in lines if ln.startswith(collective)]
+    assert len(moved) == 2, lines  # one per rank
+    # The bytes of a rank's send buffer: the [8, 10] partial sum, or its [8, 128] half of
+    # the [8, 256] activation.
+    assert all(ln.endswith(f"bytes={nbytes} dtype={dtype}") for ln in moved), moved

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -180,3 +181,115 @@ def test_narrow_multi_rank_cuda_builds_link(
     compile_cell("mlp", precision, par, None, out)
     bdir = build(out, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+
+
+MLP = str(SHARED_MODELS / "mlp.onnx")
+
+
+def test_sbp_with_a_pipeline_fixes_a_layout_on_its_stage(tmp_path: Path) -> None:
+    """--sbp with --pipeline 2 on mesh 2x2: the layout is on each stage's two devices, and
+    the stage holding the value keeps it."""
+    par = ParallelArgs(mesh="2x2", pipeline=2, sbps=("m.0.weight=S(0)",))
+    c = compile_cell("mlp", "fp32", par, None, tmp_path / "out")
+    assert isinstance(c, CompiledPipeline)
+    held = {
+        v.name: str(p.plan.value_sbp[v])
+        for p in c.pipeline.placements
+        for v in p.plan.value_sbp
+        if v.name == "m.0.weight"
+    }
+    assert held == {"m.0.weight": "S(0)"}, held
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--mesh", "2x2", "--pipeline", "2", "--sbp", "nope=S(0)"], ["no value named 'nope'"]),
+        (
+            ["--pipeline", "2", "--sbp", "m.0.weight=S(0)"],
+            ["each stage runs on one device", "--mesh 2x2"],
+        ),
+        (
+            ["--mesh", "2", "--pipeline", "2", "--schedule-for", "memory"],
+            ["scheduled for latency only", "hint"],
+        ),
+    ],
+    ids=["unknown-value", "one-device-stages", "schedule-for-memory"],
+)
+def test_what_stays_refused_says_why(
+    args: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from conftest import run_cli
+
+    code, text = run_cli(["compile", MLP, "-o", str(tmp_path / "out"), *args], capsys)
+    assert code == 2, text
+    for f in fragments:
+        assert f in text, text
+    assert "Traceback" not in text
+    assert not (tmp_path / "out").exists()
+
+
+def test_schedule_for_memory_on_a_mesh(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    par = ParallelArgs(mesh="2", sbps=("m.0.weight=S(0)",))
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FlowcWarning)
+        c = compile_model(
+            CompileOptions(model_args("mlp"), ScheduleArgs(schedule_for="memory"), par), out
+        )
+    assert isinstance(c, Compiled) and c.physical is not None
+    assert c.schedule.num_compute == 1  # the order of least peak memory, on one stream
+    code, text = run_cli(
+        ["inspect", MLP, "--mesh", "2", "--schedule", "--schedule-for", "memory"], capsys
+    )
+    assert code == 0, text
+    assert "the order of least peak memory on one compute stream" in text
+
+
+def test_report_with_a_pipeline_draws_the_stages(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from conftest import run_cli
+
+    report = tmp_path / "r"
+    code, text = run_cli(
+        [
+            "inspect",
+            MLP,
+            "--mesh",
+            "2",
+            "--pipeline",
+            "2",
+            "--microbatches",
+            "2",
+            "--report",
+            str(report),
+        ],
+        capsys,
+    )
+    assert code == 0, text
+    page = (report / "index.html").read_text()
+    assert "stage 0" in page and "stage 1" in page
+    assert "stage 0&#x27;s program" in page or "stage 0's program" in page
+
+
+def test_verify_judges_bf16_by_the_rounding_baseline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """mlp in bf16 on two host ranks under a tolerance of 1e-9 (which no bf16 program
+    meets): the verdict is the rounding baseline's, error <= 2 x baseline, and the table
+    shows both figures."""
+    from conftest import run_cli
+
+    code, text = run_cli(
+        ["verify", MLP, "--target", "host", "--precision", "bf16", "--mesh", "2", "--tol", "1e-9"],
+        capsys,
+    )
+    assert "rounding to bf16 alone" in text, text
+    row = next(ln for ln in text.splitlines() if ln.strip().startswith("y "))
+    err, base = (float(x) for x in re.findall(r"\d\.\d\de-\d\d", row)[:2])
+    assert 1e-9 < err and 0 < base < 5e-2, row
+    passes = err <= 2 * base
+    assert ("PASS" in row) == passes and code == (0 if passes else 2), text
