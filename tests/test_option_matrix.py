@@ -290,6 +290,6 @@ def test_verify_judges_bf16_by_the_rounding_baseline(
     assert "rounding to bf16 alone" in text, text
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("y "))
     err, base = (float(x) for x in re.findall(r"\d\.\d\de-\d\d", row)[:2])
-    assert 1e-9 < err and 0 < base < 5e-2, row
+    assert err > 1e-9 and 0 < base < 5e-2, row
     passes = err <= 2 * base
     assert ("PASS" in row) == passes and code == (0 if passes else 2), text
