@@ -243,11 +243,28 @@ CASES += [
         has=["(B, S(1), S(0)) -> (S(1))", "(S(0), B, B) -> (S(0))"],
         lacks=["(S(1), S(0), P) -> (P)", "(P, B, P) -> (P)", "(S(1), S(0), B) -> (P)"],
     ),
+    # A residual epilogue likewise: P with a k split (one rank adds it), never B.
     Case(
         "FusedGemm-residual",
         "FusedGemm",
         [f32(4, 8), f32(8, 6), None, f32(4, 6)],
-        lacks=["(S(1), S(0), None, P) -> (P)"],
+        has=["(S(1), S(0), -, P) -> (P)", "(P, B, -, P) -> (P)"],
+        lacks=["(S(1), S(0), -, B) -> (P)"],
+    ),
+    Case(
+        "FusedGemm-bias-residual",
+        "FusedGemm",
+        [f32(4, 8), f32(8, 6), f32(6), f32(4, 6)],
+        has=["(S(1), S(0), P, P) -> (P)"],
+        lacks=["(S(1), S(0), B, P) -> (P)", "(S(1), S(0), P, B) -> (P)"],
+    ),
+    Case(
+        "FusedGemm-residual-relu",
+        "FusedGemm",
+        [f32(4, 8), f32(8, 6), f32(6), f32(4, 6)],
+        {"activation": "relu"},
+        has=["(S(0), B, B, S(0)) -> (S(0))"],
+        lacks=["(S(1), S(0), P, P) -> (P)"],
     ),
     Case(
         "FusedGemm-transB",

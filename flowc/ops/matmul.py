@@ -783,16 +783,14 @@ def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     if ctx.has(2):
         n_split[2] = sr.S(len(ctx.shape(2)) - 1)
     sigs.append(with_res(n_split, sr.S(ro - 1)))
-    if ctx.attr("activation") == "none" and res is None:
-        # A k split sums partial products: linear only without an activation. A bias is
-        # then taken as P too (one rank adds it, the others add zeros), never B, which
-        # every rank would add.
-        given: dict[int, Sbp] = {0: sr.S(a_k), 1: sr.S(b_k)}
-        if ctx.has(2):
-            given[2] = sr.P
+    if ctx.attr("activation") == "none":
+        # A k split sums partial products: linear only without an activation. A bias and a
+        # residual are then taken as P too (one rank adds them, the others add zeros),
+        # never B, which every rank would add.
+        added = tuple(i for i in (2, 3) if ctx.has(i))
+        given: dict[int, Sbp] = {0: sr.S(a_k), 1: sr.S(b_k), **dict.fromkeys(added, sr.P)}
         sigs.append(sr.sig(ctx, given, sr.P, 1))
-        bias = (2,) if ctx.has(2) else ()
-        sigs += [sr.partial(ctx, outs, (0, *bias)), sr.partial(ctx, outs, (1, *bias))]
+        sigs += [sr.partial(ctx, outs, (0, *added)), sr.partial(ctx, outs, (1, *added))]
     for j in range(ro - 2):
         if outs[0].shape[j] != 1:
             given = {i: sr.aligned(ctx.shape(i)[:-2], ro - 2, j) for i in (0, 1)}
