@@ -1073,12 +1073,12 @@ def run_plan(
 def compile_for_harness(model: Any, project: Path, **compile_args: Any) -> Any:
     """``model`` (an ONNX ModelProto or a path) imported, through the compile pipeline, and
     written to ``project``; returns the imported (un-optimized) graph, the reference's input."""
-    from flowc.compiler import compile_graph
+    from flowc.compiler import compile_graph, pass_list
     from flowc.frontend.onnx import import_model
-    from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+    from flowc.passes.manager import PassManager
 
     graph = import_model(model)
-    compile_graph(PassManager(COMPILE_PIPELINE).run(import_model(model)), project, **compile_args)
+    compile_graph(PassManager(pass_list()).run(import_model(model)), project, **compile_args)
     return graph
 
 
