@@ -1,8 +1,8 @@
 """One compile path for one device or many: every --precision on one device, --mesh 2,
 --mesh 2x2 and a two-stage pipeline, with one stream or the scheduler's choice, compiles the
 shared models through the same pass list (the fused ops of one device are the fused ops of
-every rank); an all-pairs subset is built and run on the host and compared with onnxruntime;
-a few cells are built for CUDA (compile and link)."""
+every rank); an all-pairs subset is built and run on the host and compared with onnxruntime,
+and built for CUDA (compile and link)."""
 
 from __future__ import annotations
 
@@ -161,24 +161,22 @@ def test_all_pairs_run_on_the_host(
 
 
 @pytest.mark.parametrize(
-    ("precision", "par"),
-    [
-        ("bf16", ParallelArgs(mesh="2x2")),
-        ("fp16", ParallelArgs(mesh="2", pipeline=2, microbatches=2)),
-    ],
-    ids=["bf16-mesh2x2", "fp16-pipeline"],
+    ("precision", "layout", "streams"), PAIRS, ids=[f"{p}-{lay}-{s}" for p, lay, s in PAIRS]
 )
-def test_narrow_multi_rank_cuda_builds_link(
-    precision: str, par: ParallelArgs, tmp_path: Path
+def test_all_pairs_build_for_cuda(
+    precision: str, layout: str, streams: int | None, tmp_path: Path
 ) -> None:
+    """The same cells built for CUDA (nvcc, cuBLASLt, cuDNN, NCCL and MPI): compiled and
+    linked without a warning (they run where a GPU is: make gpu-check)."""
     tk = find_cuda()
     missing = tk.missing(["cublasLt", "cudnn", "nccl"]) if tk.nvcc else ["nvcc"]
     if missing:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must build the CUDA program, but {missing} are missing")
         pytest.skip(f"no CUDA toolchain here ({', '.join(missing)} missing)")
+    name = RUN_MODEL.get((precision, layout), "mlp")
     out = tmp_path / "out"
-    compile_cell("mlp", precision, par, None, out)
+    compile_cell(name, precision, configs(name)[layout], streams, out)
     bdir = build(out, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
 
