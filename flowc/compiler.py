@@ -19,6 +19,7 @@ imports.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -501,12 +502,17 @@ def load_model(
     dump: Dump | None = None,
 ) -> Graph:
     """MODEL imported and put through ``pass_list``; the import and each pass are timed
-    into ``times``, and the IR after each pass --dump-after names goes to ``dump``."""
+    into ``times``, and the IR after each pass --dump-after names goes to ``dump``. A
+    ``.flow`` program's placements (``@ S(1)``) are kept only for a graph to be ``placed``
+    (the passes keep such values as they are); elsewhere they do not apply."""
     times = StageTimes() if times is None else times
     opts = ImportOptions(
         shapes=parse_shapes(model.shapes), dims=parse_dim_values(model.dims), weights=model.weights
     )
     graph = times.run("import", lambda: load_graph(model.path, opts))
+    if not placed:
+        for v in graph.values():
+            v.sbp = None
     pm = PassManager(pass_list(precision, compiled, placed), dump_after=set(model.dump_after))
     graph = pm.run(graph)
     times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
@@ -550,11 +556,11 @@ def placement_target(model: ModelArgs, par: ParallelArgs) -> Target:
     if alone:
         raise InputError(f"{', '.join(alone)} need{'s' if len(alone) == 1 else ''} --pipeline P")
     m = parse_mesh(par.mesh) if par.mesh is not None else None
-    program_mesh, placed = None, {}
+    program_mesh, placed = None, False
     if model.path.suffix.lower() == ".flow":
         graph = _program_graph(model)
         program_mesh = graph.mesh
-        placed = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
+        placed = any(v.sbp is not None for v in graph.values())
     if m is None:
         m = program_mesh
     if m is None:
@@ -582,9 +588,8 @@ def placement_target(model: ModelArgs, par: ParallelArgs) -> Target:
     if m.size == 1:
         # One device: every layout is whole; the program is the ordinary one.
         return None
-    if par.parallel != "none":
-        # `none` keeps every value whole: the program's placements do not apply.
-        fixed = {**placed, **fixed}
+    # The program's own placements are on its values (Value.sbp): place() adds them under
+    # these, from the graph the passes leave (a placed value is kept as it is).
     limit = parse_bytes(par.mem_limit, "--mem-limit") if par.mem_limit is not None else None
     return ParallelOptions(
         m, par.parallel, fixed, limit, par.cost_profile, node_limit=par.search_nodes
@@ -644,6 +649,11 @@ def place(
     rank graph, its cost and memory."""
     times = StageTimes() if times is None else times
     verify_graph(graph)
+    program = {v.name: v.sbp for v in graph.values() if v.sbp is not None}
+    if program and popts.method != "none":
+        # A program's placements bind the search like --sbp, which wins for the same value
+        # (`none` keeps every value whole: they do not apply).
+        popts = dataclasses.replace(popts, sbp={**program, **popts.sbp})
     progress(
         f"placing {len(graph.nodes)} nodes on mesh {dims_text(popts.mesh.shape)} ({popts.method})"
     )

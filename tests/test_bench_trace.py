@@ -175,10 +175,15 @@ def test_bench_times_warmup_queued_and_synchronized_runs(
         lat = f["latency_ms"]
         # The timed runs are real: the job took at least as long as they did.
         assert f["throughput_window_ms"] + n * lat["mean"] < wall_ms
-        # Each rank's launches of the model's one kernel: the outputs' run, the warm-up runs,
-        # N queued for the throughput and N one at a time for the latency.
-        stats = [ln.split() for ln in r.stderr.splitlines() if "elementwise" in ln]
-        assert [int(row[1]) for row in stats] == [1 + min(n, 3) + 2 * n] * 2, r.stderr
+        # Each rank's calls of the model's one GEMM (ReLU fused as its epilogue, on a mesh
+        # as on one device): the outputs' run, the warm-up runs, N queued for the
+        # throughput and N one at a time for the latency.
+        calls = [
+            int(m.group(1))
+            for ln in r.stderr.splitlines()
+            if (m := re.match(r"flowc sim work run: \d+ kernels, (\d+) library calls", ln))
+        ]
+        assert calls == [1 + min(n, 3) + 2 * n] * 2, r.stderr
         if n == 1:
             assert lat["min"] == lat["median"] == lat["p90"] == lat["max"]
         # The outputs are written as without --bench.

@@ -37,7 +37,9 @@ def load_model(
 
     own = times is None
     times = StageTimes() if own else times
-    graph = driver_load(model, compiled=for_compile, precision=precision, times=times, dump=dump_ir)
+    graph = driver_load(
+        model, compiled=for_compile, precision=precision, placed=placed, times=times, dump=dump_ir
+    )
     if own and model.print_times:
         seconds = dict(times.stages)
         err.print(f"pass times: import {seconds.get('import', 0.0) * 1e3:.1f} ms", markup=False)

@@ -256,6 +256,12 @@ class Graph:
         for n in self.nodes:
             yield from n.outputs
 
+    def kept(self) -> set[Value]:
+        """The values a rewrite must keep as they are: the graph's outputs, and the values a
+        program placed (``Value.sbp``: a layout the placement search is bound to, so a
+        fusion does not absorb them)."""
+        return set(self.outputs) | {v for v in self.values() if v.sbp is not None}
+
     def users(self) -> dict[Value, list[Node]]:
         uses: dict[Value, list[Node]] = {v: [] for v in self.values()}
         for n in self.nodes:

@@ -120,7 +120,7 @@ def _fold_scale(
 @register_pass("fold_batchnorm")
 def fold_batchnorm(graph: Graph) -> Graph:
     users = graph.users()
-    outputs = set(graph.outputs)
+    outputs = graph.kept()
     removed: set[Node] = set()
     for bn in graph.nodes:
         if bn.op == "Mul":

@@ -341,7 +341,7 @@ def steps_have(steps: list[tuple[str, Node, Value]], kind: str) -> bool:
 def _fuse(
     graph: Graph, sm: Node, users: dict[Value, list[Node]], live: LiveUses | None = None
 ) -> bool:
-    outs = set(graph.outputs)
+    outs = live.outs if live is not None else graph.kept()
     x = sm.inputs[0]
     if x is None or x.type.rank not in (2, 3, 4) or x.type.dtype not in FLOATS:
         return False

@@ -29,7 +29,7 @@ from flowc.passes.manager import register_pass
 @register_pass("fuse_conv")
 def fuse_conv(graph: Graph) -> Graph:
     users = graph.users()
-    outputs = set(graph.outputs)
+    outputs = graph.kept()
     claimed: set[Node] = set()
     fused_at: dict[Node, Node] = {}
     for conv in graph.nodes:

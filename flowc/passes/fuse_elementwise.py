@@ -60,7 +60,7 @@ def program_of(members: list[Node]) -> tuple[list[Value], str]:
 @register_pass("fuse_elementwise")
 def fuse_elementwise(graph: Graph) -> Graph:
     users = graph.users()
-    outputs = set(graph.outputs)
+    outputs = graph.kept()
     group_of: dict[Value, list[Node]] = {}  # a group's result -> its members, in order
     for node in graph.nodes:
         if not fusible(node):

@@ -96,10 +96,11 @@ class _Done:
 
 
 class _Fuser:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, views: bool = True) -> None:
         self.graph = graph
         self.live = LiveUses(graph)
         self.outs = self.live.outs
+        self.views = views
 
     @property
     def users(self) -> dict[Value, list[Node]]:
@@ -237,6 +238,8 @@ class _Fuser:
     def view_of(self, v: Value, dt: DType) -> tuple[Value, Operand]:
         """The buffer to read ``v`` from and how (v itself, packed, when nothing better)."""
         best: tuple[Value, Operand] = (v, Operand.packed(v.type.shape))
+        if not self.views:
+            return best
         steps: list[Node] = []
         cur = v
         while cur.producer is not None and len(steps) < 16:
@@ -491,7 +494,20 @@ def _reshape(g: Graph, src: Value, dst: Value) -> Node:
 
 @register_pass("fuse_gemm")
 def fuse_gemm(graph: Graph) -> Graph:
-    fz = _Fuser(graph)
+    return _fuse_all(graph, views=True)
+
+
+@register_pass("fuse_gemm_packed")
+def fuse_gemm_packed(graph: Graph) -> Graph:
+    """fuse_gemm with every operand read as it is (packed), for a graph the placement search
+    will split over devices: a strided view's offsets and strides are the whole tensor's, so
+    a GEMM that reads one runs only whole on every device, where the Transpose or Reshape
+    it would absorb splits like any op (a head split of q and K^T stays a head split)."""
+    return _fuse_all(graph, views=False)
+
+
+def _fuse_all(graph: Graph, views: bool) -> Graph:
+    fz = _Fuser(graph, views)
     for node in list(graph.nodes):
         if node.op in ("MatMul", "Gemm") and node in fz.live.alive and _fuse(fz, node):
             # The fused members are dead now and out of the uses the next match reads (kept

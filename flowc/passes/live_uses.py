@@ -15,7 +15,7 @@ from flowc.ir.graph import Graph, Node, Value
 class LiveUses:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.outs = set(graph.outputs)
+        self.outs = graph.kept()
         self.changed = False
         self._reset()
 

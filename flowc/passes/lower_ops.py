@@ -58,6 +58,8 @@ def lower_ops(graph: Graph) -> Graph:
         for old, new in zip(node.outputs, outs, strict=False):
             replaced[old] = new
     for old, new in replaced.items():
+        if new.sbp is None:
+            new.sbp = old.sbp  # a placed value's layout binds what replaces it
         if old in graph.outputs:
             _output_keeps_its_name(graph, old, new)
     builder.flush_warnings()

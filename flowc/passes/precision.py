@@ -73,6 +73,7 @@ def store_narrow(graph: Graph, narrow: DType) -> Graph:
             replaced[c] = graph.add_constant(
                 f"{c.name}.{narrow.short}", narrow_constant(c.const, narrow)
             )
+            replaced[c].sbp = c.sbp  # a placed parameter stays placed
     changed = bool(replaced)
     for node in graph.nodes:
         params = _FLOAT32_PARAMS.get(node.op, frozenset())

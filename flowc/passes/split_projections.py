@@ -48,7 +48,7 @@ def _rewrite(graph: Graph, proj: Node, users: dict[Value, list[Node]]) -> bool:
     col = _column_axis(proj)
     if col is None:
         return False
-    outs = set(graph.outputs)
+    outs = graph.kept()
     chain: list[Node] = []
     v = proj.outputs[0]
     n = v.type.shape[-1]
