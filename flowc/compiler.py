@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -698,9 +698,16 @@ def compile_model(
             "latency only (the micro-batches of a stage overlap by design)",
             hint="leave out --schedule-for, or compile without --pipeline",
         )
-    source = opts.model.path.name
     graph = load_model(
         opts.model, precision=sch.precision, placed=is_placed(popts), times=times, dump=dump
+    )
+    # What every kind of program is generated with.
+    shared: dict[str, Any] = dict(
+        source=opts.model.path.name,
+        arch=opts.arch,
+        force=opts.force,
+        times=times,
+        precision=sch.precision,
     )
     if isinstance(popts, PipelineSpec):
         spec = popts
@@ -711,44 +718,24 @@ def compile_model(
             + ("es" if spec.microbatches != 1 else "")
         )
         compiled_pipe = compile_pipeline(
-            graph,
-            project,
-            spec,
-            prefix=opts.prefix,
-            source=source,
-            arch=opts.arch,
-            force=opts.force,
-            streams=sch.streams,
-            times=times,
-            precision=sch.precision,
+            graph, project, spec, prefix=opts.prefix, streams=sch.streams, **shared
         )
         progress(compiled_pipe.partition.summary().splitlines()[0])
         return compiled_pipe
+    cuda_graph = not sch.no_cuda_graph
     if popts is None:
         progress(f"generating {project}/")
         return compile_graph(
             graph,
             project,
             prefix=opts.prefix,
-            source=source,
-            arch=opts.arch,
-            force=opts.force,
             streams=sch.streams,
-            times=times,
-            cuda_graph=not sch.no_cuda_graph,
-            precision=sch.precision,
+            cuda_graph=cuda_graph,
             schedule_for=sch.schedule_for,
+            **shared,
         )
     # The memory limit counts the arena of the program as compiled: the same streams.
-    popts = ParallelOptions(
-        popts.mesh,
-        popts.method,
-        popts.sbp,
-        popts.mem_limit,
-        popts.profile,
-        node_limit=popts.node_limit,
-        streams=sch.streams,
-    )
+    popts = dataclasses.replace(popts, streams=sch.streams)
     result = place(graph, popts, times, progress)
     progress(
         f"generating {project}/ for {popts.mesh.size} ranks "
@@ -758,16 +745,12 @@ def compile_model(
         result.physical.graph,
         project,
         prefix=opts.prefix or c_ident(graph.name)[:MAX_PREFIX],
-        source=source,
-        arch=opts.arch,
-        force=opts.force,
         physical=result.physical,
         streams=popts.stream_count(),
-        times=times,
-        cuda_graph=not sch.no_cuda_graph,
+        cuda_graph=cuda_graph,
         profile=result.profile,  # the one the memory limit was measured with
-        precision=sch.precision,
         schedule_for=sch.schedule_for,
+        **shared,
     )
 
 
