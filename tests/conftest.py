@@ -23,3 +23,16 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         code = 0
     out = capsys.readouterr()
     return code, out.out + out.err
+
+
+def require_cuda_build_toolchain() -> None:
+    """Skip (on a user's machine) or fail (under CI=true) a test that builds a multi-rank
+    CUDA program when nvcc, cuBLASLt, cuDNN or NCCL is missing."""
+    from flowc.toolchain import find_cuda
+
+    tk = find_cuda()
+    missing = tk.missing(["cublasLt", "cudnn", "nccl"]) if tk.nvcc else ["nvcc"]
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must build the CUDA program, but {missing} are missing")
+        pytest.skip(f"no CUDA toolchain here ({', '.join(missing)} missing)")

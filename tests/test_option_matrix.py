@@ -7,7 +7,6 @@ and built for CUDA (compile and link)."""
 from __future__ import annotations
 
 import functools
-import os
 import re
 import warnings
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import SHARED_MODELS
+from conftest import SHARED_MODELS, require_cuda_build_toolchain
 
 from flowc.compiler import Compiled, CompiledPipeline, compile_model
 from flowc.errors import FlowcWarning
@@ -25,7 +24,6 @@ from flowc.harness.ort import inference_mode, round_to, rounded_model, run_onnxr
 from flowc.interpreter import random_inputs
 from flowc.ir.graph import Graph
 from flowc.options import CompileOptions, ModelArgs, ParallelArgs, ScheduleArgs
-from flowc.toolchain import find_cuda
 
 MODELS = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
 PRECISIONS = ["fp32", "tf32", "bf16", "fp16"]
@@ -168,12 +166,7 @@ def test_all_pairs_build_for_cuda(
 ) -> None:
     """The same cells built for CUDA (nvcc, cuBLASLt, cuDNN, NCCL and MPI): compiled and
     linked without a warning (they run where a GPU is: make gpu-check)."""
-    tk = find_cuda()
-    missing = tk.missing(["cublasLt", "cudnn", "nccl"]) if tk.nvcc else ["nvcc"]
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must build the CUDA program, but {missing} are missing")
-        pytest.skip(f"no CUDA toolchain here ({', '.join(missing)} missing)")
+    require_cuda_build_toolchain()
     name = RUN_MODEL.get((precision, layout), "mlp")
     out = tmp_path / "out"
     compile_cell(name, precision, configs(name)[layout], streams, out)

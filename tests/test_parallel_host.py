@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_cuda_build_toolchain
 from test_parallel_models import check_outputs, logical, reference, tensor_parallel
 
 from flowc.codegen.program import layout_weights
@@ -22,7 +23,6 @@ from flowc.ir.layout import all_coords, local_type, rank_of
 from flowc.ir.types import Mesh
 from flowc.ops.comm import COLLECTIVES
 from flowc.parallel import Parallelized, ParallelOptions
-from flowc.toolchain import find_cuda
 
 COLLECTIVE_NAMES = {
     "AllReduce": "all-reduce",
@@ -150,12 +150,7 @@ def test_auto_plan_under_memory_limit_on_host_ranks(tmp_path: Path) -> None:
 
 
 def test_cuda_build_of_a_four_rank_program_links_nccl_and_mpi(tmp_path: Path) -> None:
-    tk = find_cuda()
-    missing = tk.missing(["cublasLt", "cudnn", "nccl"]) if tk.nvcc else ["nvcc"]
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must build the CUDA program, but {missing} are missing")
-        pytest.skip(f"no CUDA toolchain here ({', '.join(missing)} missing)")
+    require_cuda_build_toolchain()
     m = Mesh("gpus", (4,))
     g = logical("mlp")
     result = parallelize(g, ParallelOptions(m, "auto", sbp=tensor_parallel(g, m)))
