@@ -136,7 +136,35 @@ def test_bad_sim_settings_end_the_program_cleanly(
 def test_gemm_and_conv_wrappers_on_the_host(host_bin: dict[str, Path]) -> None:
     r = run([str(host_bin["libs"])])
     assert "0 failures" in r.stdout
-    assert r.stdout.count("PASS gemm") == 23 and r.stdout.count("PASS conv") == 6
+    assert r.stdout.count("PASS gemm") == 28 and r.stdout.count("PASS conv") == 7
+
+
+def test_the_emulator_enforces_the_libraries_contracts(host_bin: dict[str, Path]) -> None:
+    """Each rule of docs/runtime.md's "What the emulator enforces" for cuBLASLt and cuDNN
+    fires (libs.cu's check_contracts), and the results the rules protect come out right."""
+    out = run([str(host_bin["libs"])]).stdout
+    for line in [
+        "gemm refuses A below its declared alignment: gemm: operand A is only 4-byte aligned",
+        "gemm takes A at its declared 4-byte alignment",
+        "gemm refuses a batch stride that breaks the alignment",
+        "gemm refuses an alignment that is no power of two",
+        "create_blas refuses a workspace that is not 256-byte aligned",
+        "gemm refuses a handle with less workspace than the call's",
+        "narrow plans reduce split-K in the compute type",
+        "bf16 gemm k=1024 is rounded once (0 elements off by more than an ulp)",
+        "exact fp32 convolutions exclude FFT and Winograd",
+        "tf32 and narrow convolutions may use them",
+        "conv refuses a handle with less workspace than the call's",
+        "the fused identity convolution forces IMPLICIT_PRECOMP_GEMM",
+        "a NaN stays NaN through the fused ReLU",
+    ]:
+        assert f"PASS {line}" in out, line
+
+
+def test_a_cudnn_handle_outliving_its_stream_is_reported(host_bin: dict[str, Path]) -> None:
+    r = run([str(host_bin["libs"]), "destroy-order"], check=False)
+    assert r.returncode != 0 and "destroyed" not in r.stdout, r.stdout
+    assert "cudnnDestroy: the handle's stream (its last cudnnSetStream) was destroyed" in r.stderr
 
 
 def test_kernel_sources_have_no_target_switches() -> None:

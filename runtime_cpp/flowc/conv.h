@@ -56,6 +56,9 @@ struct ConvDesc {
   bool has_bias = false;
   bool has_residual = false;
   bool relu = false;
+  // The most workspace this call may use (bytes; its bound from the shapes, docs/runtime.md),
+  // -1: whatever the handle has. The stream's handle must have at least this much.
+  int64_t workspace = -1;
 
   int64_t out_h() const { return (h + 2 * pad_h - dil_h * (r - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (w + 2 * pad_w - dil_w * (s - 1) - 1) / stride_w + 1; }
@@ -78,12 +81,42 @@ inline Status validate(const ConvDesc& d) {
   return Status::Ok();
 }
 
+// cuDNN's forward algorithms (cudnnConvolutionFwdAlgo_t), named on both targets.
+enum class ConvAlgo { kImplicitGemm, kImplicitPrecompGemm, kGemm, kDirect, kFft, kFftTiling, kWinograd, kWinogradNonfused };
+
+// Whether a plan may use `algo`. Exact float32 (FMA math) leaves out the transform algorithms:
+// FFT and Winograd compute a different sum (rounded in the transformed domain), which cuDNN's
+// math mode does not exclude; TF32 and the narrow types, already approximate, keep them.
+inline bool conv_algorithm_allowed(const ConvDesc& d, ConvAlgo algo) {
+  const bool transform = algo == ConvAlgo::kFft || algo == ConvAlgo::kFftTiling || algo == ConvAlgo::kWinograd ||
+                         algo == ConvAlgo::kWinogradNonfused;
+  return !(transform && d.type == DataType::kF32 && d.math == ConvMath::kExact);
+}
+
+// The activation's NaN option (cudnnSetActivationDescriptor's reluNanOpt): propagated, so a
+// NaN stays NaN through ReLU as ONNX's Relu (max(x, 0)) keeps it. PyTorch asks for
+// CUDNN_NOT_PROPAGATE_NAN, which turns NaN into 0; the emulator applies whichever a plan sets.
+constexpr bool kConvReluPropagatesNan = true;
+
 namespace detail {
 
 // A 0/1 variable (flowc/env.h); a model's create() has refused any other value.
 inline bool env_flag(const char* name) {
   bool on = false;
   return env::flag(name, &on).ok() && on;
+}
+
+// Every tensor pointer at least aligned to its element size, as cuDNN's kernels load them.
+inline Status check_conv_pointers(const ConvDesc& d, const void* x, const void* w, const void* bias,
+                                  const void* z, const void* y) {
+  const uintptr_t elem = element_size(d.type);
+  const void* ptrs[5] = {x, w, d.has_bias ? bias : nullptr, d.has_residual ? z : nullptr, y};
+  const char* names[5] = {"x", "w", "bias", "z", "y"};
+  for (int i = 0; i < 5; ++i) {
+    if (ptrs[i] != nullptr && reinterpret_cast<uintptr_t>(ptrs[i]) % elem != 0)
+      return LibraryError(std::string("conv2d: ") + names[i] + " is not aligned to its element size");
+  }
+  return Status::Ok();
 }
 
 inline float load_as_float(const void* p, DataType t, int64_t i) {
@@ -140,24 +173,62 @@ inline void run_epilogue(const ConvDesc& d, void* y, const void* bias, const voi
 
 #if defined(FLOWC_HOST)
 
+// What cuDNN's handle holds that the emulator checks: the workspace size it was given (the
+// host needs none), whether a call has run yet (sim::library_call), and the stream its last
+// call ran on (cudnnSetStream), which must outlive the handle.
 struct ConvHandle {
-  BlasHandle blas;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool warm = false;
+  cudaStream_t stream = nullptr;
 };
 
-inline Status create_conv(ConvHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
-inline void destroy_conv(ConvHandle*) {}
+inline Status create_conv(ConvHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return InvalidArgument("create_conv: the workspace must be 256-byte aligned");
+  *h = ConvHandle{workspace, workspace_bytes, false, nullptr};
+  return Status::Ok();
+}
+
+// cudnnDestroy with the handle's stream destroyed before it: the GPU's handle would still
+// point at the freed stream. A program destroys its handles first.
+inline void destroy_conv(ConvHandle* h) {
+  if (!sim::stream_alive(h->stream)) {
+    sim::fatal(
+        "cudnnDestroy: the handle's stream (its last cudnnSetStream) was destroyed before the handle; "
+        "destroy cuDNN handles before their streams");
+  }
+  *h = ConvHandle{};
+}
+
+// Points the handle at the legacy stream (cudnnSetStream(handle, 0)): before destroying it when
+// its last stream was the caller's, which the caller may have destroyed already.
+inline void release_conv_stream(ConvHandle* h) { h->stream = nullptr; }
 
 struct ConvPlan {
   ConvDesc d;
+  ConvHandle* handle = nullptr;
   bool fused = false;  // the epilogue runs in the convolution's own call (one library call)
+  // The algorithm the GPU plan runs: the fused identity call's forced IMPLICIT_PRECOMP_GEMM,
+  // else the plain convolution's choice (`plain_algo`; kImplicitGemm stands for the heuristic's
+  // choice here, the host has none).
+  ConvAlgo algo = ConvAlgo::kImplicitGemm;
+  ConvAlgo plain_algo = ConvAlgo::kImplicitGemm;
 };
 
-inline Status plan_conv(ConvHandle&, const ConvDesc& d, ConvPlan* p) {
+inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+  }
   p->d = d;
-  // cuDNN's fused call needs a bias; the identity activation's algorithm restriction has no
-  // host counterpart.
+  p->handle = &h;
+  // cuDNN's fused call needs a bias; its identity activation runs only with
+  // IMPLICIT_PRECOMP_GEMM, which the plan then forces.
   p->fused = d.epilogue() && d.has_bias && !detail::env_flag("FLOWC_CONV_UNFUSED");
+  p->plain_algo = ConvAlgo::kImplicitGemm;
+  p->algo = p->fused && !d.relu ? ConvAlgo::kImplicitPrecompGemm : p->plain_algo;
   return Status::Ok();
 }
 
@@ -210,9 +281,25 @@ inline std::vector<float> widened(const void* p, DataType t, int64_t count) {
 // conv_epilogue runs as a kernel after it.
 inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bias, const void* z, void* y,
                        cudaStream_t stream) {
+  if (p.handle == nullptr) return InvalidArgument("conv2d: the plan was not made");
+  if (Status s = detail::check_conv_pointers(p.d, x, w, bias, z, y); !s.ok()) return s;
+  p.handle->stream = stream;  // cudnnSetStream
+  if (p.fused && !p.d.relu && p.algo != ConvAlgo::kImplicitPrecompGemm) {
+    return LibraryError(
+        "cudnnConvolutionBiasActivationForward: CUDNN_STATUS_NOT_SUPPORTED (the identity activation runs "
+        "only with IMPLICIT_PRECOMP_GEMM)");
+  }
+  if (p.fused && detail::env_flag("FLOWC_SIM_REFUSE_FUSED_CONV")) {
+    // The emulated cuDNN has no kernel for the fused call (what cuDNN answers for a
+    // configuration it lacks one for): the fallback from now on, as on the GPU, with the
+    // plain convolution's own algorithm.
+    p.fused = false;
+    p.algo = p.plain_algo;
+  }
   const ConvDesc desc = p.d;
   const bool fused = p.fused;
-  cudaError_t e = sim::enqueue_host(stream, [desc, fused, x, w, bias, z, y] {
+  const bool propagate_nan = kConvReluPropagatesNan;
+  cudaError_t e = sim::library_call(stream, &p.handle->warm, [desc, fused, propagate_nan, x, w, bias, z, y] {
     const int64_t in = desc.n * desc.c * desc.h * desc.w,
                   wn = desc.k * (desc.c / desc.groups) * desc.r * desc.s;
     const int64_t inner = desc.out_h() * desc.out_w(), total = desc.n * desc.k * inner;
@@ -235,7 +322,7 @@ inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bi
         float v = Y[i];
         if (desc.has_bias) v += detail::load_as_float(bias, desc.type, (i / inner) % desc.k);
         if (desc.has_residual) v += detail::load_as_float(z, desc.type, i);
-        if (desc.relu && !(v >= 0.0f) && v == v) v = 0.0f;
+        if (desc.relu && !(v >= 0.0f) && (v == v || !propagate_nan)) v = 0.0f;
         Y[i] = v;
       }
     }
@@ -245,7 +332,7 @@ inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bi
       for (int64_t i = 0; i < total; ++i) static_cast<bf16*>(y)[i] = bf16(Y[i]);
     }
   });
-  if (e != cudaSuccess) return InvalidArgument(std::string("conv2d: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) return LibraryError(std::string("conv2d: ") + cudaGetErrorString(e));
   if (!fused && desc.epilogue()) run_epilogue(desc, y, bias, z, stream);
   return Status::Ok();
 }
@@ -261,6 +348,8 @@ struct ConvHandle {
 // `workspace`: the caller's device memory for cuDNN's scratch (the stream's planned arena
 // buffer, shared with its cuBLASLt handle: one stream runs one library call at a time).
 inline Status create_conv(ConvHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return InvalidArgument("create_conv: the workspace must be 256-byte aligned");
   if (cudnnCreate(&h->cudnn) != CUDNN_STATUS_SUCCESS) return LibraryError("cudnnCreate failed");
   h->workspace = workspace;
   h->workspace_bytes = workspace ? workspace_bytes : 0;
@@ -270,6 +359,12 @@ inline Status create_conv(ConvHandle* h, void* workspace = nullptr, size_t works
 inline void destroy_conv(ConvHandle* h) {
   if (h->cudnn) cudnnDestroy(h->cudnn);
   *h = ConvHandle{};
+}
+
+// Points the handle at the legacy stream: before destroying it when its last stream was the
+// caller's, which the caller may have destroyed already.
+inline void release_conv_stream(ConvHandle* h) {
+  if (h->cudnn) cudnnSetStream(h->cudnn, nullptr);
 }
 
 struct ConvPlan {
@@ -282,6 +377,9 @@ struct ConvPlan {
   cudnnConvolutionDescriptor_t conv = nullptr;
   cudnnActivationDescriptor_t act = nullptr;
   cudnnConvolutionFwdAlgo_t algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  // The plain convolution's own choice: what the fallback runs (the fused identity call
+  // forces IMPLICIT_PRECOMP_GEMM into `algo`).
+  cudnnConvolutionFwdAlgo_t plain_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   bool fused = false;  // the epilogue runs in cudnnConvolutionBiasActivationForward
 };
 
@@ -298,6 +396,27 @@ inline void destroy_plan(ConvPlan* p) {
 inline cudnnDataType_t cudnn_type(DataType t) {
   return t == DataType::kF16 ? CUDNN_DATA_HALF
                              : (t == DataType::kBF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT);
+}
+
+inline ConvAlgo conv_algo(cudnnConvolutionFwdAlgo_t a) {
+  switch (a) {
+    case CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM:
+      return ConvAlgo::kImplicitPrecompGemm;
+    case CUDNN_CONVOLUTION_FWD_ALGO_GEMM:
+      return ConvAlgo::kGemm;
+    case CUDNN_CONVOLUTION_FWD_ALGO_DIRECT:
+      return ConvAlgo::kDirect;
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT:
+      return ConvAlgo::kFft;
+    case CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING:
+      return ConvAlgo::kFftTiling;
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD:
+      return ConvAlgo::kWinograd;
+    case CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED:
+      return ConvAlgo::kWinogradNonfused;
+    default:
+      return ConvAlgo::kImplicitGemm;
+  }
 }
 
 // The algorithm (heuristic or timed) that fits the workspace; `tensor_ok`: whether it may use
@@ -321,6 +440,7 @@ inline Status choose_algorithm(ConvPlan* p, bool tensor_ok) {
         perf[a].mathType == CUDNN_TENSOR_OP_MATH || perf[a].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
     if (perf[a].status != CUDNN_STATUS_SUCCESS || perf[a].memory > p->workspace_bytes) continue;
     if (tensor && !tensor_ok) continue;
+    if (!conv_algorithm_allowed(p->d, conv_algo(perf[a].algo))) continue;
     p->algo = perf[a].algo;
     return Status::Ok();
   }
@@ -331,10 +451,17 @@ inline Status choose_algorithm(ConvPlan* p, bool tensor_ok) {
 inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
   destroy_plan(p);
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+  }
   p->d = d;
   p->cudnn = h.cudnn;
   p->workspace = h.workspace;
-  p->workspace_bytes = h.workspace_bytes;
+  // The call's bound, not the whole stream's workspace: algorithms are chosen within it.
+  p->workspace_bytes = d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
+                           ? static_cast<size_t>(d.workspace)
+                           : h.workspace_bytes;
   const cudnnDataType_t t = cudnn_type(d.type);
   const auto i = [](int64_t v) { return static_cast<int>(v); };
   bool ok = cudnnCreateTensorDescriptor(&p->x) == CUDNN_STATUS_SUCCESS &&
@@ -357,7 +484,8 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   ok = ok &&
        cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, i(d.k), 1, 1) == CUDNN_STATUS_SUCCESS;
   ok = ok && cudnnSetActivationDescriptor(p->act, d.relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-                                          CUDNN_PROPAGATE_NAN, 0.0) == CUDNN_STATUS_SUCCESS;
+                                          kConvReluPropagatesNan ? CUDNN_PROPAGATE_NAN : CUDNN_NOT_PROPAGATE_NAN,
+                                          0.0) == CUDNN_STATUS_SUCCESS;
   // Exact fp32 must say so: cuDNN's default math lets float32 convolutions use TF32.
   const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
   ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==
@@ -367,6 +495,13 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
     return LibraryError("conv2d: cuDNN rejected a descriptor");
   }
   p->fused = d.epilogue() && d.has_bias && !detail::env_flag("FLOWC_CONV_UNFUSED");
+  // The plain convolution's algorithm, always: the fallback's, should the fused call be refused.
+  Status s = choose_algorithm(p, tensor_ok);
+  if (!s.ok()) {
+    destroy_plan(p);
+    return s;
+  }
+  p->plain_algo = p->algo;
   if (p->fused && !d.relu) {
     // cuDNN's fused call runs the identity activation only with IMPLICIT_PRECOMP_GEMM.
     size_t bytes = 0;
@@ -375,18 +510,17 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
                                                 &bytes) == CUDNN_STATUS_SUCCESS &&
         bytes <= p->workspace_bytes) {
       p->algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-      return Status::Ok();
+    } else {
+      p->fused = false;
     }
-    p->fused = false;
   }
-  Status s = choose_algorithm(p, tensor_ok);
-  if (!s.ok()) destroy_plan(p);
-  return s;
+  return Status::Ok();
 }
 
 inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bias, const void* z, void* y,
                        cudaStream_t stream) {
   if (p.conv == nullptr) return InvalidArgument("conv2d: the plan was not made");
+  if (Status s = detail::check_conv_pointers(p.d, x, w, bias, z, y); !s.ok()) return s;
   if (cudnnSetStream(p.cudnn, stream) != CUDNN_STATUS_SUCCESS)
     return LibraryError("conv2d: cudnnSetStream failed");
   const float one = 1.0f, zero = 0.0f;
@@ -399,7 +533,10 @@ inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bi
     if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
     if (CUDNN_STATUS_CATEGORY(st) != CUDNN_STATUS_NOT_SUPPORTED)
       return LibraryError(std::string("cudnnConvolutionBiasActivationForward: ") + cudnnGetErrorString(st));
-    p.fused = false;  // the fallback from now on (plan_path says so)
+    // The fallback from now on (plan_path says so), with the plain convolution's own
+    // algorithm rather than the one forced for the fused identity call.
+    p.fused = false;
+    p.algo = p.plain_algo;
   }
   const cudnnStatus_t st = cudnnConvolutionForward(p.cudnn, &one, p.x, x, p.w, w, p.conv, p.algo, p.workspace,
                                                    p.workspace_bytes, &zero, p.y, y);

@@ -57,6 +57,7 @@ constexpr Variable kVariables[] = {
     {"FLOWC_SIM_FIBERS", Kind::kFlag, 0, 1, "0 or 1"},
     {"FLOWC_SIM_STACK_KB", Kind::kInteger, 64, 1048576,
      "a whole number of KiB from 64 to 1048576 (1 GiB)"},
+    {"FLOWC_SIM_REFUSE_FUSED_CONV", Kind::kFlag, 0, 1, "0 or 1"},
 };
 // clang-format on
 

@@ -18,6 +18,7 @@
 // float, sgemm accumulates, the epilogue is applied in float, and D is rounded once.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -58,8 +59,13 @@ struct GemmDesc {
   bool tf32 = false;               // fp32 only: let the library round inputs to TF32
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   // The alignment (bytes) every pointer run_gemm gets for A, B, C/D is known to have: the
-  // library may pick algorithms that need it.
+  // library may pick algorithms that need it (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES; an
+  // algorithm chosen for an alignment the pointers lack fails). Powers of two, at least the
+  // element size; batch strides keep them.
   int align_a = 16, align_b = 16, align_c = 16;
+  // The most workspace this call may use (bytes; its bound from the shapes, docs/runtime.md),
+  // -1: whatever the handle has. The stream's handle must have at least this much.
+  int64_t workspace = -1;
 };
 
 // A packed row-major problem: leading dimensions and batch strides follow from the shapes.
@@ -94,8 +100,65 @@ inline Status validate(const GemmDesc& d) {
         "gemm: a leading dimension is smaller than its row (lda >= " + std::to_string(min_lda) +
         ", ldb >= " + std::to_string(min_ldb) + ", ldc >= " + std::to_string(d.n) + ")");
   }
+  // cuBLASLt's type table: CUBLAS_COMPUTE_32F_FAST_TF32 takes 32F A/B/C only.
   if (d.tf32 && d.type != DataType::kF32)
     return InvalidArgument("gemm: tf32 applies to float32 operands only");
+  const int elem = static_cast<int>(element_size(d.type));
+  const int64_t strides[3] = {d.stride_a, d.stride_b, d.stride_c};
+  const int aligns[3] = {d.align_a, d.align_b, d.align_c};
+  const char* names[3] = {"A", "B", "C/D"};
+  for (int i = 0; i < 3; ++i) {
+    const int al = aligns[i];
+    if (al < elem || (al & (al - 1)) != 0) {
+      return InvalidArgument(std::string("gemm: the alignment declared for ") + names[i] + " (" +
+                             std::to_string(al) + " bytes) is not a power of two of at least the element size (" +
+                             std::to_string(elem) + ")");
+    }
+    if (d.batch > 1 && (strides[i] * elem) % al != 0) {
+      return InvalidArgument(std::string("gemm: the batch stride of ") + names[i] + " (" +
+                             std::to_string(strides[i] * elem) + " bytes) breaks its declared " +
+                             std::to_string(al) + "-byte alignment");
+    }
+  }
+  return Status::Ok();
+}
+
+// cuBLASLt's split-K reductions a plan allows (CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, the
+// values of cublasLtReductionScheme_t): INPLACE adds the partial sums into D in D's type,
+// OUTPUT_TYPE keeps them in D's type in the workspace, COMPUTE_TYPE in float32. A float16 or
+// bfloat16 D would add partial sums in 16 bits with the first two, so narrow plans allow only
+// COMPUTE_TYPE: the result is rounded once, as without a split.
+enum : uint32_t { kReduceInPlace = 1, kReduceComputeType = 2, kReduceOutputType = 4, kReduceAll = 7 };
+
+inline uint32_t reduction_schemes(const GemmDesc& d) {
+  return d.type == DataType::kF32 ? kReduceAll : kReduceComputeType;
+}
+
+// The emulator's contract checks at a call (docs/runtime.md, "What the emulator enforces"):
+// every pointer as aligned as the plan declared, the bias at least element-aligned.
+inline Status check_pointers(const GemmDesc& d, const void* a, const void* b, const void* c, const void* out,
+                             const void* bias) {
+  const auto misaligned = [](const void* p, int al) { return reinterpret_cast<uintptr_t>(p) % unsigned(al) != 0; };
+  const struct {
+    const void* p;
+    int align;
+    const char* name;
+    const char* pref;
+  } ops[4] = {{a, d.align_a, "A", "B"},  // cuBLASLt sees flowc's A as its B (see plan_gemm)
+              {b, d.align_b, "B", "A"},
+              {c, d.align_c, "C", "C"},
+              {out, d.align_c, "D", "D"}};
+  for (const auto& op : ops) {
+    if (op.p != nullptr && misaligned(op.p, op.align)) {
+      const uintptr_t v = reinterpret_cast<uintptr_t>(op.p);
+      return LibraryError(std::string("gemm: operand ") + op.name + " is only " + std::to_string(v & (~v + 1)) +
+                          "-byte aligned, below the " + std::to_string(op.align) +
+                          " bytes its plan declared to cuBLASLt (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_" + op.pref +
+                          "_BYTES): the algorithm chosen for it would fail on the GPU");
+    }
+  }
+  if (bias != nullptr && misaligned(bias, static_cast<int>(element_size(d.type))))
+    return LibraryError("gemm: the bias pointer is not aligned to its element size");
   return Status::Ok();
 }
 
@@ -136,20 +199,42 @@ __host__ __device__ inline float epilogue(GemmEpilogue e, float x, float b) {
 
 #if defined(FLOWC_HOST)
 
-struct BlasHandle {};
+// The handle keeps what cuBLASLt's would: the caller's workspace (only its size matters on the
+// host, where the library needs none; the generated program passes no memory for it), and
+// whether a call has run yet (the first call outside any capture: see sim::library_call).
+struct BlasHandle {
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool warm = false;
+};
 
-inline Status create_blas(BlasHandle*, void* = nullptr, size_t = 0) { return Status::Ok(); }
-inline void destroy_blas(BlasHandle*) {}
+inline Status create_blas(BlasHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return InvalidArgument("create_blas: cuBLASLt's workspace must be 256-byte aligned");
+  *h = BlasHandle{workspace, workspace_bytes, false};
+  return Status::Ok();
+}
+inline void destroy_blas(BlasHandle* h) { *h = BlasHandle{}; }
 
 // The host's plan is the problem itself: CBLAS has nothing to prepare.
 struct GemmPlan {
   GemmDesc desc;
+  BlasHandle* handle = nullptr;
+  uint32_t reductions = kReduceAll;  // the split-K reductions the GPU plan allows
   bool made = false;
 };
 
-inline Status plan_gemm(BlasHandle&, const GemmDesc& d, GemmPlan* p) {
+inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
+  // The GPU plan asks the heuristic for an algorithm within the call's workspace bound; a
+  // handle with less would make it choose from fewer, or none.
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("gemm: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+  }
   p->desc = d;
+  p->handle = &h;
+  p->reductions = reduction_schemes(d);
   p->made = true;
   return Status::Ok();
 }
@@ -166,8 +251,29 @@ void to_float(const T* src, int64_t rows, int64_t cols, int64_t ld, float* dst) 
 }
 
 // One batch of the problem, element type T; float needs no conversion, so A and B are read in place.
+// A narrow product whose split-K partial sums may be added in 16 bits (a plan that allows the
+// INPLACE or OUTPUT_TYPE reduction): the emulator takes the GPU's worst case, K in four parts
+// whose products are each rounded to T and added into D in T.
 template <class T>
-void host_gemm(const GemmDesc& d, const T* A, const T* B, const T* C, T* D, const T* bias) {
+void split_k_in_narrow(const GemmDesc& d, const float* a, int64_t lda, const float* b, int64_t ldb, float* out) {
+  const int64_t parts = 4, chunk = (d.k + parts - 1) / parts;
+  std::vector<float> part(static_cast<size_t>(d.m * d.n));
+  std::vector<T> acc(static_cast<size_t>(d.m * d.n), T(0.0f));
+  for (int64_t p0 = 0; p0 < d.k; p0 += chunk) {
+    const int64_t kk = std::min(chunk, d.k - p0);
+    const float* ap = d.trans_a ? a + p0 * lda : a + p0;
+    const float* bp = d.trans_b ? b + p0 : b + p0 * ldb;
+    cblas_sgemm(CblasRowMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(kk), d.alpha, ap,
+                static_cast<int>(lda), bp, static_cast<int>(ldb), 0.0f, part.data(), static_cast<int>(d.n));
+    for (size_t i = 0; i < part.size(); ++i)
+      acc[i] = T(static_cast<float>(acc[i]) + static_cast<float>(T(part[i])));
+  }
+  for (size_t i = 0; i < part.size(); ++i) out[i] = d.beta * out[i] + static_cast<float>(acc[i]);
+}
+
+template <class T>
+void host_gemm(const GemmDesc& d, uint32_t reductions, const T* A, const T* B, const T* C, T* D, const T* bias) {
   const int64_t a_rows = d.trans_a ? d.k : d.m, a_cols = d.trans_a ? d.m : d.k;
   const int64_t b_rows = d.trans_b ? d.n : d.k, b_cols = d.trans_b ? d.k : d.n;
   const bool wide = std::is_same<T, float>::value;
@@ -204,9 +310,13 @@ void host_gemm(const GemmDesc& d, const T* A, const T* B, const T* C, T* D, cons
       ldb = b_cols;
       ldd = d.n;
     }
-    cblas_sgemm(CblasRowMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), d.alpha, pa,
-                static_cast<int>(lda), pb, static_cast<int>(ldb), d.beta, pd, static_cast<int>(ldd));
+    if (!wide && (reductions & (kReduceInPlace | kReduceOutputType)) != 0 && d.k >= 64) {
+      if constexpr (!std::is_same<T, float>::value) split_k_in_narrow<T>(d, pa, lda, pb, ldb, pd);
+    } else {
+      cblas_sgemm(CblasRowMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(d.m), static_cast<int>(d.n), static_cast<int>(d.k), d.alpha, pa,
+                  static_cast<int>(lda), pb, static_cast<int>(ldb), d.beta, pd, static_cast<int>(ldd));
+    }
     if (d.epilogue != GemmEpilogue::kNone || !wide) {
       const bool has_bias = epilogue_has_bias(d.epilogue);
       for (int64_t r = 0; r < d.m; ++r) {
@@ -221,18 +331,20 @@ void host_gemm(const GemmDesc& d, const T* A, const T* B, const T* C, T* D, cons
 }
 
 template <class T>
-Status enqueue_gemm(const GemmDesc& d, const void* a, const void* b, const void* c, void* out,
+Status enqueue_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* out,
                     const void* bias, cudaStream_t stream) {
   const T* A = static_cast<const T*>(a);
   const T* B = static_cast<const T*>(b);
   const T* C = static_cast<const T*>(c);
   T* D = static_cast<T*>(out);
   const T* bias_t = static_cast<const T*>(bias);
-  const GemmDesc desc = d;
+  const GemmDesc desc = p.desc;
+  const uint32_t reductions = p.reductions;
   // One library call, one queued host operation (the emulator counts it as a launch).
-  cudaError_t e =
-      sim::enqueue_host(stream, [desc, A, B, C, D, bias_t] { host_gemm(desc, A, B, C, D, bias_t); });
-  return e == cudaSuccess ? Status::Ok() : InvalidArgument(std::string("gemm: ") + cudaGetErrorString(e));
+  cudaError_t e = sim::library_call(stream, &p.handle->warm, [desc, reductions, A, B, C, D, bias_t] {
+    host_gemm(desc, reductions, A, B, C, D, bias_t);
+  });
+  return e == cudaSuccess ? Status::Ok() : LibraryError(std::string("gemm: ") + cudaGetErrorString(e));
 }
 
 }  // namespace detail
@@ -244,13 +356,14 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
   const GemmDesc& desc = p.desc;
   if (Status s = check_bias(desc, bias); !s.ok()) return s;
   if (desc.m == 0 || desc.n == 0) return Status::Ok();
+  if (Status s = check_pointers(desc, a, b, c, d, bias); !s.ok()) return s;
   switch (desc.type) {
     case DataType::kF32:
-      return detail::enqueue_gemm<float>(desc, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<float>(p, a, b, c, d, bias, stream);
     case DataType::kF16:
-      return detail::enqueue_gemm<f16>(desc, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<f16>(p, a, b, c, d, bias, stream);
     case DataType::kBF16:
-      return detail::enqueue_gemm<bf16>(desc, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<bf16>(p, a, b, c, d, bias, stream);
   }
   return NotSupported("gemm: unknown element type");
 }
@@ -266,6 +379,8 @@ struct BlasHandle {
 // `workspace`: the caller's device memory for cuBLASLt's scratch (flowc's programs give each
 // stream a planned arena buffer); cuBLASLt only picks algorithms that fit in it (0: none).
 inline Status create_blas(BlasHandle* h, void* workspace = nullptr, size_t workspace_bytes = 0) {
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+    return InvalidArgument("create_blas: cuBLASLt's workspace must be 256-byte aligned");
   if (cublasLtCreate(&h->lt) != CUBLAS_STATUS_SUCCESS) return LibraryError("cublasLtCreate failed");
   h->workspace = workspace;
   h->workspace_bytes = workspace ? workspace_bytes : 0;
@@ -387,10 +502,17 @@ inline bool lt_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
   destroy_plan(p);
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("gemm: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+  }
   p->desc = d;
   p->lt = h.lt;
   p->workspace = h.workspace;
-  p->workspace_bytes = h.workspace_bytes;
+  // The call's bound, not the whole stream's workspace: the heuristic picks within it.
+  p->workspace_bytes = d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
+                           ? static_cast<size_t>(d.workspace)
+                           : h.workspace_bytes;
   if (d.m == 0 || d.n == 0) {
     p->made = true;  // nothing to compute, nothing to ask the library
     return Status::Ok();
@@ -423,7 +545,8 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
        lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first) &&
        lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second) &&
        lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c) &&
-       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c) &&
+       lt_pref(p->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_schemes(d));
   if (!ok) {
     destroy_plan(p);
     return LibraryError("gemm: cuBLASLt rejected a preference");
@@ -456,6 +579,7 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
   if (!p.made) return InvalidArgument("gemm: the plan was not made");
   if (Status s = check_bias(p.desc, bias); !s.ok()) return s;
   if (p.desc.m == 0 || p.desc.n == 0) return Status::Ok();
+  if (Status s = check_pointers(p.desc, a, b, c, d, bias); !s.ok()) return s;
   // The bias address is a call's, not the plan's (plans are shared by identical calls); setting
   // it is a host-side store into the descriptor, read when the call is queued.
   if (bias != nullptr && !p.epilogue_kernel && !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) {

@@ -21,13 +21,17 @@
 //   // destroy(): m->graph.release() (or let the destructor do it) before the streams and
 //   // buffers the graph uses are freed.
 //
-// The first run() captures the work on a private non-blocking stream (ThreadLocal capture
-// mode: this thread's unsafe calls, such as cudaMalloc, fail the capture; other threads are
-// not disturbed), instantiates it once and launches it on the caller's stream; later runs
-// only launch it (one cudaGraphLaunch, no kernel launches). When the caller's stream is
-// itself capturing (the caller builds its own graph), the work is issued directly on that
-// stream so that it becomes part of the caller's capture. With `enabled = false` (flowc's
-// --no-cuda-graph) run() always issues the work directly.
+// The first run() issues the work directly on the caller's stream: a warm-up, so that what
+// the libraries do on their first call (cuBLASLt's and cuDNN's lazy initialization, loading
+// kernel modules, allocating) happens outside any capture. The second run() captures the work
+// on a private non-blocking stream (ThreadLocal capture mode: this thread's unsafe calls, such
+// as cudaMalloc, fail the capture; other threads are not disturbed), instantiates it once and
+// launches it on the caller's stream; later runs only launch it (one cudaGraphLaunch, no kernel
+// launches). A capture that fails for a reason other than the work's own failure is not tried
+// again: that run and every later one issue the work directly, and fallback() says why. When
+// the caller's stream is itself capturing (the caller builds its own graph), the work is issued
+// directly on that stream so that it becomes part of the caller's capture. With
+// `enabled = false` (flowc's --no-cuda-graph) run() always issues the work directly.
 #pragma once
 
 #include <string>
@@ -55,10 +59,20 @@ class GraphRunner {
     if (cudaError_t e = cudaStreamIsCapturing(stream, &capturing); e != cudaSuccess) {
       return fail("querying the capture state of the caller's stream", e);
     }
-    if (!enabled_ || capturing != cudaStreamCaptureStatusNone) return direct(stream, work, work_status);
+    if (!enabled_ || !fallback_.empty() || capturing != cudaStreamCaptureStatusNone || !warm_) {
+      Status st = direct(stream, work, work_status);
+      // A warm-up counts once the work has run without failing.
+      if (st.ok() && capturing == cudaStreamCaptureStatusNone) warm_ = true;
+      return st;
+    }
     if (exec_ == nullptr) {
       Status st = capture(work, work_status);
-      if (!st.ok() || exec_ == nullptr) return st;
+      if (work_status != nullptr && *work_status != 0) return st;
+      if (!st.ok()) {
+        // The graph is given up, not the run: the work goes out directly from now on.
+        fallback_ = st.message();
+        return direct(stream, work, work_status);
+      }
     }
     if (cudaError_t e = cudaGraphLaunch(exec_, stream); e != cudaSuccess) {
       return fail("launching the CUDA graph", e);
@@ -68,6 +82,8 @@ class GraphRunner {
 
   // Whether a graph has been captured and instantiated.
   bool captured() const { return exec_ != nullptr; }
+  // Why the runner gave up its graph and issues the work directly ("" while it has not).
+  const std::string& fallback() const { return fallback_; }
 
   // Drops the graph (the next run captures again) and the private stream. Launches already
   // queued still complete: CUDA (and the emulator) defer freeing an executing graph.
@@ -133,6 +149,8 @@ class GraphRunner {
   }
 
   bool enabled_ = true;
+  bool warm_ = false;     // the work has run once outside a capture
+  std::string fallback_;  // why captures stopped (a failed capture), "" while they go on
   cudaStream_t capture_stream_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };

@@ -1,6 +1,7 @@
 // Status values returned by flowc's library code (which never exits the process).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <utility>
 
@@ -32,7 +33,9 @@ inline Status InvalidArgument(std::string m) { return Status(StatusCode::kInvali
 inline Status NotSupported(std::string m) { return Status(StatusCode::kNotSupported, std::move(m)); }
 inline Status LibraryError(std::string m) { return Status(StatusCode::kLibraryError, std::move(m)); }
 
-// Element types the library wrappers take; fp32 everywhere now, fp16/bf16 on the GPU path.
+// Element types the library wrappers take.
 enum class DataType { kF32, kF16, kBF16 };
+
+inline size_t element_size(DataType t) { return t == DataType::kF32 ? 4 : 2; }
 
 }  // namespace flowc

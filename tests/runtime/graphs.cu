@@ -169,7 +169,8 @@ static int runner_runs(int runs) {
     flowc::Status st = runner.run(
         caller, [&](cudaStream_t s) { return fork_join(B, s, in.data(), out.data()); }, &ws);
     FLOWC_CHECK(cudaStreamSynchronize(caller));
-    expect(st.ok() && ws == 0 && runner.captured() && matches(in, out),
+    // The first run is the warm-up (issued directly); the second captures.
+    expect(st.ok() && ws == 0 && runner.captured() == (r > 0) && matches(in, out),
            "runner run " + std::to_string(r) + " " + st.message());
   }
   runner.release();
@@ -271,6 +272,19 @@ int main(int argc, char** argv) {
     FLOWC_CHECK(cudaMemcpy(db, b.data(), b.size() * sizeof(float), cudaMemcpyHostToDevice));
     flowc::BlasHandle h;
     expect(flowc::create_blas(&h).ok(), "create_blas");
+    // A handle's first call may not be captured (the libraries initialize lazily): the
+    // emulator fails the capture as a cudaMalloc in it would.
+    FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    flowc::Status cold = flowc::gemm(h, flowc::packed_gemm(m, n, k), da, db, dc, s);
+    cudaGraph_t g0 = nullptr;
+    expect_err(cudaStreamEndCapture(s, &g0), cudaErrorStreamCaptureInvalidated,
+               "a library handle's first call inside a capture");
+    expect(!cold.ok() && cold.message().find("operation not permitted when stream is capturing") != std::string::npos,
+           "the first call says why: " + cold.message());
+    (void)cudaGetLastError();
+    // Once warmed up outside a capture, its calls are captured like kernels.
+    expect(flowc::gemm(h, flowc::packed_gemm(m, n, k), da, db, dc, s).ok(), "warm-up call");
+    FLOWC_CHECK(cudaStreamSynchronize(s));
     FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     FLOWC_CHECK(cudaMemcpyAsync(da, a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice, s));
     flowc::Status gs = flowc::gemm(h, flowc::packed_gemm(m, n, k), da, db, dc, s);
@@ -387,6 +401,23 @@ int main(int argc, char** argv) {
                   FLOWC_CHECK(cudaEventRecord(B.fork, cs));
                   return cudaEventSynchronize(B.fork);
                 });
+  // After the capture has ended the event still stands for a graph node: waiting on it or
+  // querying it stays an error until it is recorded again outside a capture.
+  {
+    FLOWC_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    FLOWC_LAUNCH(fill, dim3(kN / kBlock), dim3(kBlock), 0, s, B.b, 1, kN);
+    FLOWC_CHECK(cudaEventRecord(B.fork, s));
+    cudaGraph_t g = nullptr;
+    FLOWC_CHECK(cudaStreamEndCapture(s, &g));
+    expect_err(cudaEventSynchronize(B.fork), cudaErrorCapturedEvent,
+               "cudaEventSynchronize on an event recorded in a capture that has ended");
+    expect_err(cudaEventQuery(B.fork), cudaErrorCapturedEvent,
+               "cudaEventQuery on an event recorded in a capture that has ended");
+    (void)cudaGetLastError();
+    FLOWC_CHECK(cudaEventRecord(B.fork, s));
+    expect_err(cudaEventSynchronize(B.fork), cudaSuccess, "the same event recorded again outside a capture");
+    FLOWC_CHECK(cudaGraphDestroy(g));
+  }
   capture_error("capturing the legacy stream", cudaStreamCaptureModeGlobal, cudaErrorStreamCaptureUnsupported,
                 cudaSuccess, [](cudaStream_t, int*) {
                   return cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal);
@@ -433,17 +464,23 @@ int main(int argc, char** argv) {
     expect(matches(in, replay), "the caller's graph runs the runner's work");
     FLOWC_CHECK(cudaGraphExecDestroy(x));
     FLOWC_CHECK(cudaGraphDestroy(g));
-    // A work that synchronizes cannot be captured: the runner says so and keeps no graph.
-    rs = runner.run(
-        s,
-        [](cudaStream_t cs) {
-          (void)cudaStreamSynchronize(cs);  // ignored, as careless code would
-          return 0;
-        },
-        &ws);
-    expect(!rs.ok() && !runner.captured() && cudaGetLastError() == cudaSuccess &&
-               rs.message().find("cudaErrorStreamCaptureInvalidated") != std::string::npos,
-           "runner reports a failed capture: " + rs.message());
+    // A work that synchronizes cannot be captured: the runner gives the graph up, says why,
+    // and issues the work directly, then and on every later run.
+    int calls = 0;
+    const auto careless = [&calls](cudaStream_t cs) {
+      ++calls;
+      (void)cudaStreamSynchronize(cs);  // ignored, as careless code would
+      return 0;
+    };
+    flowc::GraphRunner fresh;
+    rs = fresh.run(s, careless, &ws);  // the warm-up: direct
+    expect(rs.ok() && calls == 1 && fresh.fallback().empty(), "runner's first run is direct");
+    rs = fresh.run(s, careless, &ws);  // the capture fails: this run goes out directly
+    expect(rs.ok() && !fresh.captured() && cudaGetLastError() == cudaSuccess && calls == 3 &&
+               fresh.fallback().find("cudaErrorStreamCaptureInvalidated") != std::string::npos,
+           "runner reports a failed capture: " + fresh.fallback());
+    rs = fresh.run(s, careless, &ws);
+    expect(rs.ok() && calls == 4 && !fresh.captured(), "runner falls back to direct launches");
   }
 
   std::printf("%d failures\n", failures);

@@ -38,6 +38,20 @@ static double rel_error(const std::vector<float>& got, const std::vector<double>
 
 static int failures = 0;
 
+static void expect(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  failures += ok ? 0 : 1;
+}
+
+// The alignment a batch stride of `elems` float elements keeps (at most 16 bytes): what a plan
+// may declare for operands that start 256-byte aligned.
+static int stride_align(int64_t elems, int64_t batch) {
+  if (batch <= 1) return 16;
+  const int64_t bytes = elems * 4;
+  int a = 16;
+  while (bytes % a != 0) a /= 2;
+  return a;
+}
 static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) {
   const int64_t rows_a = d.trans_a ? d.k : d.m, rows_b = d.trans_b ? d.n : d.k;
   std::vector<float> A(d.stride_a * (d.batch - 1) + rows_a * d.lda),
@@ -60,6 +74,9 @@ static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) 
       }
     }
   }
+  d.align_a = stride_align(d.stride_a, d.batch);
+  d.align_b = stride_align(d.stride_b, d.batch);
+  d.align_c = stride_align(d.stride_c, d.batch);
   float *dA = to_device(A), *dB = to_device(B), *dC = to_device(C);
   flowc::Status st = flowc::gemm(h, d, dA, dB, dC, s);
   FLOWC_CHECK(cudaStreamSynchronize(s));
@@ -116,7 +133,127 @@ static void check_conv(flowc::ConvHandle& h, cudaStream_t s, flowc::ConvDesc d) 
   cudaFree(dY);
 }
 
-int main() {
+static bool says(const flowc::Status& st, const char* text) {
+  return !st.ok() && st.message().find(text) != std::string::npos;
+}
+
+// The libraries' rules the wrappers (and, on the host, the emulator) enforce: docs/runtime.md,
+// "What the emulator enforces".
+static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cudaStream_t s) {
+  float* buf = nullptr;
+  FLOWC_CHECK(cudaMalloc(&buf, 4096 * sizeof(float)));
+  FLOWC_CHECK(cudaMemset(buf, 0, 4096 * sizeof(float)));
+  // A pointer below the alignment its plan declared to cuBLASLt.
+  flowc::GemmDesc d = flowc::packed_gemm(8, 8, 8);
+  flowc::Status st = flowc::gemm(blas, d, buf + 1, buf + 512, buf + 1024, s);
+  expect(says(st, "operand A is only 4-byte aligned, below the 16 bytes"), "gemm refuses A below its declared alignment: " + st.message());
+  d.align_a = 4;
+  expect(flowc::gemm(blas, d, buf + 1, buf + 512, buf + 1024, s).ok(), "gemm takes A at its declared 4-byte alignment");
+  d = flowc::packed_gemm(8, 8, 8, false, false, 3);
+  d.stride_a = 8 * 8 + 1;
+  st = flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s);
+  expect(says(st, "batch stride of A (260 bytes) breaks its declared 16-byte alignment"), "gemm refuses a batch stride that breaks the alignment: " + st.message());
+  d = flowc::packed_gemm(8, 8, 8);
+  d.align_b = 6;
+  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "not a power of two"), "gemm refuses an alignment that is no power of two");
+  // Workspaces: 256-byte aligned, and at least what a call may use.
+  flowc::BlasHandle other;
+  expect(says(flowc::create_blas(&other, reinterpret_cast<unsigned char*>(buf) + 16, 1024), "256-byte aligned"), "create_blas refuses a workspace that is not 256-byte aligned");
+  d.align_b = 16;
+  d.workspace = 1 << 20;
+  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "may use 1048576 bytes of workspace but its stream's handle has 0"), "gemm refuses a handle with less workspace than the call's");
+  // Narrow split-K partial sums are added in float32 (REDUCTION_SCHEME_MASK = COMPUTE_TYPE).
+  expect(flowc::reduction_schemes(flowc::packed_gemm(8, 8, 8)) == flowc::kReduceAll &&
+             flowc::reduction_schemes([] { auto n = flowc::packed_gemm(8, 8, 8); n.type = flowc::DataType::kBF16; return n; }()) == flowc::kReduceComputeType,
+         "narrow plans reduce split-K in the compute type");
+  {
+    constexpr int m = 32, n = 32, k = 1024;
+    std::vector<flowc::bf16> A(m * k), B(k * n), D(m * n);
+    std::vector<double> want(m * n, 0.0);
+    for (auto& v : A) v = flowc::bf16(frand());
+    for (auto& v : B) v = flowc::bf16(frand());
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j)
+        for (int p = 0; p < k; ++p) want[i * n + j] += double(float(A[i * k + p])) * double(float(B[p * n + j]));
+    flowc::bf16 *dA, *dB, *dD;
+    FLOWC_CHECK(cudaMalloc(&dA, A.size() * 2));
+    FLOWC_CHECK(cudaMalloc(&dB, B.size() * 2));
+    FLOWC_CHECK(cudaMalloc(&dD, D.size() * 2));
+    FLOWC_CHECK(cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice));
+    FLOWC_CHECK(cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice));
+    flowc::GemmDesc nd = flowc::packed_gemm(m, n, k);
+    nd.type = flowc::DataType::kBF16;
+    st = flowc::gemm(blas, nd, dA, dB, dD, s);
+    FLOWC_CHECK(cudaMemcpy(D.data(), dD, D.size() * 2, cudaMemcpyDeviceToHost));
+    // One rounding of the float32 sum: every element is the nearest bfloat16 or a neighbour.
+    int worse = 0;
+    for (int i = 0; i < m * n; ++i) {
+      const float lo = float(flowc::bf16(float(want[i]))), got = float(D[i]);
+      const float ulp = std::fabs(lo) * (1.0f / 128.0f) + 1e-30f;
+      worse += std::fabs(got - float(want[i])) > ulp;
+    }
+    expect(st.ok() && worse == 0, "bf16 gemm k=1024 is rounded once (" + std::to_string(worse) + " elements off by more than an ulp)");
+    cudaFree(dA);
+    cudaFree(dB);
+    cudaFree(dD);
+  }
+  // Convolutions: exact float32 never takes a transform algorithm.
+  flowc::ConvDesc c;
+  c.c = 4;
+  c.h = c.w = 8;
+  c.k = 4;
+  c.r = c.s = 3;
+  expect(!flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kWinograd) && !flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kFftTiling) &&
+             flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kImplicitPrecompGemm),
+         "exact fp32 convolutions exclude FFT and Winograd");
+  flowc::ConvDesc t = c;
+  t.math = flowc::ConvMath::kTF32;
+  flowc::ConvDesc h = c;
+  h.type = flowc::DataType::kBF16;
+  expect(flowc::conv_algorithm_allowed(t, flowc::ConvAlgo::kWinograd) && flowc::conv_algorithm_allowed(h, flowc::ConvAlgo::kFft),
+         "tf32 and narrow convolutions may use them");
+  c.workspace = 4096;
+  expect(says(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s), "may use 4096 bytes of workspace"), "conv refuses a handle with less workspace than the call's");
+  c.workspace = -1;
+  // The fused identity call forces IMPLICIT_PRECOMP_GEMM; refused, the fallback runs the plain
+  // convolution's own algorithm. A NaN stays NaN through the fused ReLU (ONNX's Relu).
+  c.has_bias = true;
+  flowc::ConvPlan plan;
+  expect(flowc::plan_conv(conv, c, &plan).ok() && plan.fused && plan.algo == flowc::ConvAlgo::kImplicitPrecompGemm &&
+             plan.plain_algo != flowc::ConvAlgo::kImplicitPrecompGemm,
+         "the fused identity convolution forces IMPLICIT_PRECOMP_GEMM");
+  flowc::destroy_plan(&plan);
+  c.relu = true;
+  FLOWC_CHECK(cudaMemset(buf, 0, 4096 * sizeof(float)));
+  const float nan = std::nanf("");
+  FLOWC_CHECK(cudaMemcpy(buf + 2048, &nan, sizeof(float), cudaMemcpyHostToDevice));  // bias[0]
+  st = flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s, buf + 2048);
+  std::vector<float> y = to_host(buf + 1024, 4 * 36);
+  expect(st.ok() && std::isnan(y[0]) && y[36] == 0.0f, "a NaN stays NaN through the fused ReLU");
+  cudaFree(buf);
+}
+
+// cudnnDestroy after the stream the handle last ran on: the emulator stops the program.
+static int destroy_order() {
+  cudaStream_t s;
+  FLOWC_CHECK(cudaStreamCreate(&s));
+  flowc::ConvHandle conv;
+  FLOWC_CHECK(flowc::create_conv(&conv).ok() ? cudaSuccess : cudaErrorInvalidValue);
+  float* buf = nullptr;
+  FLOWC_CHECK(cudaMalloc(&buf, 4096 * sizeof(float)));
+  flowc::ConvDesc c;
+  c.c = c.k = 2;
+  c.h = c.w = 4;
+  c.r = c.s = 1;
+  FLOWC_CHECK(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s).ok() ? cudaSuccess : cudaErrorInvalidValue);
+  FLOWC_CHECK(cudaStreamDestroy(s));
+  flowc::destroy_conv(&conv);
+  std::printf("destroyed\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "destroy-order") return destroy_order();
   cudaStream_t s;
   FLOWC_CHECK(cudaStreamCreate(&s));
   flowc::BlasHandle blas;
@@ -182,6 +319,8 @@ int main() {
   rejected = !flowc::conv2d_forward(conv, cbad, nullptr, nullptr, nullptr, s).ok();
   std::printf("%s conv rejects channels that do not divide by groups\n", rejected ? "PASS" : "FAIL");
   failures += rejected ? 0 : 1;
+
+  check_contracts(blas, conv, s);
 
   flowc::destroy_conv(&conv);
   flowc::destroy_blas(&blas);

@@ -360,8 +360,10 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   using namespace flowc::sim;
   if (ev == nullptr) return set_error(cudaErrorInvalidResourceHandle);
   return locked([&](Engine& E) {
-    if (ev->capture_id != 0 && E.live_capture(ev->capture_id) != nullptr)
-      return set_error(cudaErrorCapturedEvent);
+    // An event whose last record was inside a capture stands for graph nodes, not for work
+    // on a stream, even after the capture has ended: CUDA refuses to wait for it
+    // (cudaErrorCapturedEvent) until it is recorded again outside a capture.
+    if (ev->capture_id != 0) return set_error(cudaErrorCapturedEvent);
     E.drain([ev] { return ev->completed >= ev->recorded; });
     return cudaSuccess;
   });

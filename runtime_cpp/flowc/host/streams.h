@@ -510,6 +510,38 @@ inline cudaError_t enqueue_host(cudaStream_t stream, std::function<void()> fn) {
   return set_error(E.submit(s, std::move(op), GraphNode::kHost));
 }
 
+// A library call (cuBLASLt, cuDNN) queued as host work, as enqueue_host. `*warm` is the
+// handle's: whether it has made a call yet. A handle's first call does what the GPU libraries
+// do lazily (load their kernel modules, set up their state, allocate), which a stream capture
+// does not allow; the emulator treats that first call as it treats cudaMalloc during a capture
+// (cudaErrorStreamCaptureUnsupported, the capture invalidated) so that a program warms its
+// libraries up before it captures.
+inline cudaError_t library_call(cudaStream_t stream, bool* warm, std::function<void()> fn) {
+  Engine& E = engine();
+  std::lock_guard<std::recursive_mutex> lock(E.mu);
+  Stream* s = E.resolve(stream);
+  if (!E.known(s)) return set_error(cudaErrorInvalidResourceHandle);
+  if (warm != nullptr && !*warm) {
+    if (s->capture != nullptr) {
+      E.invalidate(s->capture);
+      return set_error(cudaErrorStreamCaptureUnsupported);
+    }
+    *warm = true;
+  }
+  Op op;
+  op.host = std::move(fn);
+  op.library = true;
+  return set_error(E.submit(s, std::move(op), GraphNode::kHost));
+}
+
+// Whether `stream` exists (the legacy stream always does): what a library handle that was
+// given a stream (cudnnSetStream) may still use.
+inline bool stream_alive(cudaStream_t stream) {
+  Engine& E = engine();
+  std::lock_guard<std::recursive_mutex> lock(E.mu);
+  return E.known(E.resolve(stream));
+}
+
 template <auto Kernel, class... Args>
 inline void launch(const char* name, dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
                    Args&&... args) {
