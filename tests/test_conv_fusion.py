@@ -312,14 +312,25 @@ def test_fused_patterns_compiled_match_onnxruntime(
     assert body.count("flowc::run_conv(") == 8  # all but the two asymmetric pads (direct kernel)
     # The fused call (one library call per convolution), then the named fallback: the plain
     # convolution and one epilogue kernel; with the race-revealing order too.
-    for env in ({}, {"FLOWC_CONV_UNFUSED": "1"}, {"FLOWC_SIM_ORDER": "shuffle:3"}):
+    # The emulated cuDNN refusing the fused call (FLOWC_SIM_REFUSE_FUSED_CONV) takes the same
+    # fallback at the first call, with the plain convolution's own algorithm (tests/runtime/
+    # libs.cu checks the algorithm).
+    for env in (
+        {},
+        {"FLOWC_CONV_UNFUSED": "1"},
+        {"FLOWC_SIM_REFUSE_FUSED_CONV": "1"},
+        {"FLOWC_SIM_ORDER": "shuffle:3"},
+    ):
         got, _ = run(out, feeds, env=env)
         for name, tol in _tols(model).items():
             assert max_rel_error(np.asarray(got[name], np.float32), ref[name]) <= tol, (env, name)
     # The emulator's per-kernel counts: the epilogue kernel runs only in the fallback, once
-    # per library convolution with a bias, residual or ReLU (all 8 but the Sum's bias-free one).
+    # per library convolution with a bias, residual or ReLU (all 8 but the Sum's bias-free one),
+    # in create()'s warm-up run and in the run: 2 x 7.
     assert _epilogue_kernels(out, feeds, {}) == 0
-    assert _epilogue_kernels(out, feeds, {"FLOWC_CONV_UNFUSED": "1"}) == 7
+    assert _epilogue_kernels(out, feeds, {"FLOWC_CONV_UNFUSED": "1"}) == 14
+    # Refused at the first call, every fused one (all 7 have a bias) falls back for good.
+    assert _epilogue_kernels(out, feeds, {"FLOWC_SIM_REFUSE_FUSED_CONV": "1"}) == 14
 
 
 def _epilogue_kernels(out: Path, feeds: dict[str, np.ndarray], env: dict[str, str]) -> int:

@@ -3,8 +3,9 @@ the caller's inputs into staging buffers, replays one graph of the schedule and 
 outputs out; `--no-cuda-graph` launches directly. On the host emulator: mlp and a two-stream
 model match onnxruntime with graphs on and off, over runs with new input and output pointers
 every time, runs queued back to back, shuffled replay orders and a caller that captures run()
-into its own graph; the emulator's counters show one graph launch and no stream kernel per run
-after the first; the nvcc build of the two-stream captured program compiles and links without
+into its own graph (then reads last_error() inside the capture and synchronize() after it); the
+emulator's counters show one graph launch and no stream kernel per run (create() ran the schedule
+once, uncaptured, to warm the libraries up); the nvcc build of the two-stream captured program compiles and links without
 warnings.
 
 Each program is the project's model.cu linked with HARNESS below, compiled once for all (every
@@ -98,6 +99,10 @@ int main(int argc, char** argv) {
       cudaGraphExec_t exec = nullptr;
       if (cudaStreamBeginCapture(own, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return 5;
       if (P_run(m, ins[r].data(), outs[r].data(), own) != 0) return fail(m, "run (captured)");
+      // Neither may touch the capture: last_error() makes no CUDA call, and synchronize() has
+      // no event of a captured run to wait on.
+      if (std::strcmp(P_last_error(m), "") != 0) return fail(m, "last_error in the capture");
+      if (P_synchronize(m) != 0) return fail(m, "synchronize in the capture");
       if (cudaStreamEndCapture(own, &g) != cudaSuccess) return 5;
       if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return 5;
       if (cudaGraphLaunch(exec, own) != cudaSuccess || cudaStreamSynchronize(own) != cudaSuccess) return 5;
@@ -337,8 +342,10 @@ def test_after_the_first_run_each_run_is_one_graph_launch(
         _, five = run_program(prog, tmp_path / prog.exe.parent.name / "5", 5, env=stats)
         s1, g1, k1 = counters(one)
         s5, g5, k5 = counters(five)
+        # create() warms the libraries up (one uncaptured run), so the first run captures;
+        # each run is one graph launch.
         assert g1 == 1 and g5 == 5, (one, five)
-        assert s5 == s1, (one, five)  # create's fills only: no run launches a kernel itself
+        assert s5 == s1, (one, five)  # create's fills and warm-up only: no run launches itself
         assert k1 > 0 and k5 == 5 * k1, (one, five)
         per_run[prog.exe.parent.name] = k1
     # Direct launches: no graph, and every run launches its kernels on the streams.

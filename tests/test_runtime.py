@@ -156,6 +156,7 @@ def test_the_emulator_enforces_the_libraries_contracts(host_bin: dict[str, Path]
         "tf32 and narrow convolutions may use them",
         "conv refuses a handle with less workspace than the call's",
         "the fused identity convolution forces IMPLICIT_PRECOMP_GEMM",
+        "refused, the fused identity convolution falls back with the plain algorithm",
         "a NaN stays NaN through the fused ReLU",
     ]:
         assert f"PASS {line}" in out, line

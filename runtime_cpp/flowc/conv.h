@@ -548,6 +548,14 @@ inline Status run_conv(ConvPlan& p, const void* x, const void* w, const void* bi
 
 #endif
 
+#if defined(FLOWC_HOST)
+inline ConvAlgo plan_algorithm(const ConvPlan& p) { return p.algo; }
+inline ConvAlgo plan_fallback_algorithm(const ConvPlan& p) { return p.plain_algo; }
+#else
+inline ConvAlgo plan_algorithm(const ConvPlan& p) { return conv_algo(p.algo); }
+inline ConvAlgo plan_fallback_algorithm(const ConvPlan& p) { return conv_algo(p.plain_algo); }
+#endif
+
 // Which path a plan runs: one fused library call, or the fallback.
 inline const char* plan_path(const ConvPlan& p) {
   return !p.d.epilogue() ? "conv" : (p.fused ? "fused" : "conv+epilogue");

@@ -21,6 +21,11 @@
 #define FLOWC_TARGET_NAME "host"
 #define FLOWC_UNROLL
 
+namespace flowc {
+// Whether this is the host emulator's build: for what a program decides by target without an
+// #if of its own (the host's GEMMs and convolutions need no library workspace).
+constexpr bool kHostTarget = true;
+}  // namespace flowc
 #else
 
 #include <cuda_runtime.h>
@@ -31,6 +36,9 @@
   extern __shared__ __align__(16) unsigned char flowc_dynamic_smem[]; \
   T* name = reinterpret_cast<T*>(flowc_dynamic_smem)
 #define FLOWC_TARGET_NAME "cuda"
+namespace flowc {
+constexpr bool kHostTarget = false;
+}  // namespace flowc
 // `#pragma unroll` for a loop in a kernel (per-lane arrays then stay in registers); only in
 // nvcc's device pass, since the host compiler would warn about an unknown pragma.
 #if defined(__CUDA_ARCH__)

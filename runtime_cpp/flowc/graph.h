@@ -82,6 +82,9 @@ class GraphRunner {
 
   // Whether a graph has been captured and instantiated.
   bool captured() const { return exec_ != nullptr; }
+  // The work has run outside a capture already (the owner warmed its libraries up): the next
+  // run() may capture at once.
+  void mark_warm() { warm_ = true; }
   // Why the runner gave up its graph and issues the work directly ("" while it has not).
   const std::string& fallback() const { return fallback_; }
 

@@ -219,9 +219,19 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
   // convolution's own algorithm. A NaN stays NaN through the fused ReLU (ONNX's Relu).
   c.has_bias = true;
   flowc::ConvPlan plan;
-  expect(flowc::plan_conv(conv, c, &plan).ok() && plan.fused && plan.algo == flowc::ConvAlgo::kImplicitPrecompGemm &&
-             plan.plain_algo != flowc::ConvAlgo::kImplicitPrecompGemm,
+  expect(flowc::plan_conv(conv, c, &plan).ok() && plan.fused &&
+             flowc::plan_algorithm(plan) == flowc::ConvAlgo::kImplicitPrecompGemm,
          "the fused identity convolution forces IMPLICIT_PRECOMP_GEMM");
+  setenv("FLOWC_SIM_REFUSE_FUSED_CONV", "1", 1);  // host: the emulated fused call is refused
+  st = flowc::run_conv(plan, buf, buf + 512, buf + 2048, nullptr, buf + 1024, s);
+  unsetenv("FLOWC_SIM_REFUSE_FUSED_CONV");
+  FLOWC_CHECK(cudaStreamSynchronize(s));
+  if (flowc::kHostTarget) {
+    expect(st.ok() && !plan.fused && std::string(flowc::plan_path(plan)) == "conv+epilogue" &&
+               flowc::plan_algorithm(plan) == flowc::plan_fallback_algorithm(plan) &&
+               flowc::plan_algorithm(plan) != flowc::ConvAlgo::kImplicitPrecompGemm,
+           "refused, the fused identity convolution falls back with the plain algorithm");
+  }
   flowc::destroy_plan(&plan);
   c.relu = true;
   FLOWC_CHECK(cudaMemset(buf, 0, 4096 * sizeof(float)));
