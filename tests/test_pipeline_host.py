@@ -153,3 +153,43 @@ def test_cuda_build_of_a_pipeline_compiles_and_links(tmp_path: Path) -> None:
     compiled("mlp", out, (2,), 2, 2)
     build(out, "cuda", quick=True)
     assert "warning" not in (out / "build-cuda" / "flowc-build.log").read_text().lower()
+
+
+def test_microbatch_slices_off_16_bytes_keep_the_gemm_alignment_honest(tmp_path: Path) -> None:
+    """Rows of 3 and 5 floats: micro-batch m's slice of x starts 12 m bytes into the caller's
+    buffer, and of y 20 m bytes. The GEMMs reading x and writing y must declare the alignment
+    those slices have to cuBLASLt, which the emulator checks at each call."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from flowc import cli
+
+    rng = np.random.default_rng(3)
+    w1 = rng.standard_normal((3, 8)).astype(np.float32)
+    w2 = rng.standard_normal((8, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="up"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="down"),
+        ],
+        "narrow_rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = tmp_path / "narrow_rows.onnx"
+    model.write_bytes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    )
+    out = tmp_path / "out"
+    cli.main(
+        ["compile", str(model), "-o", str(out), "--target", "host", "--pipeline", "2"]
+        + ["--microbatches", "4"]
+    )
+    text = (out / "model.cu").read_text()
+    assert "kInputStride[] = {12ULL }" in text and "kOutputStride[] = {20ULL }" in text
+    build(out, "host", quick=True)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    got, _ = run(out, {"x": x}, target="host")
+    want = np.maximum(x @ w1, 0) @ w2
+    assert np.allclose(got["y"], want, rtol=1e-5, atol=1e-5)

@@ -167,8 +167,12 @@ class Program:
         prefix: str,
         kernels: dict[str, str] | None = None,
         precision: str = "fp32",
+        caller_offsets: dict[Value, int] | None = None,
     ) -> None:
         self.graph = graph
+        # Byte offsets of inputs and outputs into the caller's buffers (a pipeline stage's
+        # micro-batch slices): what alignment their pointers keep (caller_align).
+        self.caller_offsets = caller_offsets or {}
         self.precision = precision
         self.schedule = schedule
         self.plan = plan
@@ -842,8 +846,27 @@ def generate_pipeline(
     kernels: dict[str, str] = {}
     codes = []
     for s, (u, sched, plan) in enumerate(zip(unrolled, schedules, plans, strict=True)):
+        offsets = {
+            **{
+                u.graph.inputs[j]: mb * pipe.input_strides[i]
+                for j, (i, mb) in enumerate(u.inputs)
+                if mb > 0
+            },
+            **{
+                u.graph.outputs[j]: mb * pipe.output_strides[i]
+                for j, (i, mb) in enumerate(u.outputs)
+                if mb > 0
+            },
+        }
         prog = Program(
-            u.graph, sched, plan, all_weights[s * k], prefix, kernels=kernels, precision=precision
+            u.graph,
+            sched,
+            plan,
+            all_weights[s * k],
+            prefix,
+            kernels=kernels,
+            precision=precision,
+            caller_offsets=offsets,
         )
         n_events = emit_schedule(prog, poison)
         _output_copies(prog)

@@ -229,9 +229,13 @@ def _alignment(base: int, *elements: int, itemsize: int) -> int:
 
 
 def _base_align(prog: Program, v: Value) -> int:
+    """The alignment ``v``'s storage starts at: an arena buffer's, or the caller's pointer
+    plus the byte offset of a pipeline micro-batch's slice of it (12 bytes into a 16-byte
+    aligned buffer is 4-byte aligned)."""
     root = prog.root(v)
-    if root in prog.graph.inputs or v in prog.graph.outputs or root in prog.graph.outputs:
-        return CALLER_ALIGN
+    for c in (v, root):
+        if c in prog.graph.inputs or c in prog.graph.outputs:
+            return _alignment(CALLER_ALIGN, prog.caller_offsets.get(c, 0), itemsize=1)
     return ARENA_ALIGN
 
 
