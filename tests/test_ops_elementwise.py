@@ -278,3 +278,64 @@ def test_saturating_float8_casts() -> None:
         assert y.dtype == dt
         assert y.astype(np.float32)[:5].tolist() == [big, -big, big, -big, 1.5]
         assert np.isnan(y.astype(np.float32)[5])
+
+
+# float -> integer Cast outside the type's range, and of NaN, is undefined in ONNX (onnxruntime
+# gives whatever its C++ compiler does); flowc's one rule on both targets: truncate toward
+# zero, saturate to the type's range (the GPU's cvt.rzi.sat), NaN -> 0.
+SPECIAL = [np.nan, np.inf, -np.inf, 1e30, -1e30, 3e9, -3e9, 7e4, -7e4, 300.7, -300.7, 2.9, -2.9,
+           -0.5, 0.0, 255.9, 256.0, 127.5, -128.9, 65535.5]  # fmt: skip
+INT_TARGETS = [(3, np.int8), (2, np.uint8), (5, np.int16), (4, np.uint16), (6, np.int32),
+               (12, np.uint32), (7, np.int64), (13, np.uint64)]  # fmt: skip
+
+
+def _saturating_rule(values: list[float], dtype: Any) -> np.ndarray:
+    info = np.iinfo(dtype)
+    out = []
+    for v in values:
+        if v != v:
+            out.append(0)
+        elif v >= float(info.max):
+            out.append(int(info.max))
+        elif v <= float(info.min):
+            out.append(int(info.min))
+        else:
+            out.append(int(v))  # int() truncates toward zero
+    return np.array(out, dtype=dtype)
+
+
+def test_float_to_int_cast_saturates_and_maps_nan_to_zero(tmp_path: Any) -> None:
+    from onnx import TensorProto, helper
+
+    from flowc.compiler import compile_graph
+    from flowc.harness.build import build, run
+    from flowc.ir.graph import Attrs
+    from flowc.ops.registry import get_op
+    from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+
+    srcs = [("f32", np.float32, TensorProto.FLOAT), ("f64", np.float64, TensorProto.DOUBLE),
+            ("f16", np.float16, TensorProto.FLOAT16)]  # fmt: skip
+    nodes, ins, outs, feeds, want = [], [], [], {}, {}
+    for name, np_t, onnx_t in srcs:
+        with np.errstate(over="ignore"):
+            x = np.array(SPECIAL, dtype=np_t)  # float16 holds 3e9 and 1e30 as inf
+        feeds[name] = x
+        ins.append(helper.make_tensor_value_info(name, onnx_t, [len(SPECIAL)]))
+        for to, dt in INT_TARGETS:
+            out = f"{name}_to_{np.dtype(dt).name}"
+            nodes.append(helper.make_node("Cast", [name], [out], to=to, name=out))
+            outs.append(helper.make_tensor_value_info(out, to, [len(SPECIAL)]))
+            # The values the source type holds (float16 rounds 3e9 to inf, 300.7 to 300.75).
+            want[out] = _saturating_rule([float(v) for v in x], dt)
+            (ref,) = get_op("Cast").evaluate([x], Attrs({"to": to, "saturate": 1, "round_mode": "up"}))
+            assert np.array_equal(ref, want[out]), (out, ref, want[out])
+    model = helper.make_model(
+        helper.make_graph(nodes, "casts", ins, outs), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    g = PassManager(COMPILE_PIPELINE).run(import_model(model))
+    project = tmp_path / "project"
+    compile_graph(g, project)
+    build(project, "host", quick=True)
+    got, _ = run(project, feeds, target="host")
+    for out, w in want.items():
+        assert got[out].dtype == w.dtype and np.array_equal(got[out], w), (out, got[out], w)

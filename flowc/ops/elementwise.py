@@ -95,6 +95,8 @@ def _cast_expr(a: Attrs, present: tuple[bool, ...]) -> str:
         return f"flowc::e8m0_cast($0, {sat}, flowc::narrow::E8M0Round::{mode})"
     if to.storage_only and to.is_float and to.itemsize == 1:
         return f"flowc::saturate_cast<$T>($0, {sat})"
+    if to.is_int:
+        return "flowc::ew::cast<$T>($0)"  # float -> int: truncated, saturated, NaN -> 0
     return "static_cast<$T>($0)"
 
 
@@ -692,11 +694,17 @@ def _cast_to(x: np.ndarray, dt: DType, saturate: int = 1, round_mode: str = "up"
         with np.errstate(invalid="ignore"):
             t = np.trunc(x.astype(np.float64))
             return np.where((t >= lo) & (t <= hi), t, 0).astype(np.int64).astype(dt.np)
-    if x.dtype.kind == "f" and dt.is_int:
-        # Out-of-range float->int is undefined in ONNX; go through float64 so values that fit
-        # convert exactly and NaN does not raise.
+    if DType.from_numpy(x.dtype).is_float and dt.is_int:
+        # Out-of-range float->int is undefined in ONNX; flowc's rule, on both targets
+        # (flowc::ew::cast): truncated toward zero, saturated to the type's range, NaN -> 0.
+        info = np.iinfo(dt.np)
+        t = np.trunc(x.astype(np.float64))
         with np.errstate(invalid="ignore"):
-            return np.trunc(x.astype(np.float64)).astype(dt.np)
+            fits = (t > float(info.min) - 1) & (t < float(info.max))
+            out = np.where(fits, t, 0).astype(dt.np)
+            out[t >= float(info.max)] = info.max
+            out[t <= float(info.min)] = info.min
+        return out
     with np.errstate(all="ignore"):
         if dt == DType.F8E8M0:
             return onnx.numpy_helper.to_float8e8m0(x.astype(np.float32), bool(saturate), round_mode)

@@ -11,6 +11,31 @@
 namespace flowc {
 namespace ew {
 
+// Cast to T: static_cast, except from a floating type to an integer one, which C++ leaves
+// undefined out of range and which flowc defines the same on both targets: truncated toward
+// zero, saturated to T's range (what the GPU's cvt.rzi.sat does), and NaN -> 0.
+template <class T, class S>
+__host__ __device__ inline T cast(S x) {
+  if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value && !std::is_integral<S>::value) {
+    using U = typename std::make_unsigned<T>::type;
+    constexpr T kMax = std::is_signed<T>::value ? T(U(~U(0)) >> 1) : T(~U(0));
+    constexpr T kMin = std::is_signed<T>::value ? T(-kMax - 1) : T(0);
+    double v;
+    if constexpr (std::is_same<S, double>::value) {
+      v = x;
+    } else {
+      v = static_cast<double>(static_cast<float>(x));
+    }
+    if (v != v) return T(0);
+    // double(kMax) of a 64-bit type rounds up to 2^63 or 2^64, which is itself out of range.
+    if (v >= static_cast<double>(kMax)) return kMax;
+    if (v <= static_cast<double>(kMin)) return kMin;
+    return static_cast<T>(v);
+  } else {
+    return static_cast<T>(x);
+  }
+}
+
 // Four elements moved as one aligned unit: one 128-bit load or store for float.
 template <class T>
 struct alignas(4 * sizeof(T)) Vec4 {
