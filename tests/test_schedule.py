@@ -241,29 +241,42 @@ def test_reuse_across_streams_only_along_happens_before() -> None:
 
 
 def test_each_library_stream_has_a_planned_workspace() -> None:
-    # Every matmul calls cuBLASLt: each stream gets one workspace buffer in the arena, kept
-    # apart from what the other stream touches meanwhile, shared once an event orders them.
+    # Every matmul calls cuBLASLt: each stream gets one workspace buffer, on top of the
+    # values (the host target allocates only below it), one per stream, never shared.
     graph, unordered, ordered = _chains()
-    ws = 8192
-    apart = plan_memory(graph, _replay(unordered), workspace_bytes=ws)
-    assert sorted(apart.workspaces) == [0, 1] and apart.workspace_bytes == ws
-    spans = {s: (apart.workspace_offset(s), apart.workspace_offset(s) + ws) for s in (0, 1)}
-    assert spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]
-    check_memory_plan(graph, apart, unordered)
-    # Both workspaces and the four matmul results are live at once here.
-    assert apart.arena_bytes == 2 * ws + 4 * 1024
-    along = plan_memory(graph, _replay(ordered), workspace_bytes=ws)
-    assert along.workspace_offset(0) == along.workspace_offset(1)
-    assert along.arena_bytes == ws + 3 * 1024
-    check_memory_plan(graph, along, ordered)
-    # The checker replays the workspaces too: sharing them without the event is a race.
-    with pytest.raises(PlanError, match="library workspace of stream"):
-        check_memory_plan(graph, along, unordered)
-    # And a workspace over a value the stream's own matmul writes is caught as well.
+    ws = 8192  # the cap: these 16x16x16 products could use 64 KiB of library scratch
+    for order in (unordered, ordered):
+        plan = plan_memory(graph, _replay(order), workspace_bytes=ws)
+        assert sorted(plan.workspaces) == [0, 1]
+        assert plan.workspace_size(0) == plan.workspace_size(1) == ws
+        spans = sorted((plan.workspace_offset(s), plan.workspace_offset(s) + ws) for s in (0, 1))
+        assert spans[0][0] >= plan.host_arena_bytes and spans[0][1] <= spans[1][0]
+        assert plan.arena_bytes == plan.host_arena_bytes + 2 * ws
+        check_memory_plan(graph, plan, order)
+    # Four matmul results live at once without the event, three with it.
+    assert plan_memory(graph, _replay(unordered), workspace_bytes=ws).host_arena_bytes == 4 * 1024
+    assert plan_memory(graph, _replay(ordered), workspace_bytes=ws).host_arena_bytes == 3 * 1024
+    # A workspace over a value is caught.
     bad = plan_memory(graph, _replay(ordered), workspace_bytes=ws)
     bad.buffers[bad.workspaces[0]].offset = bad.offset(_node(graph, "a2").outputs[0])
     with pytest.raises(PlanError, match="workspace"):
         check_memory_plan(graph, bad, ordered)
+
+
+def test_a_workspace_is_what_its_calls_can_use_not_the_cap() -> None:
+    from flowc.ops.matmul import GEMM_MAX_SPLITS, GEMM_MIN_SPLIT_K, gemm_workspace
+    from flowc.ops.registry import LIBRARY_SCRATCH
+
+    graph, _, ordered = _chains()
+    cap = 32 << 20
+    plan = plan_memory(graph, _replay(ordered), workspace_bytes=cap)
+    # 16x16 outputs with K = 16: no split is worth it, the library's scratch alone.
+    assert plan.workspace_size(0) == plan.workspace_size(1) == LIBRARY_SCRATCH
+    assert plan.arena_bytes == 3 * 1024 + 2 * LIBRARY_SCRATCH
+    # The bound grows with K's splits, up to GEMM_MAX_SPLITS copies of the float32 output.
+    assert gemm_workspace(100, GEMM_MIN_SPLIT_K) == LIBRARY_SCRATCH
+    assert gemm_workspace(100, 3 * GEMM_MIN_SPLIT_K) == LIBRARY_SCRATCH + 4 * 100 * 3
+    assert gemm_workspace(100, 10**6) == LIBRARY_SCRATCH + 4 * 100 * GEMM_MAX_SPLITS
 
 
 def test_generated_handles_use_the_planned_workspaces() -> None:
@@ -274,13 +287,21 @@ def test_generated_handles_use_the_planned_workspaces() -> None:
     graph = parse_program(CHAINS)
     c = generate_program(graph, streams=2)
     assert sorted(c.memory.workspaces) == [0, 1]
+    text = c.files["model.cu"]
     for s in (0, 1):
+        # The host's handle gets no memory, only the size its plans check calls against.
         call = (
-            f"flowc::create_blas(&m->blas[{s}], m->arena + {c.memory.workspace_offset(s)}, "
-            f"{32 << 20}u)"
+            f"flowc::create_blas(&m->blas[{s}], flowc::kHostTarget ? nullptr : m->arena + "
+            f"{c.memory.workspace_offset(s)}, {c.memory.workspace_size(s)}u)"
         )
-        assert call in c.files["model.cu"]
-    assert c.memory.arena_bytes >= 2 * (32 << 20)
+        assert call in text
+        assert c.memory.workspace_size(s) < 32 << 20  # what the calls can use, under the cap
+    assert c.memory.arena_bytes == c.memory.host_arena_bytes + c.memory.workspace_total()
+    assert (
+        f"kArenaBytes = flowc::kHostTarget ? {c.memory.host_arena_bytes}ULL : "
+        f"{c.memory.arena_bytes}ULL;" in text
+    )
+    assert "d.workspace = " in text
     # A profile without a workspace: the handles get none, the arena holds only values.
     none = dataclasses.replace(load_profile(), workspace=0)
     c0 = generate_program(parse_program(CHAINS), streams=2, profile=none)

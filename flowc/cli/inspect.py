@@ -211,11 +211,14 @@ def inspect(
             f"written into their slice, {plan.views_inplace} Split/Slice outputs as views"
         )
         if plan.workspaces:
-            streams_ = ", ".join(str(s) for s in sorted(plan.workspaces))
+            sizes = ", ".join(
+                f"stream {s} {human_bytes(plan.workspace_size(s))}" for s in sorted(plan.workspaces)
+            )
             console.print(
-                f"  of which library workspaces: {len(plan.workspaces)} x "
-                f"{human_bytes(plan.workspace_bytes)} (cuBLASLt/cuDNN scratch of stream(s) "
-                f"{streams_}; the cost profile's [device] workspace)",
+                f"  of which library workspaces (cuda target only): {sizes} (cuBLASLt/cuDNN "
+                f"scratch, each the most its stream's calls can use, at most the cost "
+                f"profile's {human_bytes(plan.workspace_cap)}); host target arena "
+                f"{plan.host_arena_bytes} B ({human_bytes(plan.host_arena_bytes)})",
                 markup=False,
             )
     if show_schedule:

@@ -246,10 +246,15 @@ class Program:
                         "lib": lib,
                         "stream": s,
                         "offset": plan.workspace_offset(s) if planned else -1,
-                        "bytes": plan.workspace_bytes if planned else 0,
+                        "bytes": plan.workspace_size(s),
                     }
                 )
         return out
+
+    def library_workspace(self, node: Node) -> int:
+        """The most workspace ``node``'s library call may use: its op's bound, at most the
+        plan's cap; its stream's workspace holds at least that much."""
+        return get_op(node.op).workspace_bytes(node, self.plan.workspace_cap)
 
     @property
     def tf32(self) -> bool:
@@ -490,12 +495,13 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         prog.ops.append(StreamOp("record", stream, event=event))
 
     first_write, death = _poison_points(plan) if poison else ({}, {})
-    if poison and plan.arena_bytes:
-        # Debug builds: every arena byte starts as NaN (0xff..); a buffer is poisoned again
-        # right before its first write and once its last access ran, so a read from a wrong
-        # offset, or one no event orders, shows up as NaN.
+    if poison and plan.host_arena_bytes:
+        # Debug builds: every value byte of the arena starts as NaN (0xff..); a buffer is
+        # poisoned again right before its first write and once its last access ran, so a read
+        # from a wrong offset, or one no event orders, shows up as NaN. (The workspaces above
+        # the values are the libraries' own.)
         prog.statements.append(
-            prog._run("poison", offset=None, nbytes=plan.arena_bytes, stream="streams[0]")
+            prog._run("poison", offset=None, nbytes=plan.host_arena_bytes, stream="streams[0]")
         )
     # Every stream starts after what the caller queued before run() (the inputs), and is
     # joined back into the caller's stream -- each by an event of its own only where the
@@ -655,6 +661,7 @@ def _render(
     num_events = max(st.num_events for st in stages)
     ns = max(st.prog.schedule.num_streams for st in stages)
     arena_bytes = max(st.prog.plan.arena_bytes for st in stages)
+    host_arena_bytes = max(st.prog.plan.host_arena_bytes for st in stages)
     all_fills = [f for st in stages for f in st.fills]
     all_statements = [x for st in stages for x in st.prog.statements]
 
@@ -672,6 +679,7 @@ def _render(
         "statements": prog.statements,
         "fills": fills,
         "arena_bytes": arena_bytes,
+        "host_arena_bytes": host_arena_bytes,
         "weight_bytes": weights.stored_bytes,
         "weight_layout": weights.layout_id,
         # Multi-rank: every rank's id (rank order); model.cu picks its own by its world rank.

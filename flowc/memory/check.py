@@ -119,12 +119,13 @@ def check_memory_plan(
         for o in node.outputs:
             if o not in view_of:
                 writer[o] = k
-        if get_op(node.op).library and plan.workspace_bytes:
-            ws = _Workspace(step_stream[k], plan.workspace_bytes)
-            if ws.stream not in plan.workspaces:
+        need = get_op(node.op).workspace_bytes(node, plan.workspace_cap)
+        if need > 0:
+            ws = _Workspace(step_stream[k], plan.workspace_size(step_stream[k]))
+            if ws.stream not in plan.workspaces or ws.nbytes < need:
                 raise PlanError(
-                    f"{node.op} {node.name!r} calls a library on stream "
-                    f"{ws.stream}, which has no workspace"
+                    f"{node.op} {node.name!r} calls a library on stream {ws.stream} that may "
+                    f"use {need} bytes of workspace, which the stream has not"
                 )
             if ws in writer:
                 readers.setdefault(ws, []).append(k)
@@ -252,8 +253,8 @@ def check_memory_plan(
             )
         active.append(v)
 
-    # The bound: the peak of live aligned bytes over the issue order, each buffer live
-    # from its first access to its join.
+    # The bound: the peak of live aligned bytes of the values over the issue order, each
+    # buffer live from its first access to its join; plus the workspaces, which sit on top.
     on_stream: list[list[int]] = [[] for _ in range(streams)]
     for k, (s, _, _) in enumerate(runs):
         on_stream[s].append(k)
@@ -262,6 +263,8 @@ def check_memory_plan(
     for v in arena:
         by_buffer.setdefault(buffer_of[v], []).append(v)
     for bid, vs in by_buffer.items():
+        if plan.buffers[bid].workspace >= 0:
+            continue
         touched = [a for u in vs for a in own_acc[u]]
         last = [0] * streams
         for a in touched:
@@ -285,6 +288,7 @@ def check_memory_plan(
     for d in delta:
         live += d
         peak = max(peak, live)
+    peak += plan.workspace_total()
     if plan.lower_bound != peak:
         raise PlanError(
             f"the plan's lower bound {plan.lower_bound} differs from the replayed peak {peak}"

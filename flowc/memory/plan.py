@@ -12,8 +12,11 @@ output in place, into the input's bytes. Buffers are placed greedily by size, ea
 tightest gap left by the placed buffers it may not share with (best fit), 256-byte aligned.
 
 Each stream that calls a library (cuBLASLt, cuDNN: the op's ``library``) gets one more
-buffer, its workspace: written by the stream's first library call and accessed by each
-later one, so other values use those bytes before the first call and after the last.
+buffer on the GPU, its workspace: as large as the most any of its calls can use (the op's
+``workspace`` bound from its shapes, at most the cost profile's workspace, the cap). The
+workspaces sit on top of the arena, above every value: the host target, whose library
+calls need no workspace, allocates only the values' part (``host_arena_bytes``), and both
+targets share one plan of offsets.
 
 Graph inputs and outputs live in the caller's memory and constants in the weights, so none
 of them is in the arena; nothing is ever written into an input or a constant. A view whose
@@ -179,7 +182,9 @@ class MemoryPlan:
     inplace: int  # element-wise values written into an input's bytes
     output_copies: list[Value] = field(default_factory=list)
     workspaces: dict[int, int] = field(default_factory=dict)  # stream -> its workspace buffer
-    workspace_bytes: int = 0  # each workspace's size
+    workspace_cap: int = 0  # the most a workspace may hold (the cost profile's)
+    # The values' part of the arena, below the workspaces: all a host build allocates.
+    host_arena_bytes: int = 0
     # Aliases: each arena value's byte offset inside its buffer (0 when absent).
     value_offset: dict[Value, int] = field(default_factory=dict)
     # Nodes that run nothing: their results are aliases (a Concat all of whose inputs are
@@ -194,6 +199,14 @@ class MemoryPlan:
 
     def workspace_offset(self, stream: int) -> int:
         return self.buffers[self.workspaces[stream]].offset
+
+    def workspace_size(self, stream: int) -> int:
+        """The bytes of ``stream``'s workspace (0: none)."""
+        k = self.workspaces.get(stream)
+        return self.buffers[k].size if k is not None else 0
+
+    def workspace_total(self) -> int:
+        return sum(self.buffers[k].size for k in self.workspaces.values())
 
     @property
     def steps(self) -> list[Node]:
@@ -369,7 +382,8 @@ def plan_memory(
     *,
     alias: bool | None = None,
 ) -> MemoryPlan:
-    """``workspace_bytes``: the library workspace of each stream that calls one (0: none).
+    """``workspace_bytes``: the cap on each library-calling stream's workspace, which is
+    the most its calls can use (module docstring; 0: none).
     ``alias``: write Concat inputs in place and make Split/Slice outputs views (module
     docstring) -- None: when that does not make the arena larger, True: always; False keeps
     every value in bytes of its own (element-wise in place still)."""
@@ -521,31 +535,32 @@ def _plan(
         b.writer = b.writers[0]
 
     workspaces: dict[int, int] = {}
+    values = list(buffers)
     if workspace_bytes > 0:
         for t, node in enumerate(steps):
-            if not get_op(node.op).library:
+            need = get_op(node.op).workspace_bytes(node, workspace_bytes)
+            if need <= 0:
                 continue
             s = order.stream[t]
             if s not in workspaces:
                 workspaces[s] = len(buffers)
                 buffers.append(
-                    Buffer(
-                        len(buffers),
-                        [],
-                        aligned(workspace_bytes),
-                        t,
-                        t,
-                        writer=t,
-                        last=[0] * ns,
-                        workspace=s,
-                        writers=[t],
-                    )
+                    Buffer(len(buffers), [], 0, t, t, writer=t, last=[0] * ns, workspace=s, writers=[t])
                 )
-            touch(buffers[workspaces[s]], t)
+            ws = buffers[workspaces[s]]
+            ws.size = max(ws.size, aligned(need))
+            touch(ws, t)
 
     for b in buffers:
         b.join = join_step(b, order)
-    strategy = _place(buffers) if place else "none"
+    strategy = _place(values) if place else "none"
+    host_arena = max((b.offset + b.size for b in values), default=0)
+    top = aligned(host_arena)
+    for s_ in sorted(workspaces):
+        # Above every value (module docstring), one after another.
+        ws = buffers[workspaces[s_]]
+        ws.offset = top
+        top += ws.size
     value_buffer = {v: b.id for b in buffers for v in b.values}
     for v, rv in root.items():
         if v is not rv and rv in buffer_of:
@@ -565,12 +580,15 @@ def _plan(
         buffers=buffers,
         value_buffer=value_buffer,
         arena_bytes=arena,
-        lower_bound=live_bytes_bound(buffers, len(steps)),
+        # Of the values' part, plus the workspaces stacked on top of it.
+        lower_bound=live_bytes_bound(values, len(steps))
+        + sum(buffers[k].size for k in workspaces.values()),
         naive_bytes=sum(b.size for b in buffers),
         inplace=inplace,
         output_copies=copies,
         workspaces=workspaces,
-        workspace_bytes=aligned(workspace_bytes) if workspaces else 0,
+        workspace_cap=workspace_bytes,
+        host_arena_bytes=host_arena,
         value_offset={v: k for v, k in value_offset.items() if k},
         elided=elided,
         concat_inputs=concat_inputs,

@@ -26,7 +26,14 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
-from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, node_attrs
+from flowc.ops.registry import (
+    LIBRARY_SCRATCH,
+    InferCtx,
+    SbpFn,
+    SbpSignature,
+    defop,
+    node_attrs,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -304,6 +311,22 @@ def _conv_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
     return 2 * outs[0].numel * math.prod(w.shape[1:])
 
 
+# cuDNN's workspace: the algorithms a plan may take (exact float32 leaves out FFT and Winograd,
+# runtime_cpp/flowc/conv.h) need at most the input lowered to columns (the GEMM algorithm's
+# im2col: every output pixel times every filter tap of every input channel), none of it for a
+# 1x1 convolution of stride 1, plus the scratch every library call gets (matmul.py). An
+# algorithm that would want more (FFT of a large TF32 or narrow convolution) is left out of
+# the choice, never a failed call.
+def _conv_workspace(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    y = outs[0]
+    taps = math.prod(w.shape[2:])
+    strides = a.get("strides") or ()
+    if taps == 1 and all(int(s) == 1 for s in strides):
+        return LIBRARY_SCRATCH
+    pixels = y.numel // max(1, y.shape[1])  # n x the output's spatial size
+    return LIBRARY_SCRATCH + pixels * x.shape[1] * taps * x.dtype.itemsize
 # Element types the convolution wrapper (runtime_cpp/flowc/conv.h) takes, as its DataType
 # enumerator.
 _LIBRARY_TYPES = {
@@ -389,6 +412,7 @@ def _emit_conv(prog: Program, node: Node, residual: Value | None, relu: bool) ->
             has_bias=b is not None,
             has_residual=residual is not None,
             relu=relu,
+            workspace=prog.library_workspace(node),
         )
         prog.call(
             "conv.cu.j2",
@@ -497,6 +521,7 @@ defop(
     sbp=_conv_sbp(w_out=0, w_in=1),
     emit=_conv_emit,
     library="conv",
+    workspace=_conv_workspace,
     narrow=NARROW,
 )
 
@@ -571,6 +596,7 @@ defop(
     sbp=_fused_conv_sbp,
     emit=_fused_conv_emit,
     library="conv",
+    workspace=_conv_workspace,
     narrow=NARROW,
 )
 

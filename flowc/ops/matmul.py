@@ -21,7 +21,15 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import Sbp, TensorType
 from flowc.ops import sbp_rules as sr
-from flowc.ops.registry import InferCtx, SbpSignature, broadcast_shapes, defop, get_op
+from flowc.ops.registry import (
+    LIBRARY_SCRATCH,
+    FlopsFn,
+    InferCtx,
+    SbpSignature,
+    broadcast_shapes,
+    defop,
+    get_op,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -318,6 +326,7 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
         tf32=prog.tf32,
         epilogue=_EPILOGUES[g.activation][g.bias is not None],
         align=(align_a, align_b, align_c),
+        workspace=prog.library_workspace(node),
     )
     operands = {
         "plan": plan,
@@ -573,6 +582,29 @@ def _matmul_flops(ins: list[TensorType | None], outs: list[TensorType], at: Attr
     return 2 * outs[0].numel * a.shape[-1]
 
 
+# cuBLASLt's workspace holds split-K partial sums (in float32, the compute type: narrow plans
+# allow no other reduction, runtime_cpp/flowc/gemm.h) and the counters its split and stream-K
+# kernels keep per tile. A call uses at most: the whole output in float32 once per K split,
+# K split at most GEMM_MAX_SPLITS ways into parts of at least GEMM_MIN_SPLIT_K, plus
+# LIBRARY_SCRATCH for the counters. (flowc's bounds, not NVIDIA's figures: a workspace under
+# what an algorithm wants only drops that algorithm from the heuristic's choice.)
+GEMM_MAX_SPLITS = 16
+GEMM_MIN_SPLIT_K = 256
+
+
+def gemm_workspace(out_numel: int, k: int) -> int:
+    splits = min(GEMM_MAX_SPLITS, -(-k // GEMM_MIN_SPLIT_K))
+    return LIBRARY_SCRATCH + (4 * out_numel * splits if splits > 1 else 0)
+
+
+def _flops_workspace(flops: FlopsFn) -> FlopsFn:
+    """A GEMM op's workspace bound from its flops (2 m n k per output element pair)."""
+
+    def bound(ins: list[TensorType | None], outs: list[TensorType], at: Attrs) -> int:
+        n = max(1, outs[0].numel)
+        return gemm_workspace(n, flops(ins, outs, at) // (2 * n))
+
+    return bound
 defop(
     "MatMul",
     FAMILY,
@@ -583,6 +615,7 @@ defop(
     sbp=_matmul_sbp,
     emit=_matmul_emit,
     library="blas",
+    workspace=_flops_workspace(_matmul_flops),
     narrow=NARROW,
 )
 
@@ -669,6 +702,7 @@ defop(
     sbp=_gemm_sbp,
     emit=_gemm_emit,
     library="blas",
+    workspace=_flops_workspace(_gemm_flops),
     narrow=NARROW,
 )
 
@@ -832,5 +866,6 @@ defop(
     sbp=_fused_sbp,
     emit=_fused_emit,
     library="blas",
+    workspace=_flops_workspace(_fused_flops),
     narrow=NARROW,
 )

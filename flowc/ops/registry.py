@@ -116,6 +116,11 @@ class InferCtx:
 InferFn = Callable[[InferCtx], list[TensorType]]
 RefFn = Callable[[list[np.ndarray | None], Attrs], "np.ndarray | Sequence[np.ndarray]"]
 FlopsFn = Callable[[list[TensorType | None], list[TensorType], Attrs], int]
+
+# What every library call's workspace bound starts from: the library's own scratch (cuBLASLt's
+# tile counters, cuDNN's index tables). flowc's figure, not NVIDIA's: an algorithm that wants
+# more than its call's bound is left out of the library's choice, never a failed call.
+LIBRARY_SCRATCH = 64 << 10
 OnnxAdapter = Callable[["AdapterNode"], "list[Value] | None"]
 SbpFn = Callable[[InferCtx, list[TensorType]], "list[SbpSignature]"]
 LocalizeFn = Callable[[Node, list[TensorType], list[TensorType]], dict[int, np.ndarray]]
@@ -186,6 +191,10 @@ class OpDef:
     # The library (Program.blas / Program.conv: "blas", "conv") `emit` may call on the node's
     # stream; memory planning then gives that stream a library workspace.
     library: str = ""
+    # The most library workspace the node's call can use on the GPU (bytes, from the types:
+    # the flops signature); the stream's workspace is the largest of its calls', capped by
+    # the cost profile's. None with a library: the cap.
+    workspace: FlopsFn | None = None
     # The narrow float types (float16, bfloat16) `emit` reads and writes itself (a GEMM or a
     # convolution on tensor cores with float32 accumulation, a kernel that loads narrow and
     # computes in float): widen_types leaves the node alone when its narrow values are all
@@ -215,6 +224,20 @@ class OpDef:
                 node.attrs.merged(self.attrs),
             )
         )
+
+    def workspace_bytes(self, node: Node, cap: int) -> int:
+        """The library workspace ``node``'s call may use, at most ``cap`` (0 without a
+        library)."""
+        if not self.library:
+            return 0
+        if self.workspace is None:
+            return cap
+        need = self.workspace(
+            [i.type if i is not None else None for i in node.inputs],
+            [o.type for o in node.outputs],
+            node.attrs.merged(self.attrs),
+        )
+        return min(cap, int(need))
 
     def evaluate(self, inputs: list[np.ndarray | None], attrs: Attrs) -> list[np.ndarray]:
         out = self.reference(inputs, attrs.merged(self.attrs))
@@ -258,6 +281,7 @@ def defop(
     sbp: SbpFn | None = None,
     localize: LocalizeFn | None = None,
     library: str = "",
+    workspace: FlopsFn | None = None,
     narrow: frozenset[DType] = frozenset(),
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
@@ -280,6 +304,7 @@ def defop(
             sbp=sbp,
             localize=localize,
             library=library,
+            workspace=workspace,
             narrow=narrow,
         )
     )

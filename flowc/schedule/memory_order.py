@@ -6,8 +6,9 @@ after its last reader; views (Reshape, Squeeze, ...) are aliases of their base, 
 view reads the base and a view costs nothing; graph inputs, outputs and constants are not in
 the arena; an element-wise node whose input buffer it reads last (same element count and
 width, same aligned size) writes its output into that input's bytes; every size is rounded
-up to 256 bytes; optionally one library workspace is live from the first library call
-(cuBLASLt/cuDNN) to the last. That is ``plan_memory(..., alias=False)``: the plan's
+up to 256 bytes; the library workspace (cuBLASLt/cuDNN: the largest any call can use, at
+most the cap) sits on top of the values for the whole run, the same bytes in every order,
+so it adds to every peak and decides nothing. That is ``plan_memory(..., alias=False)``: the plan's
 Concat-input and Split/Slice aliases, which it makes only where they do not raise its bound
 (and keeps only where the arena does not grow), are not counted, so the plan of the chosen
 order can only be lower; the compiler (flowc.compiler.schedule_graph) keeps the exporter's
@@ -82,7 +83,8 @@ class _Problem:
 
     def __init__(self, graph: Graph, workspace_bytes: int) -> None:
         self.graph = graph
-        self.workspace = _aligned(workspace_bytes) if workspace_bytes > 0 else 0
+        # On top of every peak (the plan puts the workspace above the values).
+        self.workspace = 0
         outputs = set(graph.outputs)
         external: set[Value] = set(graph.inputs) | set(graph.constants) | outputs
         self.views: list[Node] = []
@@ -133,7 +135,15 @@ class _Problem:
         self.out_pending = [0] * n  # of those, the values somebody reads later
         self.inplace: list[list[Value]] = [[] for _ in range(n)]
         self.inplace_bytes = [0] * n
-        self.library = [bool(get_op(node.op).library) for node in self.actors]
+        if workspace_bytes > 0:
+            self.workspace = max(
+                (
+                    _aligned(get_op(n.op).workspace_bytes(n, workspace_bytes))
+                    for n in self.actors
+                    if get_op(n.op).library
+                ),
+                default=0,
+            )
         for a, node in enumerate(self.actors):
             arena_outs = [o for o in node.outputs if o in producer]
             self.out_bytes[a] = sum(self.size[o] for o in arena_outs)
@@ -227,10 +237,6 @@ class _Segment:
         self.out_bytes = p.out_bytes[lo:hi]
         self.out_pending = p.out_pending[lo:hi]
         self.inplace_bytes = p.inplace_bytes[lo:hi]
-        self.workspace = p.workspace
-        self.lib_mask = sum(1 << (a - lo) for a in range(lo, hi) if p.library[a])
-        self.lib_before = any(p.library[:lo])
-        self.lib_after = any(p.library[hi:])
         # A bound no order beats: during each actor, the values it reads and the values
         # that outlive the segment are live, and its outputs are written.
         through = {v for v, rs in p.readers.items() if p.writer[v] < lo and rs and rs[-1] >= hi}
@@ -253,13 +259,6 @@ class _Segment:
                 alloc -= self.inplace_bytes[t]
                 break
         during = live + alloc
-        # The workspace: live from the first library call to the last.
-        if (
-            self.workspace
-            and (self.lib_before or self.lib_mask & s2)
-            and (self.lib_after or self.lib_mask & ~s)
-        ):
-            during += self.workspace
         after = live + self.out_pending[t]
         for mk, nb in self.frees[t]:
             if mk & ~s2 == 0:
@@ -324,12 +323,6 @@ class _Segment:
         # The transition (see step), inlined: this loop is the search's whole cost.
         out_bytes, out_pending, inplace_bytes = self.out_bytes, self.out_pending, self.inplace_bytes
         cands, frees, succ, pred = self.cands, self.frees, self.succ, self.pred
-        ws, lib_mask, lib_before, lib_after = (
-            self.workspace,
-            self.lib_mask,
-            self.lib_before,
-            self.lib_after,
-        )
         for _ in range(self.m):
             nxt: dict[int, tuple[int, int, int, int, int]] = {}
             for s, (peak, live, ready, _s, _t) in cur.items():
@@ -345,8 +338,6 @@ class _Segment:
                         if not mk & not_done:
                             during -= inplace_bytes[t]
                             break
-                    if ws and (lib_before or lib_mask & s2) and (lib_after or lib_mask & ~s):
-                        during += ws
                     if during < peak:
                         during = peak
                     if during >= bound:
@@ -444,7 +435,8 @@ def memory_order(
     beam: int = DEFAULT_BEAM,
 ) -> MemoryOrder:
     """The order of ``graph``'s nodes with the least peak of live bytes found (see the module
-    docstring); ``workspace_bytes``: one library workspace, as the memory plan places it.
+    docstring); ``workspace_bytes``: the cap on the library workspace, as the memory plan
+    takes it.
     The exact searches make at most ``max_states`` states in all; a segment that needs more
     is searched again by a beam of about ``max_states`` states in all (at least ``beam``
     per level)."""
@@ -484,7 +476,13 @@ def memory_order(
         peak = max(peak, best_peak)
         actors.extend(lo + t for t in best)
     return MemoryOrder(
-        _with_views(p, actors), peak, exporter_peak, exact, len(segments), largest, states
+        _with_views(p, actors),
+        peak + p.workspace,
+        exporter_peak + p.workspace,
+        exact,
+        len(segments),
+        largest,
+        states,
     )
 
 
@@ -498,4 +496,4 @@ def order_peak(graph: Graph, nodes: list[Node] | None = None, workspace_bytes: i
     ]
     if sorted(order) != list(range(len(p.actors))):
         raise ValueError("the order does not list every node of the graph that runs code once")
-    return _Segment(p, 0, len(p.actors), 0).peak_of(order)[0]
+    return _Segment(p, 0, len(p.actors), 0).peak_of(order)[0] + p.workspace
