@@ -327,7 +327,9 @@ def test_float_to_int_cast_saturates_and_maps_nan_to_zero(tmp_path: Any) -> None
             outs.append(helper.make_tensor_value_info(out, to, [len(SPECIAL)]))
             # The values the source type holds (float16 rounds 3e9 to inf, 300.7 to 300.75).
             want[out] = _saturating_rule([float(v) for v in x], dt)
-            (ref,) = get_op("Cast").evaluate([x], Attrs({"to": to, "saturate": 1, "round_mode": "up"}))
+            (ref,) = get_op("Cast").evaluate(
+                [x], Attrs({"to": to, "saturate": 1, "round_mode": "up"})
+            )
             assert np.array_equal(ref, want[out]), (out, ref, want[out])
     model = helper.make_model(
         helper.make_graph(nodes, "casts", ins, outs), opset_imports=[helper.make_opsetid("", 17)]

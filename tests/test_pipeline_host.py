@@ -183,8 +183,18 @@ def test_microbatch_slices_off_16_bytes_keep_the_gemm_alignment_honest(tmp_path:
     )
     out = tmp_path / "out"
     cli.main(
-        ["compile", str(model), "-o", str(out), "--target", "host", "--pipeline", "2"]
-        + ["--microbatches", "4"]
+        [
+            "compile",
+            str(model),
+            "-o",
+            str(out),
+            "--target",
+            "host",
+            "--pipeline",
+            "2",
+            "--microbatches",
+            "4",
+        ]
     )
     text = (out / "model.cu").read_text()
     assert "kInputStride[] = {12ULL }" in text and "kOutputStride[] = {20ULL }" in text

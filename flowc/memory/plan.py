@@ -545,7 +545,9 @@ def _plan(
             if s not in workspaces:
                 workspaces[s] = len(buffers)
                 buffers.append(
-                    Buffer(len(buffers), [], 0, t, t, writer=t, last=[0] * ns, workspace=s, writers=[t])
+                    Buffer(
+                        len(buffers), [], 0, t, t, writer=t, last=[0] * ns, workspace=s, writers=[t]
+                    )
                 )
             ws = buffers[workspaces[s]]
             ws.size = max(ws.size, aligned(need))
@@ -555,12 +557,12 @@ def _plan(
         b.join = join_step(b, order)
     strategy = _place(values) if place else "none"
     host_arena = max((b.offset + b.size for b in values), default=0)
-    top = aligned(host_arena)
+    above = aligned(host_arena)
     for s_ in sorted(workspaces):
         # Above every value (module docstring), one after another.
         ws = buffers[workspaces[s_]]
-        ws.offset = top
-        top += ws.size
+        ws.offset = above
+        above += ws.size
     value_buffer = {v: b.id for b in buffers for v in b.values}
     for v, rv in root.items():
         if v is not rv and rv in buffer_of:

@@ -327,6 +327,8 @@ def _conv_workspace(ins: list[TensorType | None], outs: list[TensorType], a: Att
         return LIBRARY_SCRATCH
     pixels = y.numel // max(1, y.shape[1])  # n x the output's spatial size
     return LIBRARY_SCRATCH + pixels * x.shape[1] * taps * x.dtype.itemsize
+
+
 # Element types the convolution wrapper (runtime_cpp/flowc/conv.h) takes, as its DataType
 # enumerator.
 _LIBRARY_TYPES = {

@@ -605,6 +605,8 @@ def _flops_workspace(flops: FlopsFn) -> FlopsFn:
         return gemm_workspace(n, flops(ins, outs, at) // (2 * n))
 
     return bound
+
+
 defop(
     "MatMul",
     FAMILY,

@@ -82,14 +82,23 @@ inline Status validate(const ConvDesc& d) {
 }
 
 // cuDNN's forward algorithms (cudnnConvolutionFwdAlgo_t), named on both targets.
-enum class ConvAlgo { kImplicitGemm, kImplicitPrecompGemm, kGemm, kDirect, kFft, kFftTiling, kWinograd, kWinogradNonfused };
+enum class ConvAlgo {
+  kImplicitGemm,
+  kImplicitPrecompGemm,
+  kGemm,
+  kDirect,
+  kFft,
+  kFftTiling,
+  kWinograd,
+  kWinogradNonfused
+};
 
 // Whether a plan may use `algo`. Exact float32 (FMA math) leaves out the transform algorithms:
 // FFT and Winograd compute a different sum (rounded in the transformed domain), which cuDNN's
 // math mode does not exclude; TF32 and the narrow types, already approximate, keep them.
 inline bool conv_algorithm_allowed(const ConvDesc& d, ConvAlgo algo) {
-  const bool transform = algo == ConvAlgo::kFft || algo == ConvAlgo::kFftTiling || algo == ConvAlgo::kWinograd ||
-                         algo == ConvAlgo::kWinogradNonfused;
+  const bool transform = algo == ConvAlgo::kFft || algo == ConvAlgo::kFftTiling ||
+                         algo == ConvAlgo::kWinograd || algo == ConvAlgo::kWinogradNonfused;
   return !(transform && d.type == DataType::kF32 && d.math == ConvMath::kExact);
 }
 
@@ -220,7 +229,8 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
   if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
     return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
   }
   p->d = d;
   p->handle = &h;
@@ -453,7 +463,8 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   destroy_plan(p);
   if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
     return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
   }
   p->d = d;
   p->cudnn = h.cudnn;
@@ -483,9 +494,10 @@ inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
                                         i(d.out_w())) == CUDNN_STATUS_SUCCESS;
   ok = ok &&
        cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, i(d.k), 1, 1) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetActivationDescriptor(p->act, d.relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
-                                          kConvReluPropagatesNan ? CUDNN_PROPAGATE_NAN : CUDNN_NOT_PROPAGATE_NAN,
-                                          0.0) == CUDNN_STATUS_SUCCESS;
+  ok = ok &&
+       cudnnSetActivationDescriptor(p->act, d.relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+                                    kConvReluPropagatesNan ? CUDNN_PROPAGATE_NAN : CUDNN_NOT_PROPAGATE_NAN,
+                                    0.0) == CUDNN_STATUS_SUCCESS;
   // Exact fp32 must say so: cuDNN's default math lets float32 convolutions use TF32.
   const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
   ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==

@@ -39,8 +39,8 @@ constexpr bool kHostTarget = true;
 namespace flowc {
 constexpr bool kHostTarget = false;
 }  // namespace flowc
-// `#pragma unroll` for a loop in a kernel (per-lane arrays then stay in registers); only in
-// nvcc's device pass, since the host compiler would warn about an unknown pragma.
+   // `#pragma unroll` for a loop in a kernel (per-lane arrays then stay in registers); only in
+   // nvcc's device pass, since the host compiler would warn about an unknown pragma.
 #if defined(__CUDA_ARCH__)
 #define FLOWC_UNROLL _Pragma("unroll")
 #else

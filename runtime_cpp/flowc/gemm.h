@@ -110,9 +110,9 @@ inline Status validate(const GemmDesc& d) {
   for (int i = 0; i < 3; ++i) {
     const int al = aligns[i];
     if (al < elem || (al & (al - 1)) != 0) {
-      return InvalidArgument(std::string("gemm: the alignment declared for ") + names[i] + " (" +
-                             std::to_string(al) + " bytes) is not a power of two of at least the element size (" +
-                             std::to_string(elem) + ")");
+      return InvalidArgument(
+          std::string("gemm: the alignment declared for ") + names[i] + " (" + std::to_string(al) +
+          " bytes) is not a power of two of at least the element size (" + std::to_string(elem) + ")");
     }
     if (d.batch > 1 && (strides[i] * elem) % al != 0) {
       return InvalidArgument(std::string("gemm: the batch stride of ") + names[i] + " (" +
@@ -138,7 +138,9 @@ inline uint32_t reduction_schemes(const GemmDesc& d) {
 // every pointer as aligned as the plan declared, the bias at least element-aligned.
 inline Status check_pointers(const GemmDesc& d, const void* a, const void* b, const void* c, const void* out,
                              const void* bias) {
-  const auto misaligned = [](const void* p, int al) { return reinterpret_cast<uintptr_t>(p) % unsigned(al) != 0; };
+  const auto misaligned = [](const void* p, int al) {
+    return reinterpret_cast<uintptr_t>(p) % unsigned(al) != 0;
+  };
   const struct {
     const void* p;
     int align;
@@ -151,10 +153,11 @@ inline Status check_pointers(const GemmDesc& d, const void* a, const void* b, co
   for (const auto& op : ops) {
     if (op.p != nullptr && misaligned(op.p, op.align)) {
       const uintptr_t v = reinterpret_cast<uintptr_t>(op.p);
-      return LibraryError(std::string("gemm: operand ") + op.name + " is only " + std::to_string(v & (~v + 1)) +
-                          "-byte aligned, below the " + std::to_string(op.align) +
-                          " bytes its plan declared to cuBLASLt (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_" + op.pref +
-                          "_BYTES): the algorithm chosen for it would fail on the GPU");
+      return LibraryError(std::string("gemm: operand ") + op.name + " is only " +
+                          std::to_string(v & (~v + 1)) + "-byte aligned, below the " +
+                          std::to_string(op.align) +
+                          " bytes its plan declared to cuBLASLt (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_" +
+                          op.pref + "_BYTES): the algorithm chosen for it would fail on the GPU");
     }
   }
   if (bias != nullptr && misaligned(bias, static_cast<int>(element_size(d.type))))
@@ -230,7 +233,8 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   // handle with less would make it choose from fewer, or none.
   if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
     return InvalidArgument("gemm: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
   }
   p->desc = d;
   p->handle = &h;
@@ -255,7 +259,8 @@ void to_float(const T* src, int64_t rows, int64_t cols, int64_t ld, float* dst) 
 // INPLACE or OUTPUT_TYPE reduction): the emulator takes the GPU's worst case, K in four parts
 // whose products are each rounded to T and added into D in T.
 template <class T>
-void split_k_in_narrow(const GemmDesc& d, const float* a, int64_t lda, const float* b, int64_t ldb, float* out) {
+void split_k_in_narrow(const GemmDesc& d, const float* a, int64_t lda, const float* b, int64_t ldb,
+                       float* out) {
   const int64_t parts = 4, chunk = (d.k + parts - 1) / parts;
   std::vector<float> part(static_cast<size_t>(d.m * d.n));
   std::vector<T> acc(static_cast<size_t>(d.m * d.n), T(0.0f));
@@ -273,7 +278,8 @@ void split_k_in_narrow(const GemmDesc& d, const float* a, int64_t lda, const flo
 }
 
 template <class T>
-void host_gemm(const GemmDesc& d, uint32_t reductions, const T* A, const T* B, const T* C, T* D, const T* bias) {
+void host_gemm(const GemmDesc& d, uint32_t reductions, const T* A, const T* B, const T* C, T* D,
+               const T* bias) {
   const int64_t a_rows = d.trans_a ? d.k : d.m, a_cols = d.trans_a ? d.m : d.k;
   const int64_t b_rows = d.trans_b ? d.n : d.k, b_cols = d.trans_b ? d.k : d.n;
   const bool wide = std::is_same<T, float>::value;
@@ -504,7 +510,8 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   destroy_plan(p);
   if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
     return InvalidArgument("gemm: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " + std::to_string(h.workspace_bytes));
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
   }
   p->desc = d;
   p->lt = h.lt;

@@ -279,7 +279,8 @@ int main(int argc, char** argv) {
     cudaGraph_t g0 = nullptr;
     expect_err(cudaStreamEndCapture(s, &g0), cudaErrorStreamCaptureInvalidated,
                "a library handle's first call inside a capture");
-    expect(!cold.ok() && cold.message().find("operation not permitted when stream is capturing") != std::string::npos,
+    expect(!cold.ok() &&
+               cold.message().find("operation not permitted when stream is capturing") != std::string::npos,
            "the first call says why: " + cold.message());
     (void)cudaGetLastError();
     // Once warmed up outside a capture, its calls are captured like kernels.

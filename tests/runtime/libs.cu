@@ -146,25 +146,37 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
   // A pointer below the alignment its plan declared to cuBLASLt.
   flowc::GemmDesc d = flowc::packed_gemm(8, 8, 8);
   flowc::Status st = flowc::gemm(blas, d, buf + 1, buf + 512, buf + 1024, s);
-  expect(says(st, "operand A is only 4-byte aligned, below the 16 bytes"), "gemm refuses A below its declared alignment: " + st.message());
+  expect(says(st, "operand A is only 4-byte aligned, below the 16 bytes"),
+         "gemm refuses A below its declared alignment: " + st.message());
   d.align_a = 4;
-  expect(flowc::gemm(blas, d, buf + 1, buf + 512, buf + 1024, s).ok(), "gemm takes A at its declared 4-byte alignment");
+  expect(flowc::gemm(blas, d, buf + 1, buf + 512, buf + 1024, s).ok(),
+         "gemm takes A at its declared 4-byte alignment");
   d = flowc::packed_gemm(8, 8, 8, false, false, 3);
   d.stride_a = 8 * 8 + 1;
   st = flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s);
-  expect(says(st, "batch stride of A (260 bytes) breaks its declared 16-byte alignment"), "gemm refuses a batch stride that breaks the alignment: " + st.message());
+  expect(says(st, "batch stride of A (260 bytes) breaks its declared 16-byte alignment"),
+         "gemm refuses a batch stride that breaks the alignment: " + st.message());
   d = flowc::packed_gemm(8, 8, 8);
   d.align_b = 6;
-  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "not a power of two"), "gemm refuses an alignment that is no power of two");
+  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "not a power of two"),
+         "gemm refuses an alignment that is no power of two");
   // Workspaces: 256-byte aligned, and at least what a call may use.
   flowc::BlasHandle other;
-  expect(says(flowc::create_blas(&other, reinterpret_cast<unsigned char*>(buf) + 16, 1024), "256-byte aligned"), "create_blas refuses a workspace that is not 256-byte aligned");
+  expect(
+      says(flowc::create_blas(&other, reinterpret_cast<unsigned char*>(buf) + 16, 1024), "256-byte aligned"),
+      "create_blas refuses a workspace that is not 256-byte aligned");
   d.align_b = 16;
   d.workspace = 1 << 20;
-  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "may use 1048576 bytes of workspace but its stream's handle has 0"), "gemm refuses a handle with less workspace than the call's");
+  expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s),
+              "may use 1048576 bytes of workspace but its stream's handle has 0"),
+         "gemm refuses a handle with less workspace than the call's");
   // Narrow split-K partial sums are added in float32 (REDUCTION_SCHEME_MASK = COMPUTE_TYPE).
   expect(flowc::reduction_schemes(flowc::packed_gemm(8, 8, 8)) == flowc::kReduceAll &&
-             flowc::reduction_schemes([] { auto n = flowc::packed_gemm(8, 8, 8); n.type = flowc::DataType::kBF16; return n; }()) == flowc::kReduceComputeType,
+             flowc::reduction_schemes([] {
+               auto n = flowc::packed_gemm(8, 8, 8);
+               n.type = flowc::DataType::kBF16;
+               return n;
+             }()) == flowc::kReduceComputeType,
          "narrow plans reduce split-K in the compute type");
   {
     constexpr int m = 32, n = 32, k = 1024;
@@ -174,7 +186,8 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
     for (auto& v : B) v = flowc::bf16(frand());
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j)
-        for (int p = 0; p < k; ++p) want[i * n + j] += double(float(A[i * k + p])) * double(float(B[p * n + j]));
+        for (int p = 0; p < k; ++p)
+          want[i * n + j] += double(float(A[i * k + p])) * double(float(B[p * n + j]));
     flowc::bf16 *dA, *dB, *dD;
     FLOWC_CHECK(cudaMalloc(&dA, A.size() * 2));
     FLOWC_CHECK(cudaMalloc(&dB, B.size() * 2));
@@ -192,7 +205,8 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
       const float ulp = std::fabs(lo) * (1.0f / 128.0f) + 1e-30f;
       worse += std::fabs(got - float(want[i])) > ulp;
     }
-    expect(st.ok() && worse == 0, "bf16 gemm k=1024 is rounded once (" + std::to_string(worse) + " elements off by more than an ulp)");
+    expect(st.ok() && worse == 0, "bf16 gemm k=1024 is rounded once (" + std::to_string(worse) +
+                                      " elements off by more than an ulp)");
     cudaFree(dA);
     cudaFree(dB);
     cudaFree(dD);
@@ -203,17 +217,21 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
   c.h = c.w = 8;
   c.k = 4;
   c.r = c.s = 3;
-  expect(!flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kWinograd) && !flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kFftTiling) &&
+  expect(!flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kWinograd) &&
+             !flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kFftTiling) &&
              flowc::conv_algorithm_allowed(c, flowc::ConvAlgo::kImplicitPrecompGemm),
          "exact fp32 convolutions exclude FFT and Winograd");
   flowc::ConvDesc t = c;
   t.math = flowc::ConvMath::kTF32;
   flowc::ConvDesc h = c;
   h.type = flowc::DataType::kBF16;
-  expect(flowc::conv_algorithm_allowed(t, flowc::ConvAlgo::kWinograd) && flowc::conv_algorithm_allowed(h, flowc::ConvAlgo::kFft),
+  expect(flowc::conv_algorithm_allowed(t, flowc::ConvAlgo::kWinograd) &&
+             flowc::conv_algorithm_allowed(h, flowc::ConvAlgo::kFft),
          "tf32 and narrow convolutions may use them");
   c.workspace = 4096;
-  expect(says(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s), "may use 4096 bytes of workspace"), "conv refuses a handle with less workspace than the call's");
+  expect(
+      says(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s), "may use 4096 bytes of workspace"),
+      "conv refuses a handle with less workspace than the call's");
   c.workspace = -1;
   // The fused identity call forces IMPLICIT_PRECOMP_GEMM; refused, the fallback runs the plain
   // convolution's own algorithm. A NaN stays NaN through the fused ReLU (ONNX's Relu).
@@ -255,7 +273,8 @@ static int destroy_order() {
   c.c = c.k = 2;
   c.h = c.w = 4;
   c.r = c.s = 1;
-  FLOWC_CHECK(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s).ok() ? cudaSuccess : cudaErrorInvalidValue);
+  FLOWC_CHECK(flowc::conv2d_forward(conv, c, buf, buf + 512, buf + 1024, s).ok() ? cudaSuccess
+                                                                                 : cudaErrorInvalidValue);
   FLOWC_CHECK(cudaStreamDestroy(s));
   flowc::destroy_conv(&conv);
   std::printf("destroyed\n");
