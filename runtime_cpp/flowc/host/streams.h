@@ -40,7 +40,7 @@ struct GraphNode {
   std::function<void()> host;            // host function, copy, set
   std::shared_ptr<const std::vector<GraphNode>> child;  // a graph launched into the capture
   std::vector<size_t> deps;
-  bool library = false;  // host: a library call (enqueue_host), counted as a launch
+  bool library = false;  // host: a library call (library_call), counted as a launch
 };
 
 using Nodes = std::vector<GraphNode>;
@@ -96,7 +96,7 @@ inline thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureMod
 // by kind, wherever it came from: a replayed graph's nodes count one by one, as the GPU
 // runs them (a captured operation counts when the graph runs it, not when captured).
 // `kernels + library_calls` is what a GPU would launch: GEMMs and convolutions (the users of
-// enqueue_host) are library calls, one or more kernels each on the GPU. Host functions are
+// library_call) are library calls, one or more kernels each on the GPU. Host functions are
 // cudaLaunchHostFunc's (the host build's collectives), not launches.
 struct Counters {
   uint64_t stream_kernel_launches = 0;
@@ -496,21 +496,10 @@ inline cudaError_t check_launch(const void* kernel, dim3 grid, dim3 block, size_
   return cudaSuccess;
 }
 
-// Queue host work on a stream, in order with its kernels (what cudaLaunchHostFunc does; the
-// library wrappers use it for their CPU backends). Each one counts as a library call
-// (Counters::library_calls): what a GPU build launches through cuBLASLt or cuDNN instead.
-inline cudaError_t enqueue_host(cudaStream_t stream, std::function<void()> fn) {
-  Engine& E = engine();
-  std::lock_guard<std::recursive_mutex> lock(E.mu);
-  Stream* s = E.resolve(stream);
-  if (!E.known(s)) return set_error(cudaErrorInvalidResourceHandle);
-  Op op;
-  op.host = std::move(fn);
-  op.library = true;
-  return set_error(E.submit(s, std::move(op), GraphNode::kHost));
-}
-
-// A library call (cuBLASLt, cuDNN) queued as host work, as enqueue_host. `*warm` is the
+// A library call (cuBLASLt, cuDNN) queued as host work on a stream, in order with its kernels
+// (what cudaLaunchHostFunc does; the library wrappers' CPU backends use it); each counts as a
+// library call (Counters::library_calls): what a GPU build launches through cuBLASLt or
+// cuDNN instead. `*warm` (may be null) is the
 // handle's: whether it has made a call yet. A handle's first call does what the GPU libraries
 // do lazily (load their kernel modules, set up their state, allocate), which a stream capture
 // does not allow; the emulator treats that first call as it treats cudaMalloc during a capture
