@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
     if (mode == "sync" && P_synchronize(m) != 0) return fail(m, "synchronize");
   }
   if (P_synchronize(m) != 0) return fail(m, "synchronize");
+  std::fprintf(stderr, "graph status: %s\n", P_cuda_graph_status(m));
   for (int r = 0; r < runs; ++r) {
     for (int k = 0; k < nout; ++k) {
       const std::string path = dir + "/out" + std::to_string(r) + "_" + std::to_string(k) + ".bin";
@@ -347,12 +348,14 @@ def test_after_the_first_run_each_run_is_one_graph_launch(
         assert g1 == 1 and g5 == 5, (one, five)
         assert s5 == s1, (one, five)  # create's fills and warm-up only: no run launches itself
         assert k1 > 0 and k5 == 5 * k1, (one, five)
+        assert "graph status: captured\n" in five
         per_run[prog.exe.parent.name] = k1
     # Direct launches: no graph, and every run launches its kernels on the streams.
     _, one = run_program(mlp_direct, tmp_path / "direct1", 1, env=stats)
     _, five = run_program(mlp_direct, tmp_path / "direct5", 5, env=stats)
     (s1, g1, k1), (s5, g5, k5) = counters(one), counters(five)
     assert g1 == g5 == 0 and k1 == k5 == 0
+    assert "graph status: off\n" in five
     assert s5 - s1 == 4 * per_run["mlp"], (one, five)  # the kernels the graph holds
 
 
@@ -373,6 +376,7 @@ def test_a_capturing_caller_gets_the_work_in_its_own_graph(
     check_matches_onnxruntime(branches, results)
     _, graphs, kernels = counters(err)
     assert graphs == 3 and kernels > 0  # the caller's three graphs; the model made none
+    assert "graph status: not captured yet\n" in err
 
 
 def test_cuda_build_of_the_captured_two_stream_program(branches: Program) -> None:
