@@ -93,6 +93,9 @@ def test_errors_do_not_outlive_their_run(tmp_path: Path) -> None:
             )
             == 0
         )
+        # The run's status is known once it has ended (model.h): synchronize says it, and
+        # last_error then reads it without a CUDA call of its own.
+        assert (lib.edge_synchronize(m) != 0) == bad, idx
         message = lib.edge_last_error(m)
         assert (b"out of range" in message) == bad, (idx, message)
         if not bad:

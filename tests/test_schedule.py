@@ -297,10 +297,8 @@ def test_generated_handles_use_the_planned_workspaces() -> None:
         assert call in text
         assert c.memory.workspace_size(s) < 32 << 20  # what the calls can use, under the cap
     assert c.memory.arena_bytes == c.memory.host_arena_bytes + c.memory.workspace_total()
-    assert (
-        f"kArenaBytes = flowc::kHostTarget ? {c.memory.host_arena_bytes}ULL : "
-        f"{c.memory.arena_bytes}ULL;" in text
-    )
+    assert f"kCudaArenaBytes = {c.memory.arena_bytes}ULL;" in text
+    assert f"kHostArenaBytes = {c.memory.host_arena_bytes}ULL;" in text
     assert "d.workspace = " in text
     # A profile without a workspace: the handles get none, the arena holds only values.
     none = dataclasses.replace(load_profile(), workspace=0)

@@ -872,7 +872,7 @@ def launch_plan(project: Path) -> Plan:
         {},
         create_ops,
         run_ops,
-        _constant(text, "kArenaBytes"),
+        _constant(text, "kCudaArenaBytes"),
         _constant(text, "kWeightBytes"),
         _constant(text, "kDeviceWeightBytes"),
         info,
