@@ -136,7 +136,7 @@ def test_bad_sim_settings_end_the_program_cleanly(
 def test_gemm_and_conv_wrappers_on_the_host(host_bin: dict[str, Path]) -> None:
     r = run([str(host_bin["libs"])])
     assert "0 failures" in r.stdout
-    assert r.stdout.count("PASS gemm") == 28 and r.stdout.count("PASS conv") == 7
+    assert r.stdout.count("PASS gemm") == 29 and r.stdout.count("PASS conv") == 7
 
 
 def test_the_emulator_enforces_the_libraries_contracts(host_bin: dict[str, Path]) -> None:
@@ -148,6 +148,7 @@ def test_the_emulator_enforces_the_libraries_contracts(host_bin: dict[str, Path]
         "gemm takes A at its declared 4-byte alignment",
         "gemm refuses a batch stride that breaks the alignment",
         "gemm refuses an alignment that is no power of two",
+        "gemm refuses tf32 with narrow operands",
         "create_blas refuses a workspace that is not 256-byte aligned",
         "gemm refuses a handle with less workspace than the call's",
         "narrow plans reduce split-K in the compute type",

@@ -160,6 +160,16 @@ static void check_contracts(flowc::BlasHandle& blas, flowc::ConvHandle& conv, cu
   d.align_b = 6;
   expect(says(flowc::gemm(blas, d, buf, buf + 512, buf + 1024, s), "not a power of two"),
          "gemm refuses an alignment that is no power of two");
+  // cuBLASLt's type table: TF32 compute takes float32 operands only.
+  {
+    flowc::GemmDesc t32 = flowc::packed_gemm(8, 8, 8);
+    t32.type = flowc::DataType::kBF16;
+    t32.tf32 = true;
+    flowc::GemmPlan tp;
+    expect(says(flowc::plan_gemm(blas, t32, &tp), "tf32 applies to float32 operands only"),
+           "gemm refuses tf32 with narrow operands");
+    flowc::destroy_plan(&tp);
+  }
   // Workspaces: 256-byte aligned, and at least what a call may use.
   flowc::BlasHandle other;
   expect(
