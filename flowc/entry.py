@@ -3,17 +3,33 @@ heavy modules (NumPy, ONNX, rich) are still importing ends quietly, as it does l
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
+
+
+def guard_start_up() -> None:
+    """Until the command starts, Ctrl-C ends the process at once with "aborted" and exit
+    code 130. Nothing has been done yet, so there is nothing to clean up, and Python's own
+    KeyboardInterrupt cannot be trusted this early: raised inside an import lock's weakref
+    callback it is printed and swallowed (the command then runs on), and raised while an
+    extension module runs code through PyRun_String CPython marks it unhandled, so the
+    process ends killed by SIGINT (-2) whatever catches it."""
+    signal.signal(signal.SIGINT, _abort_start_up)
+
+
+def _abort_start_up(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.write(2, b"aborted\n")
+    os._exit(130)
 
 
 def main() -> None:
-    try:
-        from flowc.cli import main as cli_main
-    except KeyboardInterrupt:
-        _quit_on_ctrl_c_no_more()
-        sys.stderr.write("aborted\n")
-        sys.exit(130)
+    guard_start_up()
+    from flowc.cli import main as cli_main
+
+    # The command runs: Ctrl-C is a KeyboardInterrupt again, which it handles (cleanup,
+    # "aborted", 130).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cli_main()
     finally:
