@@ -26,9 +26,7 @@ from flowc.compiler import plan_schedule, schedule_graph  # noqa: E402
 from flowc.frontend.onnx import ImportOptions, import_onnx  # noqa: E402
 from flowc.passes.manager import PassManager, compile_pipeline  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "models"
-if not SHARED.is_dir():
-    SHARED = ROOT / "tests" / "models"  # a repository's own copy, where it has one
+SHARED = ROOT / "tests" / "data" / "models"
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
 MODELS = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
 

@@ -37,10 +37,7 @@ RUN_MODEL = {("bf16", "mesh2"): "bert_tiny", ("fp16", "mesh2x2"): "bert_tiny"}
 
 
 def models_dir() -> Path:
-    for d in (REPO / "tests" / "models", REPO.parent / "shared" / "models"):
-        if d.is_dir():
-            return d
-    raise SystemExit("no models folder (tests/models or ../shared/models)")
+    return REPO / "tests" / "data" / "models"
 
 
 def one_cell(precision: str, layout: str, streams: int | None) -> str:

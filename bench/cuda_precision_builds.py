@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS = REPO.parent / "shared" / "models"
+MODELS = REPO / "tests" / "data" / "models"
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ thread), the ratio flowc / onnxruntime (below 1: flowc is faster), flowc's launc
 (FLOWC_STATS=1) and the largest difference of their outputs. Prints the table and writes it
 to bench/results/host_vs_ort.txt.
 
-Models: ../shared/models/*.onnx (inputs from NAME.io.npz) and the onnx package's light
+Models: tests/data/models/*.onnx (inputs from NAME.io.npz) and the onnx package's light
 ResNet-50 (a seeded random input). Projects live in build/host_vs_ort/ (Release flags),
 compiled every run and rebuilt where files changed; --rebuild builds from scratch. Only a run
 of every model at the default precision replaces the results file; --models and --precision
@@ -41,7 +41,7 @@ from flowc.harness.compare import max_rel_error
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SHARED_MODELS = REPO.parent / "shared" / "models"
+SHARED_MODELS = REPO / "tests" / "data" / "models"
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LAUNCHES = re.compile(r"^launches per run: (\d+)", re.M)
 

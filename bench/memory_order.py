@@ -37,7 +37,7 @@ from flowc.memory.plan import Order, plan_memory  # noqa: E402
 from flowc.passes.manager import DEFAULT_PIPELINE, PassManager, compile_pipeline  # noqa: E402
 from flowc.schedule.memory_order import memory_order  # noqa: E402
 
-SHARED = ROOT.parent / "shared" / "models"
+SHARED = ROOT / "tests" / "data" / "models"
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 SHARED_MODELS = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
 

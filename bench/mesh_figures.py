@@ -39,10 +39,7 @@ MODELS = ["mlp", "bert_tiny", "gpt2_tiny", "resnet_tiny", "vit_tiny"]
 
 
 def models_dir() -> Path:
-    for d in (ROOT / "tests" / "models", ROOT.parent / "shared" / "models"):
-        if d.is_dir():
-            return d
-    raise SystemExit("no models folder (tests/models or ../shared/models)")
+    return ROOT / "tests" / "data" / "models"
 
 
 def main() -> None:

@@ -11,8 +11,7 @@ bench/results/minimalloc.txt.
 
     .venv/bin/python bench/minimalloc_bench.py [--work-limit N] [INSTANCE.csv ...]
 
-The data lives in ../shared/data/minimalloc beside the repository (README.md there says
-where it comes from).
+The data lives in tests/data/minimalloc (README.md there says where it comes from).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from flowc.memory import placement  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "minimalloc"
+DATA = ROOT / "tests" / "data" / "minimalloc"
 RESULT = ROOT / "bench" / "results" / "minimalloc.txt"
 
 

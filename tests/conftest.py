@@ -7,7 +7,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_MODELS = REPO.parent / "shared" / "models"
+SHARED_MODELS = REPO / "tests" / "data" / "models"  # the project's shared models, carried here
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -49,7 +49,7 @@ from onnx import TensorProto, helper
 from flowc.ir.graph import Graph
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_MODELS = REPO.parent / "shared" / "models"
+SHARED_MODELS = REPO / "tests" / "data" / "models"
 
 OUTCOMES = ("accepted", "rejected", "internal", "crash", "hang", "memory")
 GOOD = ("accepted", "rejected")

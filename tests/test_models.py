@@ -1,5 +1,5 @@
 """Whole models through import + the NumPy reference, against references nobody here wrote:
-the PyTorch outputs stored with ../shared/models, onnxruntime, and the expected outputs the
+the PyTorch outputs stored with the shared models (tests/data/models), onnxruntime, and the expected outputs the
 onnx package ships with its light models (ResNet-50, VGG-19, DenseNet-121, ...)."""
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def _shapes_of(feeds: dict[str, np.ndarray]) -> ImportOptions:
 
 
 def test_shared_models_are_present() -> None:
-    # CI lays ../shared beside the clone; without it these tests would silently shrink.
+    # The repository carries them (tests/data/models); without them these tests would
+    # silently shrink.
     missing = [n for n in SHARED if not (SHARED_MODELS / f"{n}.onnx").exists()]
     assert not missing, f"missing {missing} in {SHARED_MODELS}"
     assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
@@ -157,3 +158,28 @@ def test_light_model_with_random_weights_matches_onnxruntime(name: str) -> None:
     assert len(ref) == len(model.graph.output)
     for out, r in ref.items():
         assert max_rel_error(got[out], r) <= TOL, out
+
+
+def test_no_tracked_file_names_the_shared_folder_beside_the_clone() -> None:
+    """A fresh clone with nothing beside it tests itself: no tracked file (but CI's own
+    scripts) reads or names the project's shared folder outside the repository."""
+    import re
+    import subprocess
+
+    from conftest import REPO
+
+    r = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("not a git checkout: nothing tracked to check")
+    q = '"' + "shared" + '"'  # spelled apart, so that this file does not match itself
+    outside = re.compile(r"\.\./" + "shared|/work/" + "shared|" + q + " /|/ " + q)
+    found = []
+    for rel in r.stdout.splitlines():
+        if rel.startswith(".ci/"):
+            continue
+        try:
+            text = (REPO / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue  # a model, an image
+        found += [f"{rel}: {m.group(0)}" for m in outside.finditer(text)]
+    assert not found, found

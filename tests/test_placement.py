@@ -516,7 +516,7 @@ def test_plan_memory_reads_a_capacity_exactly(
 
 # -- quality without a capacity ------------------------------------------------------------
 
-MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc"
+MINIMALLOC = Path(__file__).resolve().parent / "data" / "minimalloc"
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make gpu-prepare`: everything `make gpu-check` and `make gpu-anchors` need on the GPU
 # machine, which fetches nothing, into .gpu/ (ignored by git; name it in the device tool's
-# `carry`): the anchor script from ../shared (which does not travel), PyCUDA's sdist (PyPI
+# `carry`): the anchor script (bench/gpu/anchors_gpu.py), PyCUDA's sdist (PyPI
 # has no wheel) and the pure-Python packages it needs, lark (flowc's DSL parser) and
 # siphash24 (needed by pytools) as wheels for that machine's Python 3.12 on x86-64. The
 # machine already has numpy, setuptools, markupsafe, typing-extensions, torch,
@@ -11,12 +11,7 @@ cd "$(dirname "$0")/../.."
 out=.gpu
 mkdir -p "$out/wheels" "$out/sdist"
 
-anchors=../shared/bench/anchors_gpu.py
-if [ ! -f "$anchors" ]; then
-  echo "error: $anchors not found (the shared folder beside this checkout)" >&2
-  exit 1
-fi
-cp "$anchors" "$out/anchors_gpu.py"
+cp bench/gpu/anchors_gpu.py "$out/anchors_gpu.py"
 
 PY=${PYTHON:-python3}
 # Pinned so that one version of each travels (two would stop the install there).

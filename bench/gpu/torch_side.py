@@ -1,6 +1,6 @@
 """The PyTorch side of `make gpu-check` / `make gpu-anchors`: PyTorch eager (and
 torch.compile) latencies and PyTorch's own error in each precision, on the anchor models
-that ../shared/bench/anchors_gpu.py defines (its `build`, `Out` and `timed`, from the copy
+that bench/gpu/anchors_gpu.py defines (its `build`, `Out` and `timed`, from the copy
 bench/gpu/prepare.sh put in .gpu/).
 
 Runs under a Python that has torch and transformers (python3 on the GPU machine; a separate
