@@ -289,8 +289,37 @@ def test_plan_memory_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "fits" in text
     code, text = run_cli(["plan-memory", str(src), "--capacity", "7"], capsys)
     assert code == 1
-    assert "no placement within 7 bytes" in text and "best peak is 8" in text
+    # Below the lower bound no search can help: it says so, and not to search longer.
+    assert "capacity 7 is below the lower bound 8" in text and "at least 8" in text
+    assert "work-limit" not in text
     assert "peak 8 lower_bound 8 ratio 1.0000" in text
+
+
+def test_plan_memory_takes_minimallocs_example_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The example input of MiniMalloc's README (string ids), solved at its capacity 12.
+    src = tmp_path / "input.12.csv"
+    src.write_text("id,lower,upper,size\nb1,0,3,4\nb2,3,9,4\nb3,0,9,4\nb4,9,21,4\nb5,0,21,4\n")
+    offsets = tmp_path / "output.12.csv"
+    code, text = run_cli(
+        ["plan-memory", str(src), "--capacity", "12", "--offsets", str(offsets)], capsys
+    )
+    assert code == 0, text
+    assert "peak 12 lower_bound 12" in text
+    rows = [line.split(",") for line in offsets.read_text().splitlines()]
+    assert rows[0] == ["id", "lower", "upper", "size", "offset"]
+    assert [r[0] for r in rows[1:]] == ["b1", "b2", "b3", "b4", "b5"]
+    placed = [tuple(int(x) for x in r[1:]) for r in rows[1:]]
+    for i, (lo, hi, size, off) in enumerate(placed):
+        assert off >= 0 and off + size <= 12
+        for lo2, hi2, size2, off2 in placed[i + 1 :]:
+            if lo < hi2 and lo2 < hi:  # live together: apart in memory
+                assert off + size <= off2 or off2 + size2 <= off
+    # Names repeat as numbers do.
+    src.write_text("id,lower,upper,size\nb1,0,3,4\nb1,3,9,4\n")
+    code, text = run_cli(["plan-memory", str(src)], capsys)
+    assert code == 2 and ":3: buffer id b1 repeats (first on line 2)" in text, text
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,15 @@ def plan_memory_cmd(
         )
         out.print(f"wrote {escape(str(offsets_path))}")
     out.print(f"peak {result.peak} lower_bound {result.lower_bound} ratio {ratio:.4f}")
+    if cap is not None and cap < result.lower_bound:
+        # No search can help: at some step the live buffers alone need more.
+        unmet = FlowcError(
+            f"{csv_file.name}: capacity {cap} is below the lower bound {result.lower_bound} "
+            f"(the most bytes live at once); no placement fits",
+            hint=f"give --capacity at least {result.lower_bound}",
+        )
+        unmet.exit_code = 1
+        raise unmet
     if cap is not None and result.peak > cap:
         unmet = FlowcError(
             f"{csv_file.name}: no placement within {cap} bytes found; the best peak is "

@@ -125,8 +125,10 @@ class Interval:
     end: int
     size: int
     align: int = 1
-
-
+    # The id as a file spelled it when that was not an integer (MiniMalloc's own examples
+    # name buffers "b1", ...): `id` is then the buffer's row number, and the offsets CSV
+    # writes the name back.
+    name: str | None = None
 @dataclass
 class Placement:
     offsets: dict[int, int]  # id -> byte offset
@@ -1087,11 +1089,15 @@ def _int64(text: str, what: str, where: str) -> int:
 def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     """Buffers from a MiniMalloc CSV: a header naming ``id,lower,upper,size`` (in any order,
     other columns ignored; an ``alignment`` column is read when present), then one buffer a
-    row, live on the half-open interval [lower, upper). Every value must fit int64. Raises
-    PlacementError naming the file and line of the first bad row."""
+    row, live on the half-open interval [lower, upper). Ids are integers or names (when any
+    id is not an integer, every buffer keeps its id as ``Interval.name`` and is numbered by
+    row); every other value must fit int64. Raises PlacementError naming the file and line
+    of the first bad row."""
     name = os.fspath(path)
     out: list[Interval] = []
-    seen: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    names: list[str] = []
+    lines: list[int] = []
     rows = None
     try:
         with open(name, newline="", encoding="utf-8") as f:
@@ -1120,8 +1126,11 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
                     raise PlacementError(
                         f"{where}: {len(row)} field(s), the header has {len(header)}"
                     )
-                vals = {c: _int64(row[k].strip(), c, where) for c, k in cols}
-                bid, lo, hi, size = vals["id"], vals["lower"], vals["upper"], vals["size"]
+                vals = {c: _int64(row[k].strip(), c, where) for c, k in cols if c != "id"}
+                bid = row[cols[0][1]].strip()
+                if not bid:
+                    raise PlacementError(f"{where}: the id is empty")
+                lo, hi, size = vals["lower"], vals["upper"], vals["size"]
                 if lo >= hi:
                     raise PlacementError(
                         f"{where}: buffer {bid}: lower {lo} must be below upper {hi} "
@@ -1137,7 +1146,9 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
                         f"{where}: buffer id {bid} repeats (first on line {seen[bid]})"
                     )
                 seen[bid] = lineno
-                out.append(Interval(bid, lo, hi, size, align))
+                names.append(bid)
+                lines.append(lineno)
+                out.append(Interval(len(out), lo, hi, size, align))
     except OSError as e:
         raise PlacementError(f"{name}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError:
@@ -1145,9 +1156,22 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     except csv.Error as e:
         where = f"{name}:{rows.line_num}" if rows is not None else name
         raise PlacementError(f"{where}: not a CSV row ({e})") from None
-    return out
-
-
+    if all(re.fullmatch(r"[+-]?[0-9]+", n) for n in names):
+        numbered: list[Interval] = []
+        line_of: dict[int, int] = {}
+        for n, line, iv in zip(names, lines, out, strict=True):
+            num = _int64(n, "id", f"{name}:{line}")
+            if num in line_of:
+                raise PlacementError(
+                    f"{name}:{line}: buffer id {num} repeats (first on line {line_of[num]})"
+                )
+            line_of[num] = line
+            numbered.append(Interval(num, iv.start, iv.end, iv.size, iv.align))
+        return numbered
+    return [
+        Interval(iv.id, iv.start, iv.end, iv.size, iv.align, name=n)
+        for n, iv in zip(names, out, strict=True)
+    ]
 def write_offsets_csv(
     path: str | os.PathLike[str],
     intervals: Sequence[Interval],
@@ -1169,6 +1193,6 @@ def write_offsets_csv(
         w = csv.writer(f, lineterminator="\n")
         w.writerow([*CSV_COLUMNS, "offset"])
         for iv in intervals:
-            w.writerow([iv.id, iv.start, iv.end, iv.size, offsets[iv.id]])
+            w.writerow([iv.name or iv.id, iv.start, iv.end, iv.size, offsets[iv.id]])
         f.flush()
         f.detach()  # the binary file stays open: atomic_write finishes it
