@@ -129,6 +129,8 @@ class Interval:
     # name buffers "b1", ...): `id` is then the buffer's row number, and the offsets CSV
     # writes the name back.
     name: str | None = None
+
+
 @dataclass
 class Placement:
     offsets: dict[int, int]  # id -> byte offset
@@ -1172,6 +1174,8 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
         Interval(iv.id, iv.start, iv.end, iv.size, iv.align, name=n)
         for n, iv in zip(names, out, strict=True)
     ]
+
+
 def write_offsets_csv(
     path: str | os.PathLike[str],
     intervals: Sequence[Interval],
