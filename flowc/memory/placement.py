@@ -1097,9 +1097,9 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     of the first bad row."""
     name = os.fspath(path)
     out: list[Interval] = []
-    seen: dict[str, int] = {}
-    names: list[str] = []
-    lines: list[int] = []
+    seen: dict[int | str, int] = {}  # an id (a number, or a name) -> its line
+    ids: list[int | str] = []
+    texts: list[str] = []  # each id as written
     rows = None
     try:
         with open(name, newline="", encoding="utf-8") as f:
@@ -1129,9 +1129,11 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
                         f"{where}: {len(row)} field(s), the header has {len(header)}"
                     )
                 vals = {c: _int64(row[k].strip(), c, where) for c, k in cols if c != "id"}
-                bid = row[cols[0][1]].strip()
-                if not bid:
+                text = row[cols[0][1]].strip()
+                if not text:
                     raise PlacementError(f"{where}: the id is empty")
+                number = re.fullmatch(r"[+-]?[0-9]+", text) is not None
+                bid: int | str = _int64(text, "id", where) if number else text
                 lo, hi, size = vals["lower"], vals["upper"], vals["size"]
                 if lo >= hi:
                     raise PlacementError(
@@ -1148,8 +1150,8 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
                         f"{where}: buffer id {bid} repeats (first on line {seen[bid]})"
                     )
                 seen[bid] = lineno
-                names.append(bid)
-                lines.append(lineno)
+                ids.append(bid)
+                texts.append(text)
                 out.append(Interval(len(out), lo, hi, size, align))
     except OSError as e:
         raise PlacementError(f"{name}: cannot read ({e.strerror or e})") from None
@@ -1158,21 +1160,14 @@ def read_csv(path: str | os.PathLike[str]) -> list[Interval]:
     except csv.Error as e:
         where = f"{name}:{rows.line_num}" if rows is not None else name
         raise PlacementError(f"{where}: not a CSV row ({e})") from None
-    if all(re.fullmatch(r"[+-]?[0-9]+", n) for n in names):
-        numbered: list[Interval] = []
-        line_of: dict[int, int] = {}
-        for n, line, iv in zip(names, lines, out, strict=True):
-            num = _int64(n, "id", f"{name}:{line}")
-            if num in line_of:
-                raise PlacementError(
-                    f"{name}:{line}: buffer id {num} repeats (first on line {line_of[num]})"
-                )
-            line_of[num] = line
-            numbered.append(Interval(num, iv.start, iv.end, iv.size, iv.align))
-        return numbered
+    if all(isinstance(i, int) for i in ids):
+        return [
+            Interval(int(i), v.start, v.end, v.size, v.align) for i, v in zip(ids, out, strict=True)
+        ]
+    # Names (a number among them is a name too): numbered by row, written back as given.
     return [
-        Interval(iv.id, iv.start, iv.end, iv.size, iv.align, name=n)
-        for n, iv in zip(names, out, strict=True)
+        Interval(v.id, v.start, v.end, v.size, v.align, name=t)
+        for t, v in zip(texts, out, strict=True)
     ]
 
 
