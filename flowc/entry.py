@@ -8,7 +8,7 @@ import signal
 
 
 def guard_start_up() -> None:
-    """Until the command starts, Ctrl-C ends the process at once with "aborted" and exit
+    """Until the command starts, Ctrl-C ends the process at once with "interrupted" and exit
     code 130. Nothing has been done yet, so there is nothing to clean up, and Python's own
     KeyboardInterrupt cannot be trusted this early: raised inside an import lock's weakref
     callback it is printed and swallowed (the command then runs on), and raised while an
@@ -19,7 +19,8 @@ def guard_start_up() -> None:
 
 def _abort_start_up(signum: int, frame: object) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.write(2, b"aborted\n")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.write(2, b"interrupted\n")
     os._exit(130)
 
 
@@ -28,12 +29,18 @@ def main() -> None:
     from flowc.cli import main as cli_main
 
     # The command runs: Ctrl-C is a KeyboardInterrupt again, which it handles (cleanup,
-    # "aborted", 130).
+    # "interrupted", 130); so is SIGTERM (a build system stopping flowc), which must end
+    # the compilers flowc started as well.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli_main()
     finally:
         _quit_on_ctrl_c_no_more()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _quit_on_ctrl_c_no_more() -> None:
@@ -41,3 +48,4 @@ def _quit_on_ctrl_c_no_more() -> None:
     nothing left to stop, and would only end the interpreter's shutdown by SIGINT, turning
     the exit status into a kill."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

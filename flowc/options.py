@@ -154,3 +154,5 @@ class CompileOptions:
     prefix: str | None = None
     arch: str = "90"
     force: bool = False
+    # `--target` as given (None: not given), recorded in the project for build and run.
+    target: str | None = None

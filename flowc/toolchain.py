@@ -105,6 +105,17 @@ def find_cuda() -> CudaToolkit:
     return tk
 
 
+def cudart_library() -> str:
+    """The CUDA runtime's shared library, for the Python API's copies to and from a model's
+    device buffers: the toolkit's libcudart.so, else the name for the loader to find."""
+    for home in _cuda_homes():
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+            found = sorted((home / sub).glob("libcudart.so*"))
+            if found:
+                return str(found[0])
+    return "libcudart.so"
+
+
 def gpu_count() -> int:
     """How many CUDA devices this machine's driver reports (0 without a driver or a GPU).
 
@@ -137,13 +148,14 @@ def gpu_count() -> int:
     return int(text) if text.isdigit() else 0
 
 
-def default_target(purpose: str) -> tuple[str, str]:
-    """The target a command uses when none is given, and why: ``build`` (compile and build)
-    picks cuda where nvcc is found, ``run`` (run and verify) only where a GPU is present;
-    the host target otherwise."""
-    if purpose == "build":
-        nvcc = find_cuda().nvcc
-        return ("cuda", f"nvcc found at {nvcc}") if nvcc else ("host", "no nvcc found")
+def default_target(recorded: str | None = None) -> tuple[str, str]:
+    """The target every command (compile, build, run, verify, the Python API) uses when none
+    is given, and why, by one rule: the project's recorded target (``flowc compile
+    --target``) where it has one, else cuda where a GPU is present, else host. A machine with
+    nvcc and no GPU builds for the host, so that what `flowc build` makes is what `flowc run`
+    runs; the CUDA build is asked for by name."""
+    if recorded is not None:
+        return recorded, f"the project was compiled with --target {recorded}"
     return ("cuda", "a GPU is present") if gpu_count() > 0 else ("host", "no GPU found")
 
 

@@ -5,6 +5,7 @@ target each command chooses and prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -170,7 +171,7 @@ def test_ctrl_c_during_start_up_prints_no_traceback() -> None:
         assert "Traceback" not in stderr + stdout, (delay, stderr)
         assert p.returncode in (0, 130), (delay, p.returncode, stderr)
         if p.returncode == 130:
-            assert "aborted" in stderr
+            assert "interrupted" in stderr
 
 
 def test_inspect_tables_say_which_passes_ran() -> None:
@@ -200,16 +201,32 @@ def test_dim_hint_for_a_symbol_named_n(tmp_path: Path) -> None:
 
 
 def test_commands_print_the_target_they_chose(bf16_project: Path, tmp_path: Path) -> None:
-    from flowc.toolchain import find_cuda
-
+    # One rule for compile, build, run and verify (issue 27): the project's recorded target,
+    # else cuda where a GPU is present, else host -- nvcc alone does not make it cuda.
     model = _bf16_model(tmp_path / "m.onnx")
-    r = flowc("compile", str(model), "-o", str(tmp_path / "out"))
+    out = tmp_path / "out"
+    r = flowc("compile", str(model), "-o", str(out), env={"FLOWC_GPU_COUNT": "0"})
     assert r.returncode == 0, r.stderr
-    if find_cuda().nvcc is not None:
-        assert "target cuda (nvcc found" in r.stderr and "--target cuda" in r.stdout
-    else:
-        assert "target host (no nvcc found" in r.stderr and "--target host" in r.stdout
-    # run and verify use the GPU only where there is one.
+    assert "target host (no GPU found; --target to choose)" in r.stderr
+    assert r.stdout.strip().endswith(f"build it with: flowc build {out}"), r.stdout
+    r = flowc("compile", str(model), "-o", str(out), env={"FLOWC_GPU_COUNT": "1"})
+    assert "target cuda (a GPU is present" in r.stderr and f"{out} --target cuda" in r.stdout
+    # A recorded target wins over the machine's: build, run and verify all read it.
+    r = flowc("compile", str(model), "-o", str(out), "--target", "host",
+              env={"FLOWC_GPU_COUNT": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "flowc_model.json").read_text())["target"] == "host"
+    from flowc.api import resolve_target
+
+    os.environ["FLOWC_GPU_COUNT"] = "1"
+    try:
+        assert resolve_target(None, out)[0] == "host"
+        assert "compiled with --target host" in resolve_target(None, out)[1]
+        assert resolve_target(None, tmp_path)[0] == "cuda"  # no project there
+        assert resolve_target("cuda", out)[0] == "cuda"
+    finally:
+        del os.environ["FLOWC_GPU_COUNT"]
+    # The fixture's project was compiled with --target host: run keeps to it.
     np.save(tmp_path / "x.npy", np.zeros((2, 3), ml_dtypes.bfloat16))
     np.save(tmp_path / "z.npy", np.zeros((2, 3), np.float32))
     r = flowc(
@@ -218,10 +235,18 @@ def test_commands_print_the_target_they_chose(bf16_project: Path, tmp_path: Path
         env={"FLOWC_GPU_COUNT": "0"},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "target host (no GPU found" in r.stderr
+    assert "target host (the project was compiled with --target host" in r.stderr
+    # Asked for the target it was not built for, run says what it was built for.
+    r = flowc(
+        "run", str(bf16_project), "--input", f"x={tmp_path / 'x.npy'}",
+        "--input", f"z={tmp_path / 'z.npy'}", "-o", str(tmp_path / "y.npz"), "--target",
+        "cuda", env={"FLOWC_GPU_COUNT": "1"},
+    )  # fmt: skip
+    assert_clean_error(r, "is built for host only, not for cuda")
+    assert "--target host" in r.stderr
     r = flowc("build", str(bf16_project), "--target", "host")
     assert r.returncode == 0, r.stderr
-    assert "target host" in r.stderr
+    assert "target host (given by --target)" in r.stderr
 
 
 def test_search_nodes_is_a_work_limit_the_printout_reports() -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from flowc import __version__
 from flowc.cli.build import build_cmd
 from flowc.cli.common import err
 from flowc.cli.compile import compile_cmd
@@ -31,6 +30,7 @@ from flowc.cli.run import run_cmd
 from flowc.cli.stdout import BrokenPipe, guarded_stdout
 from flowc.cli.verify import verify
 from flowc.errors import FlowcError, FlowcWarning
+from flowc.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,13 +92,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             err.print(f"  hint: {e.hint}", markup=False)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        err.print("aborted")
+        err.print("interrupted")
         sys.exit(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err.print("aborted")
+        err.print("interrupted")
         sys.exit(130)
     except Exception as e:
         if os.environ.get("FLOWC_DEBUG"):

@@ -39,20 +39,14 @@ def recording(base: Console) -> Console:
 # -- the target --------------------------------------------------------------------------------
 
 
-def choose_target(target: str | None, purpose: str, sanitize: bool = False) -> str:
-    """``target`` as given, or the default for ``purpose`` (``build``: cuda where nvcc is
-    found; ``run``: cuda only where a GPU is present; a sanitized build is a host build);
-    says which it chose either way."""
-    from flowc.toolchain import default_target
+def choose_target(target: str | None, project: Path | None = None, sanitize: bool = False) -> str:
+    """``target`` as given, or the one rule's default (flowc.toolchain.default_target: the
+    ``project``'s recorded target, else cuda where a GPU is present, else host; a sanitized
+    build is a host build); says which it chose, and why, in one line."""
+    from flowc.api import resolve_target
 
-    if target is not None:
-        progress(f"target {target}")
-        return target
-    if sanitize:
-        progress("target host (sanitizers build for the host)")
-        return "host"
-    chosen, why = default_target(purpose)
-    progress(f"target {chosen} ({why}; --target to choose)")
+    chosen, why = resolve_target(target, project, sanitize=sanitize)
+    progress(f"target {chosen} ({why})")
     return chosen
 
 

@@ -13,6 +13,7 @@ from flowc.cli.common import (
     choose_target,
     err,
     out,
+    progress,
     read_inputs,
     require_gpu,
     write_npz_atomic,
@@ -33,7 +34,11 @@ from flowc.errors import InputError
 @project_argument
 @input_option()
 @path_option("--weights", help="Another weights file of the same layout.")
-@target_option(["cuda", "host"], "Default: cuda where a GPU is present, else host.")
+@target_option(
+    ["cuda", "host"],
+    "Default: the project's recorded target (compile --target), else cuda where a GPU is "
+    "present, else host.",
+)
 @output_option("output", "OUT.npz, keyed by output name (optional with --bench).")
 @sanitize_option("Run the build made by `flowc build --sanitize` with the same value (host only).")
 @click.option(
@@ -43,6 +48,10 @@ from flowc.errors import InputError
     metavar="N",
     help="Also time the model: N runs queued back to back (throughput), N one at a time "
     "(latency median and p90), after a few warm-up runs.",
+)
+@flag_option(
+    "--rebuild",
+    "Build the project first if it changed since its build (instead of refusing to run).",
 )
 @flag_option(
     "--stats",
@@ -57,6 +66,7 @@ def run_cmd(
     output: Path | None,
     sanitize: str | None,
     bench: int | None,
+    rebuild: bool,
     stats: bool,
 ) -> None:
     """Run a built project on .npy inputs; write its outputs to OUT.npz and, with --bench N,
@@ -80,7 +90,7 @@ def run_cmd(
         # Not only missing: a FIFO or a device would hang the driver or never end.
         what = "no such file" if not weights.exists() else "not a regular file"
         raise InputError(f"--weights {weights}: {what}", hint="give a weights file flowc wrote")
-    target = choose_target(target, "run", sanitize=bool(sanitize))
+    target = choose_target(target, project, sanitize=bool(sanitize))
     if target == "cuda":
         require_gpu(f"flowc run {project}")
     specs = info["inputs"]
@@ -101,6 +111,8 @@ def run_cmd(
         sanitize=sanitize,
         bench=bench or 0,
         env=env,
+        rebuild=rebuild,
+        progress=progress,
     )
     if output is not None:
         write_npz_atomic(output, results)

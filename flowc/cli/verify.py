@@ -85,7 +85,7 @@ def verify(
                 f"verify compares with onnxruntime, which cannot be imported ({e})",
                 hint="pip install onnxruntime (or pip install 'flowc[test]')",
             ) from None
-    target = choose_target(target, "run")
+    target = choose_target(target)
     if target == "cuda":
         require_gpu(f"flowc verify {path.name}")
     popts = parallel_settings(model, parallel)

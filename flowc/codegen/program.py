@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import numpy as np
 
-from flowc import __version__
 from flowc.codegen.cpp import (
     BLOCK,
     MAX_GRID,
@@ -54,6 +53,7 @@ from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
 from flowc.ops.registry import get_op, is_view
 from flowc.resources import templates_dir
 from flowc.schedule.program import Schedule, StreamOp
+from flowc.version import __version__
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -583,6 +583,7 @@ def generate(
     prefix: str | None = None,
     source: str = "",
     arch: str = "90",
+    build_target: str | None = None,
     poison: bool = False,
     physical: Physical | None = None,
     cuda_graph: bool = True,
@@ -619,6 +620,7 @@ def generate(
         prefix,
         source=source,
         arch=arch,
+        build_target=build_target,
         poison=poison,
         mesh=mesh,
         cuda_graph=cuda_graph,
@@ -646,6 +648,7 @@ def _render(
     *,
     source: str,
     arch: str,
+    build_target: str | None,
     poison: bool,
     mesh: Mesh | None,
     cuda_graph: bool,
@@ -764,6 +767,8 @@ def _render(
                 "weights_bytes": weights.stored_bytes,
                 "mesh": list(mesh.shape) if mesh is not None else [],
                 "precision": prog.precision,
+                # `flowc compile --target`: what build, run and verify use when not told.
+                "target": build_target,
             },
             indent=2,
             sort_keys=True,
@@ -826,6 +831,7 @@ def generate_pipeline(
     prefix: str | None = None,
     source: str = "",
     arch: str = "90",
+    build_target: str | None = None,
     poison: bool = False,
     precision: str = "fp32",
 ) -> tuple[dict[str, str], list[WeightsLayout], list[list[StreamOp]]]:
@@ -892,6 +898,7 @@ def generate_pipeline(
         prefix,
         source=source,
         arch=arch,
+        build_target=build_target,
         poison=poison,
         mesh=pipe.mesh,
         cuda_graph=False,  # the transfers act when issued, like a mesh's collectives

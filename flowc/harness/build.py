@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +19,12 @@ import numpy as np
 from flowc.atomic_file import write_file_atomic
 from flowc.codegen.project import open_project
 from flowc.errors import FlowcError, InputError
+from flowc.harness.processes import run_group
 from flowc.ir.dtype import DType
 from flowc.toolchain import find_cuda
+
+# Written into a build folder when its build succeeded: what the build was made from.
+STAMP = "flowc-build.json"
 
 
 class BuildError(FlowcError):
@@ -42,8 +47,77 @@ def from_raw_npy(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return a.view(dtype) if a.dtype.kind == "V" else a
 
 
-def _cmd(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+def shown(out: Path) -> str:
+    """OUT as a command line the user can paste spells it."""
+    return shlex.quote(str(out))
+
+
+def sources_digest(out: Path) -> str:
+    """What a build of OUT is made from: the SHA-256 of its manifest and of every file the
+    manifest lists but the weights (those are read when the program starts, not compiled
+    in). A recompile that changes the program, or a hand edit of model.cu, changes it."""
+    h = hashlib.sha256()
+    manifest_path = out / "flowc_model.json"
+    manifest = manifest_path.read_bytes()
+    h.update(manifest)
+    try:
+        listed = sorted(json.loads(manifest).get("sha256", {}))
+    except (ValueError, AttributeError):
+        listed = []
+    for name in listed:
+        h.update(b"\0" + name.encode("utf-8") + b"\0")
+        try:
+            h.update(hashlib.sha256((out / name).read_bytes()).digest())
+        except OSError:
+            h.update(b"missing")
+    return h.hexdigest()
+
+
+def _target_label(target: str, sanitize: Sequence[str]) -> str:
+    return "-".join([target, *(SANITIZERS[s] for s in sanitize)])
+
+
+def _build_command(out: Path, target: str, sanitize: Sequence[str]) -> str:
+    flags = f" --sanitize {','.join(sanitize)}" if sanitize else ""
+    return f"flowc build {shown(out)} --target {target}{flags}"
+
+
+def check_built(out: Path, target: str, sanitize: str | Sequence[str] | None = None) -> None:
+    """Refuse to run OUT's ``target`` build when there is none, when it is incomplete (an
+    interrupted build) or when the project changed since (a recompile without a rebuild):
+    each says which, and the command that fixes it."""
+    sanitizers = parse_sanitize(sanitize)
+    bdir = build_dir(out, target, sanitizers)
+    fix = _build_command(out, target, sanitizers)
+    label = _target_label(target, sanitizers)
+    if not (bdir / "model_main").is_file():
+        others = [
+            t for t in ("host", "cuda") if t != target and (build_dir(out, t) / STAMP).is_file()
+        ]
+        if others:
+            raise InputError(
+                f"{shown(out)} is built for {others[0]} only, not for {label}",
+                hint=f"run it with --target {others[0]}, or build it for {label}: {fix}",
+            )
+        raise InputError(f"{shown(out)} is not built for {label}", hint=f"build it: {fix}")
+    try:
+        stamp = json.loads((bdir / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stamp = None
+    if not isinstance(stamp, dict) or "sources" not in stamp:
+        raise InputError(
+            f"{shown(out)}: its {label} build is incomplete (interrupted) or from an older flowc",
+            hint=f"rebuild it: {fix}",
+        )
+    if stamp["sources"] != sources_digest(out):
+        raise StaleBuild(
+            f"{shown(out)} changed since its {label} build (recompiled or edited)",
+            hint=f"rebuild it: {fix} (or run with --rebuild)",
+        )
+
+
+class StaleBuild(InputError):
+    """The project changed since its build: `flowc build` it again."""
 
 
 SANITIZERS = {"address": "asan", "undefined": "ubsan"}
@@ -110,7 +184,11 @@ def build(
     device code keeps nvcc's optimization). ``sanitize``
     ("address", "undefined" or both, comma-separated) builds the host program with those
     sanitizers, at -O1, into its own directory (see build_dir). A swap an interrupted
-    compile left in OUT/ is finished or rolled back first (codegen/project.py)."""
+    compile left in OUT/ is finished or rolled back first (codegen/project.py).
+
+    A build that ends early (Ctrl-C, a compiler error) leaves no STAMP, so nothing runs what
+    it left; an interrupted build also removes what it wrote (the whole build folder when it
+    made it, else its objects and binaries), so a rerun starts clean."""
     recover(out)
     if not (out / "CMakeLists.txt").is_file():
         raise InputError(f"{out}: no CMakeLists.txt here; create the project with `flowc compile`")
@@ -123,6 +201,8 @@ def build(
             hint=f"build with --target host --sanitize {','.join(sanitizers)}",
         )
     bdir = build_dir(out, target, sanitizers)
+    fresh = not bdir.exists()
+    (bdir / STAMP).unlink(missing_ok=True)  # from here until the end, not a finished build
     args = [
         "cmake",
         "-S",
@@ -162,20 +242,39 @@ def build(
         ("compile and link", ["cmake", "--build", str(bdir), "-j", str(jobs)]),
     ]
     log = []
-    for what, cmd in steps:
-        if progress:
-            progress(f"{what} ({'-'.join([target, *sanitizers])})")
-        t0 = time.perf_counter()
-        r = _cmd(cmd)
-        log.append(r.stdout + r.stderr)
-        if r.returncode != 0:
-            tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-40:])
-            raise BuildError(f"{what} of {out} for {target} failed:\n{tail}")
-        if progress:
-            progress(f"{what} done in {time.perf_counter() - t0:.1f} s")
+    digest = sources_digest(out)  # before the compilers read the sources
+    try:
+        for what, cmd in steps:
+            if progress:
+                progress(f"{what} ({_target_label(target, sanitizers)})")
+            t0 = time.perf_counter()
+            r = run_group(cmd)
+            log.append(r.stdout + r.stderr)
+            if r.returncode != 0:
+                tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-40:])
+                raise BuildError(f"{what} of {shown(out)} for {target} failed:\n{tail}")
+            if progress:
+                progress(f"{what} done in {time.perf_counter() - t0:.1f} s")
+    except KeyboardInterrupt:
+        _remove_partial_build(bdir, fresh)
+        raise
     # The compiler's full output, kept so warnings can be read (tests require none).
     write_file_atomic(bdir / "flowc-build.log", "\n".join(log).encode("utf-8"))
+    stamp = {"version": 1, "sources": digest, "target": target, "sanitize": list(sanitizers)}
+    write_file_atomic(bdir / STAMP, (json.dumps(stamp, indent=1) + "\n").encode("utf-8"))
     return bdir
+
+
+def _remove_partial_build(bdir: Path, fresh: bool) -> None:
+    """What an interrupted build wrote: the build folder when this build made it; else the
+    objects, libraries and programs in it (a compiler killed mid-write can leave an object
+    newer than its source, which make would then link)."""
+    if fresh:
+        shutil.rmtree(bdir, ignore_errors=True)
+        return
+    for path in bdir.rglob("*"):
+        if path.is_file() and (path.suffix in (".o", ".so", ".a") or path.name == "model_main"):
+            path.unlink(missing_ok=True)
 
 
 def recover(out: Path) -> None:
@@ -284,6 +383,33 @@ def bench_figures(stdout: str) -> dict[str, Any]:
     )
 
 
+def check_feeds(feeds: Mapping[str, Any], inputs: Sequence[Mapping[str, Any]]) -> None:
+    """Every input given, of its declared type and shape (array-likes with ``dtype`` and
+    ``shape``); the messages the command line and the Python API share."""
+    for spec in inputs:
+        name = spec["name"]
+        if name not in feeds:
+            raise InputError(
+                f"input {name!r} is not given",
+                hint="the model's inputs are: " + ", ".join(repr(s["name"]) for s in inputs),
+            )
+        a = feeds[name]
+        if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+            a = np.asarray(a)
+        want = DType.from_short(spec["dtype"]).np
+        got = np.dtype(a.dtype) if isinstance(a, np.ndarray) else a.dtype
+        try:
+            same_type = np.dtype(got).newbyteorder("=") == want
+        except TypeError:
+            same_type = False
+        if not same_type or list(a.shape) != list(spec["shape"]):
+            raise InputError(
+                f"input {name!r}: expected {spec['dtype']}{list(spec['shape'])}, got "
+                f"{got}{list(a.shape)}",
+                hint=f"give the array as {want} with shape {list(spec['shape'])}",
+            )
+
+
 def run(
     out: Path,
     feeds: Mapping[str, np.ndarray],
@@ -293,15 +419,23 @@ def run(
     env: Mapping[str, str] | None = None,
     bench: int = 0,
     sanitize: str | Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, np.ndarray], str]:
-    """Run the built driver on ``feeds``; returns the outputs by name and the driver's stdout."""
+    """Run the built driver on ``feeds``; returns the outputs by name and the driver's stdout.
+    A build that is missing, incomplete or older than the project is refused (check_built),
+    or, with ``rebuild``, built first when the project changed since."""
     recover(out)
     info = project_info(out)
+    try:
+        check_built(out, target, sanitize)
+    except StaleBuild:
+        if not rebuild:
+            raise
+        if progress:
+            progress(f"{shown(out)} changed since its {target} build: rebuilding")
+        build(out, target, progress=progress, sanitize=sanitize)
     exe = build_dir(out, target, sanitize) / "model_main"
-    if not exe.is_file():
-        raise InputError(
-            f"{out}: not built for {target}; run `flowc build {out} --target {target}`"
-        )
     inputs = info["inputs"]
     outputs = info["outputs"]
     assert isinstance(inputs, list) and isinstance(outputs, list)
@@ -315,34 +449,29 @@ def run(
             "--out-dir",
             str(results_dir),
         ]
+        check_feeds(feeds, inputs)
+        # Paths the user never gave: the driver's messages name the input instead.
+        scrub = {str(results_dir): "the outputs folder"}
         for k, spec in enumerate(inputs):
             name = spec["name"]
-            if name not in feeds:
-                raise InputError(f"input {name!r} is not given")
             a = np.asarray(feeds[name])
             want = DType.from_short(spec["dtype"]).np
-            if a.dtype.newbyteorder("=") != want or list(a.shape) != list(spec["shape"]):
-                raise InputError(
-                    f"input {name!r}: expected {spec['dtype']}{list(spec['shape'])}, got {a.dtype}{list(a.shape)}",
-                    hint=f"save the array as {want} with shape {list(spec['shape'])}",
-                )
             # The driver reads C-order little-endian .npy only.
             path = Path(tmp) / f"input_{k}.npy"
             np.save(path, raw_npy(np.array(a, dtype=want.newbyteorder("<"), order="C")))
             args += ["--input", f"{name}={path}"]
+            scrub[str(path)] = f"(input {name!r})"
         if bench:
             args += ["--bench", str(bench)]
         prefix, launch_env = launcher(num_ranks(out), target)
-        r = subprocess.run(
-            prefix + args,
-            capture_output=True,
-            text=True,
-            env=sanitizer_env(sanitize, {**os.environ, **launch_env, **(env or {})}),
+        r = run_group(
+            prefix + args, env=sanitizer_env(sanitize, {**os.environ, **launch_env, **(env or {})})
         )
         if r.returncode != 0:
-            raise FlowcError(
-                f"the compiled model failed (exit {r.returncode}):\n{r.stderr.strip()}"
-            )
+            message = r.stderr.strip()
+            for path_text, name_text in sorted(scrub.items(), key=lambda kv: -len(kv[0])):
+                message = message.replace(path_text, name_text)
+            raise FlowcError(f"the compiled model failed (exit {r.returncode}):\n{message}")
         files = _output_files(results_dir, outputs)
         results = {
             spec["name"]: from_raw_npy(

@@ -1,0 +1,818 @@
+"""flowc's Python API: compile a model into a project, build it, and run it from Python.
+
+    import flowc
+
+    project = flowc.compile("model.onnx", "out/", precision="bf16")
+    project.build()                       # the host build unless a GPU is present
+    model = project.load()                # the built library, through ctypes
+    outputs = model.run({"x": x})         # {output name: NumPy array}
+
+The keyword arguments are the command line's long options with underscores (``--mem-limit``
+is ``mem_limit=``); errors are flowc.InputError (the user's input) or flowc.FlowcError,
+with the messages the command line prints. The command line is a thin layer over this
+module: `flowc compile`, `flowc build`, `flowc run` and `flowc verify` call it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flowc.errors import FlowcError, InputError
+from flowc.harness.build import (
+    BuildError,
+    build_dir,
+    check_built,
+    check_feeds,
+    project_info,
+    shown,
+)
+from flowc.ir.dtype import DType
+from flowc.options import CompileOptions, ModelArgs, ParallelArgs, ScheduleArgs
+
+if TYPE_CHECKING:
+    from flowc.compiler import StageTimes
+
+__all__ = [
+    "BuildError",
+    "FlowcError",
+    "InputError",
+    "Model",
+    "Project",
+    "TensorSpec",
+    "compile",
+    "compile_project",
+    "resolve_target",
+]
+
+Progress = Callable[[str], None]
+
+TARGETS = ("host", "cuda")
+# The oldest CUDA architecture --arch takes: Maxwell, the oldest CUDA 12 builds for (CUDA 13
+# starts at sm_75; its nvcc says so when the build asks for less).
+MIN_ARCH = 50
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- the target ---------------------------------------------------------------------------------
+
+
+def resolve_target(
+    target: str | None, project: str | os.PathLike[str] | None = None, sanitize: bool = False
+) -> tuple[str, str]:
+    """The target to use and why (one line): ``target`` when given; a sanitized build is a
+    host build; else the one rule of flowc.toolchain.default_target (``project``'s recorded
+    target, else cuda where a GPU is present, else host)."""
+    from flowc.toolchain import default_target
+
+    if target is not None:
+        if target not in TARGETS:
+            raise InputError(f"--target {target!r}: expected host or cuda")
+        return target, "given by --target"
+    if sanitize:
+        return "host", "sanitizers build for the host"
+    recorded = None
+    if project is not None and (Path(project) / "flowc_model.json").is_file():
+        value = project_info(Path(project)).get("target")
+        recorded = value if value in TARGETS else None
+    chosen, why = default_target(recorded)
+    return chosen, f"{why}; --target to choose"
+
+
+# -- compile ------------------------------------------------------------------------------------
+
+
+def _items(value: Any, what: str) -> tuple[str, ...]:
+    """A repeatable option given as a mapping ({"x": (1, 3)}), one "NAME=VALUE" string, or
+    a sequence of them, as the command line's strings."""
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        out = []
+        for k, v in value.items():
+            if isinstance(v, Iterable) and not isinstance(v, str):
+                v = "x".join(str(int(d)) for d in v)
+            out.append(f"{k}={v}")
+        return tuple(out)
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Iterable):
+        return tuple(str(v) for v in value)
+    raise InputError(f"{what}={value!r}: expected a mapping or a list of NAME=VALUE strings")
+
+
+def _count(name: str, value: Any, low: int, high: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"--{name.replace('_', '-')} {value!r}: expected a whole number")
+    if value < low or (high is not None and value > high):
+        bound = f"from {low}" + (f" to {high}" if high is not None else "")
+        raise InputError(f"--{name.replace('_', '-')} {value}: expected a number {bound}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise InputError(
+            f"--{name.replace('_', '-')} {value!r}: expected one of {', '.join(choices)}"
+        )
+    return str(value)
+
+
+def compile_options(model: str | os.PathLike[str], **options: Any) -> CompileOptions:
+    """The options record of `flowc compile MODEL` for keyword options named as the
+    command line's (``precision="bf16"``, ``mesh="2x2"``, ``shape={"x": (1, 3)}``, ...)."""
+    from flowc.ir.types import MAX_MESH_DEVICES, MAX_MICROBATCHES
+
+    o = dict(options)
+    known = set(COMPILE_OPTIONS)
+    unknown = sorted(set(o) - known)
+    if unknown:
+        raise InputError(
+            f"flowc.compile: no option {unknown[0]!r}",
+            hint="options: " + ", ".join(sorted(known)),
+        )
+    given_mesh = o.get("mesh")
+    mesh: str | None = None
+    if isinstance(given_mesh, int) and not isinstance(given_mesh, bool):
+        mesh = str(given_mesh)
+    elif isinstance(given_mesh, Sequence) and not isinstance(given_mesh, str):
+        mesh = "x".join(str(int(d)) for d in given_mesh)
+    elif given_mesh is not None:
+        mesh = str(given_mesh)
+    mem_limit = o.get("mem_limit")
+    stage_boundary = o.get("stage_boundary")
+    if isinstance(stage_boundary, Sequence) and not isinstance(stage_boundary, str):
+        stage_boundary = ",".join(stage_boundary)
+    weights = o.get("weights")
+    cost_profile = o.get("cost_profile")
+    model_args = ModelArgs(
+        Path(model),
+        shapes=_items(o.get("shape"), "shape"),
+        dims=_items(o.get("dim"), "dim"),
+        weights=None if weights is None else str(weights),
+        dump_after=_items(o.get("dump_ir_after"), "dump_ir_after"),
+        print_times=bool(o.get("print_pass_times", False)),
+    )
+    schedule = ScheduleArgs(
+        streams=_count("streams", o.get("streams"), 1, 32),
+        no_cuda_graph=bool(o.get("no_cuda_graph", False)),
+        schedule_for=_choice("schedule_for", o.get("schedule_for", "latency"), SCHEDULE_FOR),
+        precision=_choice("precision", o.get("precision", "fp32"), PRECISIONS),
+    )
+    parallel = ParallelArgs(
+        mesh=mesh,
+        parallel=_choice("parallel", o.get("parallel", "auto"), PARALLEL),
+        sbps=_items(o.get("sbp"), "sbp"),
+        mem_limit=None if mem_limit is None else str(mem_limit),
+        cost_profile=None if cost_profile is None else Path(cost_profile),
+        search_nodes=_count("search_nodes", o.get("search_nodes"), 0, (1 << 31) - 1),
+        pipeline=_count("pipeline", o.get("pipeline"), 1, MAX_MESH_DEVICES),
+        microbatches=_count("microbatches", o.get("microbatches", 1), 1, MAX_MICROBATCHES) or 1,
+        stage_boundary=stage_boundary,
+    )
+    target = o.get("target")
+    if target is not None:
+        _choice("target", target, TARGETS)
+    return CompileOptions(
+        model_args,
+        schedule,
+        parallel,
+        prefix=o.get("prefix"),
+        arch=str(o.get("arch", "sm_90")),
+        force=bool(o.get("force", False)),
+        target=target,
+    )
+
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+SCHEDULE_FOR = ("latency", "memory")
+PARALLEL = ("auto", "data", "none")
+# flowc.compile's keyword options: `flowc compile`'s long options, with underscores.
+COMPILE_OPTIONS = (
+    "shape",
+    "dim",
+    "weights",
+    "dump_ir_after",
+    "print_pass_times",
+    "streams",
+    "no_cuda_graph",
+    "schedule_for",
+    "precision",
+    "mesh",
+    "parallel",
+    "sbp",
+    "mem_limit",
+    "cost_profile",
+    "search_nodes",
+    "pipeline",
+    "microbatches",
+    "stage_boundary",
+    "target",
+    "arch",
+    "prefix",
+    "force",
+)
+
+
+def compile(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    progress: Progress | None = None,
+    **options: Any,
+) -> Project:
+    """`flowc compile MODEL -o OUT` with the command line's options as keywords; returns the
+    project. ``progress`` gets the ``flowc: ...`` lines (none by default)."""
+    opts = compile_options(model, **options)
+    return compile_project(opts, Path(out), progress=progress or _quiet)
+
+
+def compile_project(
+    opts: CompileOptions,
+    out: Path,
+    *,
+    progress: Progress = _quiet,
+    dump: Callable[[str, str], None] | None = None,
+    times: StageTimes | None = None,
+    placement: Any = "from options",
+) -> Project:
+    """The compile both the command line and compile() run: every option checked before
+    the (slow) model work, then the driver (flowc.compiler.compile_model). ``placement``:
+    flowc.compiler.placement_target's result when the caller checked it already."""
+    import dataclasses
+    import re
+
+    from flowc.codegen.cpp import MAX_PREFIX, is_c_ident
+    from flowc.codegen.project import check_project_dir
+    from flowc.compiler import compile_model, placement_target
+
+    number = re.fullmatch(r"sm_([0-9]{2,3})", opts.arch)
+    if number is None or int(number.group(1)) < MIN_ARCH:
+        arch_shown = opts.arch if len(opts.arch) <= 20 else opts.arch[:17] + "..."
+        raise InputError(
+            f"--arch {arch_shown}: expected a CUDA architecture sm_NN from sm_{MIN_ARCH}, "
+            "e.g. sm_90",
+            hint="sm_80 for an A100, sm_90 for an H100 or H200 (nvcc --list-gpu-arch lists "
+            "those your CUDA builds for)",
+        )
+    prefix = opts.prefix
+    if prefix is not None and not is_c_ident(prefix):
+        raise InputError(
+            f"--prefix {prefix[:40]!r} is not a C identifier",
+            hint="use ASCII letters, digits and underscores, not starting with a digit",
+        )
+    if prefix is not None and len(prefix) > MAX_PREFIX:
+        raise InputError(
+            f"--prefix: {len(prefix)} characters; a prefix has at most {MAX_PREFIX}",
+            hint="it names the library file, lib<prefix>_model.so, and a file name holds 255 bytes",
+        )
+    check_project_dir(out, opts.force)
+    if isinstance(placement, str):
+        placement = placement_target(opts.model, opts.parallel)
+
+    driven = dataclasses.replace(opts, arch=number.group(1))
+    compile_model(driven, out, target=placement, progress=progress, dump=dump, times=times)
+    return Project(out)
+
+
+# -- a project ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output of a compiled model: its name (byte for byte as in the model),
+    shape and NumPy element type."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _specs(entries: Any) -> list[TensorSpec]:
+    return [
+        TensorSpec(
+            str(e["name"]), tuple(int(d) for d in e["shape"]), DType.from_short(e["dtype"]).np
+        )
+        for e in entries
+    ]
+
+
+class Project:
+    """A folder made by `flowc compile` (or compile()): build it, run it, load it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.info = project_info(self.path)  # a clear error for a folder that is no project
+
+    def __repr__(self) -> str:
+        return f"flowc.Project({str(self.path)!r})"
+
+    @property
+    def prefix(self) -> str:
+        return str(self.info.get("prefix", ""))
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return _specs(self.info["inputs"])
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return _specs(self.info["outputs"])
+
+    @property
+    def ranks(self) -> int:
+        mesh = self.info.get("mesh") or []
+        assert isinstance(mesh, list)
+        return math.prod(int(d) for d in mesh)
+
+    @property
+    def target(self) -> str | None:
+        """The target recorded by `flowc compile --target` (None: chosen where it runs)."""
+        value = self.info.get("target")
+        return value if value in TARGETS else None
+
+    def default_target(self) -> tuple[str, str]:
+        """The target build(), run() and load() use when not told, and why."""
+        return resolve_target(None, self.path)
+
+    def build(
+        self,
+        target: str | None = None,
+        *,
+        sanitize: str | Sequence[str] | None = None,
+        progress: Progress | None = None,
+        quick: bool = False,
+    ) -> Path:
+        """`flowc build`: configure and build with CMake; returns the build folder."""
+        from flowc.harness.build import build
+
+        chosen, _ = resolve_target(target, self.path, sanitize=bool(sanitize))
+        return build(self.path, chosen, progress=progress, sanitize=sanitize, quick=quick)
+
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        target: str | None = None,
+        weights: str | os.PathLike[str] | None = None,
+        rebuild: bool = False,
+        env: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, np.ndarray]:
+        """`flowc run`: the built driver program (through mpirun on a mesh) on NumPy inputs;
+        returns the outputs by name. ``rebuild``: build first if the project changed since
+        its build."""
+        from flowc.harness.build import run
+
+        chosen, _ = resolve_target(target, self.path)
+        feeds = {k: np.asarray(v) for k, v in inputs.items()}
+        specs = self.info["inputs"]
+        assert isinstance(specs, list)
+        _check_names(feeds, specs)
+        results, _ = run(
+            self.path,
+            feeds,
+            target=chosen,
+            weights=None if weights is None else Path(weights),
+            env=env,
+            rebuild=rebuild,
+            progress=progress,
+        )
+        return results
+
+    def load(
+        self, target: str | None = None, *, weights: str | os.PathLike[str] | None = None
+    ) -> Model:
+        """The built library loaded into this process (one-device projects): a Model whose
+        run() takes arrays and returns arrays."""
+        chosen, _ = resolve_target(target, self.path)
+        if self.ranks > 1:
+            raise InputError(
+                f"{shown(self.path)} runs on {self.ranks} ranks: load() takes one-device projects",
+                hint="run it with Project.run() or `flowc run` (mpirun starts the ranks)",
+            )
+        check_built(self.path, chosen)
+        library = build_dir(self.path, chosen) / f"lib{self.prefix}model.so"
+        return Model(
+            library,
+            Path(weights) if weights is not None else self.path / "weights.bin",
+            prefix=self.prefix,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            target=chosen,
+        )
+
+
+def _check_names(feeds: Mapping[str, Any], inputs: Sequence[Mapping[str, Any]]) -> None:
+    names = [str(s["name"]) for s in inputs]
+    for k in feeds:
+        if k not in names:
+            raise InputError(
+                f"the model has no input named {k!r}",
+                hint="its inputs are: " + ", ".join(map(repr, names)),
+            )
+
+
+# -- a loaded model -----------------------------------------------------------------------------
+
+# The alignment run() requires of every buffer (templates/model.h.j2; cudaMalloc gives 256).
+ALIGN = 256
+
+# DLPack's device types (dlpack.h): CPU memory, CUDA device memory, CUDA managed memory.
+_DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# DLPack's type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool) with the bits.
+_DL_TYPES = {
+    (0, 8): "int8",
+    (0, 16): "int16",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (1, 8): "uint8",
+    (1, 16): "uint16",
+    (1, 32): "uint32",
+    (1, 64): "uint64",
+    (2, 16): "float16",
+    (2, 32): "float32",
+    (2, 64): "float64",
+    (4, 16): "bfloat16",
+    (6, 8): "bool",
+}
+
+
+@dataclass
+class _Buffer:
+    """One argument of the C API's run(): its address, and what keeps the memory alive."""
+
+    ptr: int
+    keep: Any = None
+    device: bool = False  # device memory (a CUDA allocation of the caller's)
+
+
+def _aligned_empty(spec: TensorSpec) -> np.ndarray:
+    """An array of ``spec`` whose data is ALIGN-aligned (NumPy promises 16 or 64)."""
+    raw = np.empty(spec.nbytes + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip : skip + spec.nbytes].view(spec.dtype).reshape(spec.shape)
+
+
+def _interface_pointer(
+    obj: Any, spec: TensorSpec, what: str, writable: bool
+) -> tuple[int, bool] | None:
+    """(address, is device memory) of an array exposing ``__cuda_array_interface__`` or
+    ``__dlpack__``, after checking its type, shape and layout; None for anything else."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        ptr, readonly = cai["data"]
+        got = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        _check_layout(what, spec, got, shape, strides)
+        if writable and readonly:
+            raise InputError(f"{what}: the array is read-only")
+        return int(ptr or 0), True
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
+        capsule = obj.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype = ctypes.c_void_p
+        get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        t = _DLTensor.from_address(get(capsule, b"dltensor"))
+        name = _DL_TYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+        if name is None:
+            raise InputError(f"{what}: a DLPack type flowc has no name for")
+        got = np.dtype(name) if name != "bfloat16" else DType.from_short("bf16").np
+        shape = tuple(t.shape[i] for i in range(t.ndim))
+        strides = (
+            None if not t.strides else tuple(t.strides[i] * got.itemsize for i in range(t.ndim))
+        )
+        _check_layout(what, spec, got, shape, strides)
+        device = t.device.device_type in (_DL_CUDA, _DL_CUDA_MANAGED)
+        if not device and t.device.device_type != _DL_CPU:
+            raise InputError(
+                f"{what}: DLPack device type {t.device.device_type} is not CPU or CUDA"
+            )
+        return int(t.data or 0) + int(t.byte_offset), device
+    return None
+
+
+def _check_layout(
+    what: str, spec: TensorSpec, got: np.dtype[Any], shape: tuple[int, ...], strides: Any
+) -> None:
+    if np.dtype(got).newbyteorder("=") != spec.dtype or shape != spec.shape:
+        raise InputError(
+            f"{what}: expected {DType.from_numpy(spec.dtype).short}{list(spec.shape)}, got "
+            f"{got}{list(shape)}",
+            hint=f"give the array as {spec.dtype} with shape {list(spec.shape)}",
+        )
+    if strides is not None:
+        dense, step = [], spec.dtype.itemsize
+        for d in reversed(shape):
+            dense.append(step)
+            step *= d
+        if tuple(s for s, d in zip(strides, shape, strict=True) if d > 1) != tuple(
+            s for s, d in zip(reversed(dense), shape, strict=True) if d > 1
+        ):
+            raise InputError(
+                f"{what}: the array is not dense in C order",
+                hint="pass a contiguous copy (x.contiguous(), cupy.ascontiguousarray(x))",
+            )
+
+
+class Model:
+    """A compiled model's library loaded with ctypes (Project.load()). Calls are not
+    thread-safe; close() (or a with-block) frees the model's device memory."""
+
+    def __init__(
+        self,
+        library: Path,
+        weights: Path,
+        *,
+        prefix: str,
+        inputs: list[TensorSpec],
+        outputs: list[TensorSpec],
+        target: str,
+    ) -> None:
+        self.inputs, self.outputs, self.target = inputs, outputs, target
+        self._handle: ctypes.c_void_p | None = None
+        if not weights.is_file():
+            raise InputError(
+                f"{weights}: no such weights file", hint="give a weights file flowc wrote"
+            )
+        try:
+            lib = ctypes.CDLL(str(library.resolve()))
+        except OSError as e:
+            raise FlowcError(f"{library}: cannot be loaded ({e})") from None
+        fn = lambda name: getattr(lib, prefix + name)  # noqa: E731
+        self._create = fn("create")
+        self._create.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        self._run = fn("run")
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._sync = fn("synchronize")
+        self._sync.argtypes = [ctypes.c_void_p]
+        self._destroy = fn("destroy")
+        self._destroy.argtypes = [ctypes.c_void_p]
+        self._destroy.restype = None
+        self._last_error = fn("last_error")
+        self._last_error.argtypes = [ctypes.c_void_p]
+        self._last_error.restype = ctypes.c_char_p
+        names = fn("input_name")
+        names.restype = ctypes.c_char_p
+        out_names = fn("output_name")
+        out_names.restype = ctypes.c_char_p
+        if [names(i).decode() for i in range(fn("num_inputs")())] != [s.name for s in inputs] or [
+            out_names(i).decode() for i in range(fn("num_outputs")())
+        ] != [s.name for s in outputs]:
+            raise FlowcError(
+                f"{library}: its inputs and outputs are not the project's",
+                hint="rebuild the project: `flowc build`",
+            )
+        self._lib = lib
+        handle = ctypes.c_void_p()
+        status = self._create(os.fsencode(weights), ctypes.byref(handle))
+        if status != 0:
+            text = self._last_error(handle) if handle else None
+            raise FlowcError(
+                "the compiled model could not be created: "
+                + (text.decode("utf-8", "replace") if text else f"status {status}")
+            )
+        self._handle = handle
+        self._cuda = _CudaRuntime() if target == "cuda" else None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the model (waits for its latest run first)."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._destroy(handle)
+
+    def _error(self, what: str) -> FlowcError:
+        text = self._last_error(self._handle) or b""
+        return FlowcError(f"{what}: {text.decode('utf-8', 'replace')}")
+
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        outputs: Mapping[str, Any] | None = None,
+        stream: int | None = None,
+    ) -> dict[str, Any]:
+        """Run the model once and wait for it; returns {output name: array}.
+
+        ``inputs``: an array per input name: NumPy arrays (copied as needed), or arrays in
+        the device's memory exposing ``__cuda_array_interface__`` or ``__dlpack__`` (CuPy,
+        PyTorch; on the host target device memory is host memory, so CPU DLPack arrays
+        qualify), used in place: dense in C order, aligned to 256 bytes, of the declared
+        type and shape. ``outputs``: optional device arrays to write the outputs into
+        (returned as given); without them the outputs come back as NumPy arrays. ``stream``:
+        the cudaStream_t (an int) the run is queued on (None: the default stream); the
+        caller orders the work that produced device inputs before it (the same stream, or an
+        event)."""
+        if self._handle is None:
+            raise FlowcError("the model is closed")
+        _check_names(inputs, [{"name": s.name} for s in self.inputs])
+        keep: list[Any] = []
+        in_ptrs = [self._input(spec, inputs, keep) for spec in self.inputs]
+        if outputs is not None:
+            unknown = [k for k in outputs if k not in {s.name for s in self.outputs}]
+            if unknown:
+                raise InputError(f"outputs: the model has no output named {unknown[0]!r}")
+        out_bufs = [self._output(spec, outputs, keep) for spec in self.outputs]
+        in_array = (ctypes.c_void_p * max(1, len(in_ptrs)))(*in_ptrs)
+        out_array = (ctypes.c_void_p * max(1, len(out_bufs)))(*(b.ptr for b in out_bufs))
+        status = self._run(self._handle, in_array, out_array, ctypes.c_void_p(stream or 0))
+        if status != 0:
+            raise self._error("run() refused")
+        if self._sync(self._handle) != 0:
+            raise self._error("the compiled model failed")
+        results: dict[str, Any] = {}
+        for spec, buf in zip(self.outputs, out_bufs, strict=True):
+            if outputs is not None and spec.name in outputs:
+                results[spec.name] = outputs[spec.name]
+            elif buf.device and self._cuda is not None:
+                host = np.empty(spec.shape, spec.dtype)
+                self._cuda.copy_to_host(host, buf.ptr)
+                results[spec.name] = host
+            else:
+                results[spec.name] = buf.keep
+        for item in keep:
+            if isinstance(item, _DeviceAllocation):
+                item.free()
+        return results
+
+    def _input(self, spec: TensorSpec, inputs: Mapping[str, Any], keep: list[Any]) -> int:
+        what = f"input {spec.name!r}"
+        if spec.name not in inputs:
+            raise InputError(
+                f"{what} is not given",
+                hint="the model's inputs are: " + ", ".join(repr(s.name) for s in self.inputs),
+            )
+        value = inputs[spec.name]
+        if not isinstance(value, np.ndarray):
+            found = _interface_pointer(value, spec, what, writable=False)
+            if found is not None:
+                keep.append(value)
+                return self._device_pointer(found, what)
+        a = np.asarray(value)
+        check_feeds(
+            {spec.name: a},
+            [
+                {
+                    "name": spec.name,
+                    "shape": list(spec.shape),
+                    "dtype": DType.from_numpy(spec.dtype).short,
+                }
+            ],
+        )
+        staged = _aligned_empty(spec)
+        staged[...] = a
+        keep.append(staged)
+        if self._cuda is None:
+            return int(staged.ctypes.data)
+        device = self._cuda.alloc(spec.nbytes)
+        keep.append(device)
+        self._cuda.copy_to_device(device.ptr, staged)
+        return device.ptr
+
+    def _output(
+        self, spec: TensorSpec, outputs: Mapping[str, Any] | None, keep: list[Any]
+    ) -> _Buffer:
+        if outputs is not None and spec.name in outputs:
+            what = f"output {spec.name!r}"
+            value = outputs[spec.name]
+            if isinstance(value, np.ndarray):
+                if self._cuda is not None:
+                    raise InputError(f"{what}: a NumPy array is not device memory")
+                _check_layout(what, spec, value.dtype, value.shape, value.strides)
+                if not value.flags.writeable:
+                    raise InputError(f"{what}: the array is read-only")
+                return _Buffer(self._device_pointer((int(value.ctypes.data), False), what), value)
+            found = _interface_pointer(value, spec, what, writable=True)
+            if found is None:
+                raise InputError(
+                    f"{what}: expected an array exposing __cuda_array_interface__ or __dlpack__"
+                )
+            return _Buffer(self._device_pointer(found, what), value, device=True)
+        if self._cuda is None:
+            staged = _aligned_empty(spec)
+            return _Buffer(int(staged.ctypes.data), staged)
+        device = self._cuda.alloc(spec.nbytes)
+        keep.append(device)
+        return _Buffer(device.ptr, device, device=True)
+
+    def _device_pointer(self, found: tuple[int, bool], what: str) -> int:
+        ptr, on_device = found
+        if self._cuda is not None and not on_device:
+            raise InputError(
+                f"{what}: the array is in host memory; this model runs on the GPU",
+                hint="pass a NumPy array (copied for you) or a CUDA array",
+            )
+        if ptr % ALIGN:
+            raise InputError(
+                f"{what}: the array's memory is {ptr % ALIGN} bytes past a {ALIGN}-byte "
+                "boundary; run() takes 256-byte aligned buffers",
+                hint="pass a fresh allocation (cudaMalloc, CuPy and PyTorch give 256)",
+            )
+        return ptr
+
+
+class _DeviceAllocation:
+    def __init__(self, runtime: _CudaRuntime, ptr: int) -> None:
+        self.runtime, self.ptr = runtime, ptr
+
+    def free(self) -> None:
+        if self.ptr:
+            self.runtime.lib.cudaFree(ctypes.c_void_p(self.ptr))
+            self.ptr = 0
+
+
+class _CudaRuntime:
+    """The CUDA runtime's allocation and copy calls, through ctypes (the NumPy inputs and
+    outputs of a cuda model; device arrays are used in place)."""
+
+    def __init__(self) -> None:
+        from flowc.toolchain import cudart_library
+
+        path = cudart_library()
+        try:
+            self.lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise FlowcError(f"the CUDA runtime ({path}) cannot be loaded ({e})") from None
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            name = self.lib.cudaGetErrorString
+            name.restype = ctypes.c_char_p
+            raise FlowcError(f"{what} failed: {name(status).decode()}")
+
+    def alloc(self, nbytes: int) -> _DeviceAllocation:
+        ptr = ctypes.c_void_p()
+        self._check(
+            self.lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, nbytes))), "cudaMalloc"
+        )
+        return _DeviceAllocation(self, int(ptr.value or 0))
+
+    def copy_to_device(self, dst: int, src: np.ndarray) -> None:
+        self._check(
+            self.lib.cudaMemcpy(
+                ctypes.c_void_p(dst),
+                ctypes.c_void_p(src.ctypes.data),
+                ctypes.c_size_t(src.nbytes),
+                1,
+            ),
+            "cudaMemcpy to the device",
+        )
+
+    def copy_to_host(self, dst: np.ndarray, src: int) -> None:
+        self._check(
+            self.lib.cudaMemcpy(
+                ctypes.c_void_p(dst.ctypes.data),
+                ctypes.c_void_p(src),
+                ctypes.c_size_t(dst.nbytes),
+                2,
+            ),
+            "cudaMemcpy to the host",
+        )
