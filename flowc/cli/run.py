@@ -71,7 +71,7 @@ def run_cmd(
 ) -> None:
     """Run a built project on .npy inputs; write its outputs to OUT.npz and, with --bench N,
     print its latency and throughput; with --stats, its launches per run."""
-    from flowc.harness.build import bench_figures, project_info, run
+    from flowc.harness.build import StaleBuild, bench_figures, check_built, project_info, run
 
     if bench is not None and not 1 <= bench <= 1_000_000:
         raise InputError(
@@ -93,6 +93,12 @@ def run_cmd(
     target = choose_target(target, project, sanitize=bool(sanitize))
     if target == "cuda":
         require_gpu(f"flowc run {project}")
+    # The build before the inputs: a project not built (or changed since) is the news.
+    try:
+        check_built(project, target, sanitize)
+    except StaleBuild:
+        if not rebuild:
+            raise
     specs = info["inputs"]
     assert isinstance(specs, list)
     feeds = read_inputs(inputs, specs)
