@@ -40,7 +40,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> flowc.Project:
     out = tmp_path_factory.mktemp("api") / "out"
-    p = flowc.compile(str(MODEL), out, target="host", prefix="mlp_")
+    p = flowc.compile(str(MODEL), out, target="host", prefix="mlp")
     p.build(quick=True)
     return p
 
