@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 from conftest import REPO
 
 from flowc.cli import cli
@@ -81,3 +83,31 @@ def test_each_command_has_a_module_of_its_own() -> None:
         module = command.callback.__module__ if command.callback else ""
         assert module == "flowc.cli." + name.replace("-", "_"), (name, module)
         assert (package / (module.rsplit(".", 1)[1] + ".py")).is_file()
+
+
+def test_compile_and_verify_help_lists_options_by_group_with_examples() -> None:
+    groups = ["Input", "Precision", "Parallel", "Schedule", "Memory", "Output"]
+    for command in ("compile", "verify"):
+        r = subprocess.run(
+            [sys.executable, "-m", "flowc", command, "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "100"},
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        headings = [
+            line[: -len(" options:")]
+            for line in r.stdout.splitlines()
+            if line.endswith(" options:")
+        ]
+        assert headings[: len(groups)] == groups, headings
+        # Only --help is left ungrouped; every option the command has is listed once.
+        other = r.stdout.split("Other options:\n", 1)[1].split("\n\n", 1)[0]
+        assert other.split() == ["-h,", "--help", "Show", "this", "message", "and", "exit."]
+        params = [p for p in cli.commands[command].params if isinstance(p, click.Option)]
+        listing = r.stdout.split("Input options:\n", 1)[1].split("Examples:\n", 1)[0]
+        for p in params:
+            assert re.search(rf"(^|[\s,]){re.escape(p.opts[-1])}(\s|$)", listing, re.M), p
+        examples = r.stdout.split("Examples:\n", 1)[1].splitlines()
+        assert examples and all(line.startswith(f"  flowc {command} ") for line in examples)

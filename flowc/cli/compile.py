@@ -11,6 +11,7 @@ import click
 from flowc.cli.common import choose_target, out, progress
 from flowc.cli.loading import dump_ir, print_stage_times
 from flowc.cli.options import (
+    GroupedCommand,
     ModelArgs,
     ParallelArgs,
     ScheduleArgs,
@@ -23,7 +24,13 @@ from flowc.cli.options import (
 
 
 @click.command(
-    name="compile", short_help="Compile MODEL (ONNX or .flow) into a standalone C++ project."
+    name="compile",
+    cls=GroupedCommand,
+    short_help="Compile MODEL (ONNX or .flow) into a standalone C++ project.",
+    examples=[
+        "flowc compile model.onnx -o out/ && flowc build out/",
+        "flowc compile bert.onnx -o out/ --shape input_ids=2x32 --precision bf16 --mesh 4",
+    ],
 )
 @model_options
 @output_option("project", "Project directory OUT/.", directory=True, required=True)

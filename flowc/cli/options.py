@@ -35,6 +35,60 @@ Decorator = Callable[[F], F]
 MAX_SEARCH_NODES = (1 << 31) - 1
 
 
+# -- help in groups ----------------------------------------------------------------------------
+
+# The group each option is listed under in `--help` of compile, verify, eval and inspect
+# (by the option's parameter name); an option not listed goes under "Other".
+HELP_GROUPS: dict[str, tuple[str, ...]] = {
+    "Input": ("shapes", "dims", "weights", "inputs", "seed", "random_inputs"),
+    "Precision": ("precision", "tol"),
+    "Parallel": (
+        "mesh",
+        "parallel",
+        "sbps",
+        "cost_profile",
+        "search_nodes",
+        "pipeline",
+        "microbatches",
+        "stage_boundary",
+    ),
+    "Schedule": ("streams", "no_cuda_graph"),
+    "Memory": ("schedule_for", "mem_limit"),
+    "Output": ("project", "out_dir", "output", "target", "arch", "prefix", "force"),
+    "Debugging": ("print_times", "dump_after"),
+}
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help lists its options in HELP_GROUPS' groups, in that order, and
+    ends with the example lines given as ``examples``."""
+
+    def __init__(self, *args: Any, examples: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.examples = tuple(examples)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        group_of = {name: group for group, names in HELP_GROUPS.items() for name in names}
+        listed: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Argument):
+                continue  # MODEL is in the usage line and the description
+            record = param.get_help_record(ctx)
+            if record is not None:
+                listed.setdefault(group_of.get(param.name or "", "Other"), []).append(record)
+        for group in (*HELP_GROUPS, "Other"):
+            if group in listed:
+                with formatter.section(f"{group} options"):
+                    formatter.write_dl(listed[group])
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.examples:
+            with formatter.section("Examples"):
+                for line in self.examples:  # whole, never wrapped: to copy and paste
+                    formatter.write(" " * formatter.current_indent + line + "\n")
+        super().format_epilog(ctx, formatter)
+
+
 # -- kinds of option ---------------------------------------------------------------------------
 # Constructors for the kinds that recur, so each option below is one line of what is its own.
 

@@ -17,6 +17,7 @@ from flowc.cli.common import choose_target, out, progress, read_graph_inputs, re
 from flowc.cli.compile import compile_model
 from flowc.cli.loading import load_model, parallel_settings
 from flowc.cli.options import (
+    GroupedCommand,
     ModelArgs,
     ParallelArgs,
     ScheduleArgs,
@@ -37,7 +38,15 @@ from flowc.harness.compare import max_rel_error
 VERIFY_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "bf16": 5e-2}
 
 
-@click.command(name="verify", short_help="Compile, build and run MODEL; compare with a reference.")
+@click.command(
+    name="verify",
+    cls=GroupedCommand,
+    short_help="Compile, build and run MODEL; compare with a reference.",
+    examples=[
+        "flowc verify model.onnx",
+        "flowc verify model.onnx --precision bf16 --mesh 2 --input x=x.npy -o out/",
+    ],
+)
 @model_options
 @target_option(["host", "cuda"], "Default: cuda where a GPU is present, else host.")
 @input_option("An input array (others: seeded random).")
