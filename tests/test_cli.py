@@ -328,3 +328,34 @@ def test_pass_dumps_and_times() -> None:
         flowc("inspect", str(SHARED_MODELS / "mlp.onnx"), "--dump-ir-after", "nope"),
         "unknown pass(es): nope",
     )
+
+
+def test_the_demo_plan_comparison_says_what_memory_counts() -> None:
+    # `make demo` prints the plan comparison of `flowc inspect ... --mesh 2 --mem-limit`:
+    # under it, what the memory/device column counts; the chosen plan's figure is the
+    # parameters plus the arena of the line above it. Nodes are named by their labels.
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("demo", root / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    r = flowc("inspect", str(root / "examples" / "models" / "resnet_tiny.onnx"), *demo.MESH_LIMIT)
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    m = re.search(r"memory per device: (\d+) B .* = parameters (\d+) B \+ arena (\d+) B", text)
+    assert m and int(m.group(1)) == int(m.group(2)) + int(m.group(3)), text
+    row = re.search(r"^ auto .*│ (\d+) B\s*$", text, re.M)
+    assert row and row.group(1) == m.group(1), text
+    note = text[text.index("compared with") :]
+    for fragment in (
+        "memory/device = the bytes one device holds for its rank program: parameters",
+        "+ arena (every intermediate value",
+        "cuBLASLt/cuDNN workspaces",
+        "not counted: the model's inputs and outputs",
+        "--mem-limit bounds this number",
+    ):
+        assert fragment in note, fragment
+    # The collective's consumer is the model's node, by its label (no leading "/m/").
+    assert re.search(r"last_hidden_state\s+│ pooler/GlobalAveragePool\s+│ all-gather", text)

@@ -19,7 +19,13 @@ from PIL import Image
 
 from flowc.errors import FlowcError
 from flowc.schedule import gantt
-from flowc.schedule.gantt import PALETTE, draw_gantt, figure_size, schedule_from_trace
+from flowc.schedule.gantt import (
+    PALETTE,
+    bar_labels,
+    draw_gantt,
+    figure_size,
+    schedule_from_trace,
+)
 
 MICROBATCHES = 3
 
@@ -198,3 +204,83 @@ def test_bad_paths_and_failed_writes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         draw_gantt(pipeline(), old)
     assert old.read_bytes() == b"old picture"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "g.png"]
+
+
+def named_actors() -> list[dict[str, Any]]:
+    """One stream of actors named as exporters name nodes, and worse: a scoped path, math
+    and markup, a long path twice, an index-only name with a named output, a boxing step
+    flowc inserted, no name at all."""
+    long = "/model/layers.0/" + "a_very_long_module_name/" * 3 + "out_proj/MatMul"
+    names = [
+        ("/model/layers.0/self_attn/q_proj/MatMul", [], "MatMul"),
+        ("$x$ [b] <i>", [], "Softmax"),
+        (long, [], "MatMul"),
+        (long, [], "MatMul"),
+        ("n7", ["attn/out"], "Add"),
+        ("box/h/0", ["box/h/0:0"], "AllReduce"),
+        ("", [], "Relu"),
+    ]
+    return [
+        dict(id=10 + k, name=name, writes=writes, op=op, kind="node", stream=0, stage=0)
+        | dict(microbatch=0, start_us=100.0 * k, end_us=100.0 * (k + 1))
+        for k, (name, writes, op) in enumerate(names)
+    ]
+
+
+def test_bars_show_model_names_shortened_unique_and_literal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actors = named_actors()
+    labels = bar_labels(actors)
+    assert labels == [
+        "model/layers.0/self_attn/q_proj/MatMul",
+        "$x$ [b] <i>",
+        "…/a_very_long_module_name/out_proj/MatMul #12",  # the same name twice: ids
+        "…/a_very_long_module_name/out_proj/MatMul #13",
+        "attn/out",  # "n7" is only an index: the value it writes
+        "AllReduce(h)",  # what flowc inserted: the op and the value it moves
+        "Relu",  # no name at all: the op
+    ]
+    # A schedule's own labels (Schedule.to_json writes them) are taken as they are.
+    given = [dict(a, label=f"L{a['id']}") for a in actors]
+    assert bar_labels(given) == [f"L{a['id']}" for a in actors]
+    # Drawn: every bar wide enough shows its label, cut to the bar with its tail kept, as
+    # text (math text off: "$x$" is not italic x).
+    drawn: list[Any] = []
+    monkeypatch.setattr(gantt, "_save", lambda fig, path: drawn.append(fig))
+    sched = {
+        "version": 1,
+        "ranks": [
+            {
+                "rank": 0,
+                "actors": actors,
+                "streams": [{"id": 0, "name": "compute0", "actors": [a["id"] for a in actors]}],
+            }
+        ],
+    }
+    draw_gantt(sched, tmp_path / "names.png")
+    (ax,) = drawn[0].axes
+    texts = ax.texts
+    shown = [t.get_text() for t in texts]
+    assert len(shown) == len(labels)
+    for text, label in zip(shown, labels, strict=True):
+        assert text == label or (text.startswith("…") and label.endswith(text[1:])), text
+    assert "$x$ [b] <i>" in shown and "AllReduce(h)" in shown
+    assert all(not t.get_parse_math() for t in [*texts, *ax.get_yticklabels(), ax.title])
+
+
+def test_a_measured_trace_takes_the_modeled_labels() -> None:
+    actors = [dict(a, label=f"layer {a['id']}") for a in named_actors()]
+    modeled = {"version": 1, "ranks": [{"rank": 0, "actors": actors, "streams": []}]}
+    records = [
+        dict(run=0, rank=0, actor=a["id"], name=a["name"], stream=0)
+        | dict(start_us=a["start_us"], end_us=a["end_us"])
+        for a in actors
+    ]
+    measured = schedule_from_trace(records, schedule=modeled)["ranks"][0]["actors"]
+    assert bar_labels(measured) == [f"layer {a['id']}" for a in actors]
+    # Without the modeled schedule, the names as the trace records them (the runtime writes
+    # the node's name), shortened the same way.
+    alone = schedule_from_trace(records)["ranks"][0]["actors"]
+    assert bar_labels(alone)[0] == "model/layers.0/self_attn/q_proj/MatMul"
+    assert len(set(bar_labels(alone))) == len(alone)

@@ -359,3 +359,44 @@ def test_collapse_falls_back_to_name_prefixes_then_chunks() -> None:
     assert len(items) <= 200
     assert [n for it in items for n in it.nodes] == g.nodes
     assert any(it.kind == "chunk" for it in items)
+
+
+def test_report_labels_nodes_by_their_model_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import html
+
+    from test_schedule import HOSTILE, LABELS, labelled_model
+
+    need_tools()
+    model = labelled_model(tmp_path / "labels.onnx")
+    args = ["inspect", str(model), "--report", str(tmp_path / "r"), "--schedule", "--streams", "1"]
+    code, printed = run_cli(args, capsys)
+    assert code == 0, printed
+    page = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    # Each box: its op, then its label (at most 40 characters in the picture), all distinct.
+    boxes = re.findall(r"<text [^>]*>([^<]*)</text>\n<text [^>]*>([^<]*)</text>", svg)
+    shown = [html.unescape(label) for _, label in boxes]
+    assert shown == [
+        "model/layers.0/self_attn/q_proj/MatMul",
+        "…/bold] <b>&amp;</b> :smile:",  # "/" in "[/bold]": the markup's middle goes
+        "model/layers.0/self_attn/k_proj/Softmax",
+        "…/out_proj/Softmax #3",
+        "attn/out",
+        "…/out_proj/Softmax #5",
+        "pre",
+        "model/layers.9/mlp/fc1",
+        "n10",
+    ]
+    # Escaped for HTML (and for dot: "&amp;" in a name is shown, not read as "&").
+    assert "<b>" not in page and "&lt;b&gt;&amp;amp;&lt;/b&gt;" in svg
+    # The printed schedule on the page: the text views' labels, escaped.
+    tables = page[page.index('<section id="tables">') :]
+    for label in LABELS:
+        assert html.escape(label, quote=False) in tables, label
+    assert html.escape(HOSTILE, quote=False) in tables
+    # The memory table names each step by its node's label too.
+    memory = page[page.index('<section id="memory">') : page.index('<section id="schedule">')]
+    assert "<td>4: attn/out [Softmax]</td>" in memory
+    assert "7: model/layers.9/mlp/fc1 [MatMul]" in memory

@@ -26,6 +26,7 @@ from flowc.ir.graph import Graph, Node
 from flowc.memory.check import PlanError, check_memory_plan
 from flowc.memory.plan import Order, plan_memory
 from flowc.passes.manager import COMPILE_PIPELINE, PassManager
+from flowc.schedule.labels import node_labels
 from flowc.schedule.program import Schedule, StreamOp
 
 MODELS = ["branches", "light_inception_v1", "light_inception_v2"]
@@ -410,6 +411,7 @@ def _flow_file(tmp_path: Path) -> tuple[Path, Path]:
 
 def _check_printed(text: str, s: Schedule) -> None:
     ag = s.actors
+    labels = node_labels([a.node for a in ag.actors])
     assert f"{len(ag.actors)} actors on {s.num_streams} stream(s)" in text
     assert f"{len(s.events)} event(s), modeled makespan {s.makespan_s * 1e6:.3f} us" in text
     for k, order in enumerate(s.streams):
@@ -417,7 +419,7 @@ def _check_printed(text: str, s: Schedule) -> None:
         # Each stream's firing order, with the modeled start and end of each actor.
         rows = [
             f"{p + 1:>4} {a:>5}  {s.start_s[a] * 1e6:>10.3f} {s.end_s[a] * 1e6:>10.3f}  "
-            f"{ag.actors[a].name} [{ag.actors[a].op}]"
+            f"{labels[ag.actors[a].node]} [{ag.actors[a].op}]"
             for p, a in enumerate(order)
         ]
         found = [text.index(r) for r in rows]
@@ -474,3 +476,128 @@ def test_inspect_gantt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         capsys,
     )
     assert code == 2 and "PNG" in text
+
+
+# -- labels: the model's names, as every view shows them ----------------------------------------
+
+LONG = "/model/layers.0/" + "a_very_long_module_name/" * 3 + "out_proj/Softmax"
+HOSTILE = "$cost$ [bold]x[/bold] <b>&amp;</b> :smile:"
+
+
+def labelled_model(path: Path) -> Path:
+    """A chain of nodes named as exporters name them, and worse: scoped paths, markup, a `$`
+    pair, an emoji code, a long path twice (its labels collide), index-only names whose
+    output or weight has the real name, and no name at all. Softmax and MatMul on a weight:
+    nothing fuses, so every node is an actor."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, weights = [], []
+    chain = [
+        ("/model/layers.0/self_attn/q_proj/MatMul", "MatMul", "q", "w0"),
+        (HOSTILE, "Softmax", "s1", None),
+        ("/model/layers.0/self_attn/k_proj/Softmax", "Softmax", "k", None),
+        (LONG, "Softmax", "s2", None),
+        ("n7", "Softmax", "attn/out", None),
+        (LONG, "Softmax", "s3", None),
+        ("", "Softmax", "pre", None),
+        ("n9", "MatMul", "r9", "/model/layers.9/mlp/fc1.weight"),
+        ("n10", "Softmax", "r10", None),
+    ]
+    prev = "x"
+    for k, (name, op, out, w) in enumerate(chain):
+        inputs = [prev]
+        if w is not None:
+            a = np.arange(64, dtype=np.float32).reshape(8, 8) / (64 + k)
+            weights.append(numpy_helper.from_array(a, w))
+            inputs.append(w)
+        attrs = {"axis": -1} if op == "Softmax" else {}
+        nodes.append(helper.make_node(op, inputs, [out], name=name, **attrs))
+        prev = out
+    g = helper.make_graph(
+        nodes,
+        "labels",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [4, 8])],
+        weights,
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+# What each of labelled_model's actors reads, in order (a text view: at most 56 characters).
+LABELS = [
+    "model/layers.0/self_attn/q_proj/MatMul",
+    HOSTILE,
+    "model/layers.0/self_attn/k_proj/Softmax",
+    "…/a_very_long_module_name/out_proj/Softmax #3",  # collides with #5: the ids tell
+    "attn/out",  # "n7" is an index: its output's name
+    "…/a_very_long_module_name/out_proj/Softmax #5",
+    "pre",  # no name: its output's
+    "model/layers.9/mlp/fc1",  # "n9" and "r9" are indices: the layer its weight names
+    "n10",  # nothing better: the model's own name
+]
+
+
+def test_labels_shorten_sensibly_and_stay_unique() -> None:
+    from flowc.schedule.labels import model_name, short_name, unique_labels
+
+    q = "/model/layers.0/self_attn/q_proj/MatMul"
+    assert short_name(q) == "model/layers.0/self_attn/q_proj/MatMul"  # the root "/" goes
+    # Too long: whole components go, leftmost first, never the op; a run of them is one "…".
+    assert short_name(q, 30) == "…/self_attn/q_proj/MatMul"
+    assert short_name(q, 12) == "…/MatMul"
+    # ... the most common in the view first: the layer and the projection tell nodes apart.
+    common = {"model": 90, "layers.0": 15, "self_attn": 64, "q_proj": 8}
+    assert short_name(q, 30, common) == "…/layers.0/…/q_proj/MatMul"
+    # One long component: its middle goes, the tail keeps the larger part.
+    assert short_name("x" * 20 + "y" * 40, 30) == "x" * 9 + "…" + "y" * 20
+    assert short_name("$a$\n[b]") == "$a$\ufffd[b]"  # one line, otherwise as it is
+    for blank in ("", "   "):
+        assert short_name(blank) == "(unnamed)"
+    # A view drops the scope its path-like names share, and tells collisions apart by id.
+    view = unique_labels(
+        {
+            0: "/m/encoder/stages.0/layers.0/layer/layer.0/convolution/Conv",
+            1: "/m/encoder/stages.1/layers.0/layer/layer.0/convolution/Conv",
+            2: "/m/pooler/GlobalAveragePool",
+            7: "/m/pooler/GlobalAveragePool",
+            8: "",
+        },
+        40,
+    )
+    assert view == {
+        0: "…/stages.0/…/layer.0/convolution/Conv",
+        1: "…/stages.1/…/layer.0/convolution/Conv",
+        2: "pooler/GlobalAveragePool #2",
+        7: "pooler/GlobalAveragePool #7",
+        8: "(unnamed)",
+    }
+    assert all(len(v) <= 40 for v in view.values())
+    # Which name: the node's, else its output's, else its weight's layer, else its own or op.
+    assert model_name("n0", ["r0"], "Conv", ["conv1/7x7_s2_w_0"]).text == "conv1/7x7_s2"
+    assert model_name("_t5", ["h"], "MatMul").text == "h"
+    assert model_name("_t5", ["_t5"], "MatMul", ["w1"]).text == "MatMul"
+    assert model_name("Conv_3", ["123"], "Conv", ["layer1.0.conv1.weight"]).text == (
+        "layer1.0.conv1"
+    )
+    box = model_name("box/p/0", ["box/p/0:0"], "AllReduce")
+    assert (box.before, box.text, box.after) == ("AllReduce(", "p", ")")
+    assert unique_labels({0: model_name("n3@mb1", ["conv1/x@mb1"], "Conv")}) == {0: "conv1/x@mb1"}
+
+
+def test_inspect_schedule_and_pipeline_show_the_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = labelled_model(tmp_path / "labels.onnx")
+    code, text = run_cli(["inspect", str(path), "--schedule", "--streams", "1"], capsys)
+    assert code == 0, text
+    rows = re.findall(r"^ +\d+ +\d+ +[\d.]+ +[\d.]+  (.*) \[(\w+)\]$", text, re.M)
+    assert [r[0] for r in rows] == LABELS, text
+    assert len(set(LABELS)) == len(LABELS) and all(len(x) <= 56 for x in LABELS)
+    # Printed as they are: no markup applied, no emoji, no index ids for names.
+    assert f"1 '{HOSTILE}' (Softmax, compute0)" in text and "\U0001f604" not in text
+    assert not re.search(r"'n7'|'n9'|'_t\d+'", text)
+    code, text = run_cli(["inspect", str(path), "--mesh", "2", "--pipeline", "2"], capsys)
+    assert code == 0, text
+    assert re.search(rf"stage 0: nodes 0\.\.\d+ \({re.escape(LABELS[0])} \.\. ", text), text
+    assert re.search(rf"stage 1: nodes \d+\.\.8 \(.* \.\. {LABELS[-1]}\)", text), text

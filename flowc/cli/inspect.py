@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from flowc.cli.common import err, out, recording
 from flowc.cli.inspect_views import (
@@ -169,9 +170,9 @@ def inspect(
     io.add_column("name")
     io.add_column("type")
     for v in graph.inputs:
-        io.add_row("input", escape(v.name), str(v.type))
+        io.add_row("input", Text(v.name), str(v.type))
     for v in graph.outputs:
-        io.add_row("output", escape(v.name), str(v.type))
+        io.add_row("output", Text(v.name), str(v.type))
     console.print(io)
     from flowc.compiler import pass_list
 

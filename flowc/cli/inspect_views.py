@@ -84,9 +84,13 @@ def print_schedule(
     """Print the schedule the compiled program runs (one rank's: an SPMD mesh runs the same
     rank graph, so the same schedule, on every rank) and draw it with --gantt."""
     from flowc.compiler import schedule_graph
+    from flowc.report import node_labels
 
     sched = schedule_graph(graph, streams=streams, schedule_for=schedule_for)
     ag = sched.actors
+    # The model's names, shortened and unique (flowc.schedule.labels); printed as plain text
+    # (markup and emoji codes off), so a name is shown as it is.
+    names = node_labels([a.node for a in ag.actors])
     us = 1e6
     ranks = 1
     if mesh_shape is None:
@@ -102,7 +106,7 @@ def print_schedule(
 
     def label(a: int) -> str:
         actor = ag.actors[a]
-        return f"{a} {actor.name!r} ({actor.op}, {sched.stream_name(sched.stream_of[a])})"
+        return f"{a} '{names[actor.node]}' ({actor.op}, {sched.stream_name(sched.stream_of[a])})"
 
     n_compute = sched.num_compute
     console.print(
@@ -135,8 +139,9 @@ def print_schedule(
             marks += [f"record e{e.id}" for e in sched.records.get(a, [])]
             console.print(
                 f"    {k + 1:>4} {a:>5}  {sched.start_s[a] * us:>10.3f} {sched.end_s[a] * us:>10.3f}"
-                f"  {actor.name} [{actor.op}]" + (f"  {', '.join(marks)}" if marks else ""),
+                f"  {names[actor.node]} [{actor.op}]" + (f"  {', '.join(marks)}" if marks else ""),
                 markup=False,
+                emoji=False,
             )
     console.print(f"  events ({len(sched.events)}):", markup=False)
     for e in sched.events:
@@ -144,6 +149,7 @@ def print_schedule(
             f"    e{e.id} [{e.kind}]: recorded after {label(e.record_after)}, "
             f"waited for before {label(e.wait_before)}",
             markup=False,
+            emoji=False,
         )
     path = sched.critical_path
     console.print(
@@ -155,6 +161,7 @@ def print_schedule(
         console.print(
             f"    {label(a)}  {sched.start_s[a] * us:.3f} .. {sched.end_s[a] * us:.3f} us",
             markup=False,
+            emoji=False,
         )
     if gantt is not None:
         from flowc.report import draw_gantt
@@ -197,9 +204,10 @@ def print_pipeline(
         f"{dims_text(spec.mesh.shape)} ({pipe.ranks_per_stage} device(s) per stage), "
         f"{spec.microbatches} micro-batch(es)"
     )
-    console.print(escape(part.summary()), markup=False)
+    # Plain text (escaping it as well would print the backslashes).
+    console.print(part.summary(pipe.microbatch_graph), markup=False, emoji=False)
     if pipe.placements:
-        console.print(escape(pipe.placement_summary()), markup=False)
+        console.print(pipe.placement_summary(), markup=False, emoji=False)
     programs = None
     m = spec.microbatches
     run = None

@@ -36,8 +36,10 @@ from flowc.report.graph import (
 from flowc.report.memory import draw_memory, largest, live_bytes
 
 # The Gantt chart of a schedule, drawn here for the page and by `flowc inspect --gantt`
-# (which reaches the schedule's drawing through the report, not the schedule package).
+# (which reaches the schedule's drawing through the report, not the schedule package), and
+# the labels every view gives nodes and actors (the same way to the same place).
 from flowc.schedule.gantt import draw_gantt
+from flowc.schedule.labels import node_labels
 
 if TYPE_CHECKING:
     from flowc.memory.plan import MemoryPlan
@@ -49,6 +51,7 @@ __all__ = [
     "check_target",
     "draw_gantt",
     "find_dot",
+    "node_labels",
     "rich_html",
     "write_report",
 ]

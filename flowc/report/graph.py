@@ -1,6 +1,7 @@
 """The graph picture of the report: DOT text for Graphviz ``dot``, and the SVG it draws.
 
-Every node is a box coloured by its op's family (flowc.ops.registry); every edge a value,
+Every node is a box coloured by its op's family (flowc.ops.registry), showing its op and its
+label (the model's name for it, shortened: flowc.schedule.labels); every edge a value,
 labelled with its type and, on a mesh, its nd-SBP layout. Edges where the parallel plan
 inserts a collective are red and named; edges that cross a pipeline stage (``Node.stage``)
 are dashed purple. Weights are not drawn (a model has hundreds), graph inputs and outputs are
@@ -29,6 +30,7 @@ from typing import Any
 from flowc.errors import FlowcError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ops.registry import find_op
+from flowc.schedule.labels import PICTURE_LIMIT, node_labels, one_line, short_name
 
 # Nodes above which the graph is collapsed (the compiled DenseNet-121 has 308, GPT-2 small
 # 172: dot lays out a few hundred labelled nodes in about a second).
@@ -38,7 +40,7 @@ MIN_REPEAT_COVER = 6
 # Longest block (in nodes) the repeat search tries.
 MAX_PERIOD = 160
 # Longest label line taken from a model string.
-MAX_NAME = 40
+MAX_NAME = PICTURE_LIMIT
 DOT_TIMEOUT_S = 120
 
 # Fill colours by op family (pale, so black text reads); unknown families get grey.
@@ -73,22 +75,21 @@ def family_of(op: str) -> str:
 
 
 def printable(text: str, limit: int = MAX_NAME) -> str:
-    """A model string as one short line: control characters (newlines included) shown as
-    U+FFFD, lone surrogates replaced, long names cut in the middle with an ellipsis."""
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    text = "".join("\ufffd" if ord(c) < 32 or 0x7F <= ord(c) < 0xA0 else c for c in text)
-    if len(text) <= limit:
-        return text
-    # The middle goes: a path-like name's start (the layer) and end (the op) both tell.
-    head = (limit - 1) // 2
-    return text[:head] + "\u2026" + text[len(text) - (limit - 1 - head) :]
+    """A model string as one line: control characters (newlines included) shown as U+FFFD,
+    lone surrogates replaced; whole when it fits ``limit``, else shortened as every label is
+    (flowc.schedule.labels.short_name: its middle goes, its tail stays)."""
+    line = one_line(text)
+    return line if len(line) <= limit else short_name(line, limit)
 
 
 def dot_quote(text: str) -> str:
     """``text`` as a DOT quoted string; ``\\n`` in it (ours, between lines) is a line break,
-    every backslash and quote of the text itself is literal."""
+    every backslash, quote and ampersand of the text itself is literal (dot reads ``&amp;``
+    in a label as an entity: a name holding one would show as ``&``)."""
     lines = text.split("\n")
-    body = "\\n".join(ln.replace("\\", "\\\\").replace('"', '\\"') for ln in lines)
+    body = "\\n".join(
+        ln.replace("\\", "\\\\").replace('"', '\\"').replace("&", "&amp;") for ln in lines
+    )
     return f'"{body}"'
 
 
@@ -245,12 +246,16 @@ def _shape(v: Value) -> str:
     return printable(str(v.type), 60)
 
 
-def _item_label(item: Item) -> tuple[str, str]:
-    """(label, tooltip) of an item; both plain text with ``\\n`` between lines."""
+def _item_label(
+    item: Item, labels: Mapping[Node, str], ends: Mapping[Node, str]
+) -> tuple[str, str]:
+    """(label, tooltip) of an item; both plain text with ``\\n`` between lines. ``labels``:
+    each node's label in the drawing (flowc.schedule.labels), ``ends``: the shorter one a
+    collapsed item names its first and last node by."""
     if not item.collapsed:
         n = item.nodes[0]
-        name = printable(n.name) if n.name else ""
-        label = n.op + (f"\n{name}" if name and name != n.op else "")
+        name = labels[n]
+        label = n.op + (f"\n{name}" if name != n.op else "")
         tip = f"{n.op} {printable(n.name, 200)}\n" + "\n".join(
             f"-> {printable(o.name, 200)}: {_shape(o)}" for o in n.outputs
         )
@@ -261,7 +266,7 @@ def _item_label(item: Item) -> tuple[str, str]:
     top = ", ".join(f"{op} x{c}" if c > 1 else op for op, c in counts.most_common(5)) + (
         f", +{len(counts) - 5} kinds" if len(counts) > 5 else ""
     )
-    first, last = printable(item.nodes[0].name, 30), printable(item.nodes[-1].name, 30)
+    first, last = ends[item.nodes[0]], ends[item.nodes[-1]]
     if item.kind == "repeat":
         head = f"{item.repeats} x block of {item.period} nodes"
         body = f"each: {top}"
@@ -308,8 +313,10 @@ def to_dot(
     families: set[str] = set()
     stages = {n.stage for n in graph.nodes if n.stage is not None}
     by_stage: dict[int, list[str]] = {}
+    labels = node_labels(graph.nodes, MAX_NAME)
+    ends = node_labels(graph.nodes, 30)
     for it in items:
-        label, tip = _item_label(it)
+        label, tip = _item_label(it, labels, ends)
         fam = _dominant_family(it)
         families.add(fam)
         attrs = [

@@ -12,8 +12,10 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from flowc.ir.graph import Node
 from flowc.memory.plan import Buffer, MemoryPlan
 from flowc.report.graph import printable
+from flowc.schedule.labels import node_labels, short_name
 
 # Buffers named in the picture and listed in the table.
 NAMED = 8
@@ -41,7 +43,12 @@ def buffer_name(plan: MemoryPlan, b: Buffer) -> str:
     if not b.values:
         return f"buffer {b.id}"
     more = f" (+{len(b.values) - 1} in place)" if len(b.values) > 1 else ""
-    return printable(b.values[0].name, 32) + more
+    return short_name(b.values[0].name, 32) + more
+
+
+def step_labels(plan: MemoryPlan) -> dict[Node, str]:
+    """The label of each node the plan's steps run (flowc.schedule.labels), unique among them."""
+    return node_labels(list(dict.fromkeys(plan.steps)), 30)
 
 
 def live_bytes(plan: MemoryPlan) -> list[int]:
@@ -59,10 +66,12 @@ def live_bytes(plan: MemoryPlan) -> list[int]:
 
 
 def largest(plan: MemoryPlan, count: int = NAMED) -> list[BufferRow]:
+    labels = step_labels(plan)
+
     def step_name(t: int) -> str:
         if 0 <= t < len(plan.steps):
             n = plan.steps[t]
-            return f"{t}: {printable(n.name or n.op, 30)} [{n.op}]"
+            return f"{t}: {labels[n]} [{n.op}]"
         return str(t)
 
     ranked = sorted(plan.buffers, key=lambda b: (-b.size, b.start, b.id))[:count]
@@ -124,7 +133,7 @@ def draw_memory(plan: MemoryPlan, title: str) -> bytes:
         if live:
             peak = max(range(steps), key=lambda t: (live[t], -t))
             node = plan.steps[peak] if peak < len(plan.steps) else None
-            what = _printable(printable(node.name or node.op, 30), glyphs) if node else ""
+            what = _printable(step_labels(plan)[node], glyphs) if node else ""
             ax1.annotate(
                 f"peak at step {peak}: {what}",
                 xy=(peak, live[peak] / scale),

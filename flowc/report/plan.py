@@ -8,11 +8,26 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from flowc.formatting import human_bytes
 from flowc.ir.graph import Graph
 from flowc.ir.layout import broadcast, local_type
 from flowc.parallel import Parallelized
+from flowc.schedule.labels import node_labels, short_name
+
+# What the comparison's memory column counts (flowc.compiler.measure, Memory.total), printed
+# under the table.
+MEMORY_COLUMN = (
+    "memory/device = the bytes one device holds for its rank program: parameters (its shards "
+    "of the weights, 256-byte aligned, constant fills included)\n"
+    "  + arena (every intermediate value, boxing buffers included, at its planned offset, and "
+    "the cuda target's cuBLASLt/cuDNN workspaces);\n"
+    "  not counted: the model's inputs and outputs (the caller's memory), the CUDA-graph "
+    "staging copies, what CUDA and NCCL allocate for themselves.\n"
+    "  --mem-limit bounds this number; the other plans are measured without it (their "
+    "workspaces not capped at a 16th of it)."
+)
 
 
 def _us(seconds: float) -> str:
@@ -119,7 +134,7 @@ def print_plan(
     for v, kind in values:
         sbp = plan.value_sbp[v]
         layouts.add_row(
-            escape(v.name),
+            Text(v.name),
             escape(kind),
             str(v.type),
             str(sbp),
@@ -132,10 +147,16 @@ def print_plan(
         coll.add_column(col)
     from flowc.parallel.cost import step_time
 
+    # Who needs each collective, by its label (flowc.schedule.labels); value names stay
+    # whole: they are what --sbp NAME=... takes. Names are Text: shown as they are, neither
+    # markup nor emoji codes.
+    labels = node_labels(graph.nodes)
     for v, who, st in cost.boxing:
         coll.add_row(
-            escape(v.name),
-            "output" if who is None else escape(who.name or who.op),
+            Text(v.name),
+            "output"
+            if who is None
+            else Text(labels[who] if who in labels else short_name(who.name or who.op)),
             st.collective,
             str(st.mesh_axis),
             f"{st.src} -> {st.dst}",
@@ -181,3 +202,4 @@ def print_plan(
                 f"{s.memory} B",
             )
     console.print(cmp)
+    console.print(MEMORY_COLUMN, markup=False)

@@ -7,8 +7,13 @@ stream waiting on an event) shows as the row's pale background between bars.
     {"version": 1, "ranks": [{"rank": 0, "stage": 0, "makespan_us": ..., "critical_path": [ids],
       "streams": [{"id": 0, "name": "compute0", "actors": [ids in firing order]}],
       "actors": [{"id", "name", "op", "kind", "stream", "stage", "microbatch", "start_us",
-                  "end_us"}],
+                  "end_us", "label", "reads", "writes"}],
       "events": [{"id", "record_after", "wait_before", "kind"}]}]}
+
+Each bar is labelled with the model's name for its actor (``bar_labels``: the schedule's
+"label", or one made the same way from "name", "writes" and "op"; flowc.schedule.labels),
+cut further to the bar's width keeping its tail; a name is text, never math (a ``$`` is a
+dollar sign).
 
 or a measured trace: the JSON lines that ``FLOWC_TRACE`` makes a compiled model write
 (runtime_cpp/flowc/trace.h), several ranks' lines together, which ``schedule_from_trace`` turns
@@ -30,6 +35,7 @@ from typing import Any
 
 from flowc.atomic_file import write_file_atomic
 from flowc.errors import FlowcError
+from flowc.schedule.labels import TEXT_LIMIT, Name, model_name, short_name, unique_labels
 
 COLOR_BY = ("stage", "microbatch", "kind")
 KINDS = ("node", "collective", "send", "recv", "copy")
@@ -150,6 +156,8 @@ def schedule_from_trace(
                     "id": rec["actor"],
                     "name": str(rec.get("name", m.get("name", rec["actor"]))),
                     "op": m.get("op", ""),
+                    "writes": list(m.get("writes", []) or []),
+                    **({"label": m["label"]} if "label" in m else {}),
                     "kind": m.get("kind", "node"),
                     "stream": rec["stream"],
                     "stage": m.get("stage", model.get("stage", 0)),
@@ -209,7 +217,8 @@ def _rows(
         names = {}
         for s in r.get("streams", []) or []:
             names[_integer(s.get("id"), f"rank {rank}: a stream's 'id'")] = str(s.get("name", ""))
-        for a in actors:
+        labels = bar_labels(actors)
+        for a, label in zip(actors, labels, strict=True):
             where = f"rank {rank}, actor {a.get('id')!r}"
             stream = _integer(a.get("stream"), f"{where}: 'stream'")
             start = _number(a.get("start_us"), f"{where}: 'start_us'")
@@ -217,7 +226,7 @@ def _rows(
             if end < start:
                 raise _bad(f"{where} ends ({end} us) before it starts ({start} us)")
             keys.setdefault((rank, stream), names.get(stream) or f"stream {stream}")
-            bars.append(((rank, stream), {**a, "start_us": start, "end_us": end}))
+            bars.append(((rank, stream), {**a, "start_us": start, "end_us": end, "label": label}))
     rows = sorted(keys)
     if not rows:
         raise _bad("it has no actors", hint="a schedule needs at least one rank with actors")
@@ -256,6 +265,32 @@ def _color_key(actor: Mapping[str, Any], color_by: str) -> tuple[int, str]:
     value = actor.get(color_by, 0)
     n = value if isinstance(value, int) and not isinstance(value, bool) else 0
     return (n, f"{'stage' if color_by == 'stage' else 'micro-batch'} {n}")
+
+
+def bar_labels(actors: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The label of each of one rank's actors, in order: the schedule's own ("label", what
+    ``Schedule.to_json`` writes) when every actor has a distinct one, else made here the
+    same way from the names (flowc.schedule.labels: an index-only name gives way to the value
+    it writes, a boxing step reads ``AllGather(VALUE)``), shortened and unique among the
+    rank's actors (a collision told apart by the actor's id, or by its position when the ids
+    are not distinct integers)."""
+    given = [a.get("label") for a in actors]
+    if all(isinstance(g, str) and g.strip() for g in given) and len(set(given)) == len(given):
+        return [short_name(str(g), TEXT_LIMIT) for g in given]
+    ids = [a.get("id") for a in actors]
+    keys = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+    if len(keys) != len(ids) or len(set(keys)) != len(keys):
+        keys = list(range(len(actors)))
+    names: dict[int, Name] = {}
+    for key, a in zip(keys, actors, strict=True):
+        writes = a.get("writes")
+        names[key] = model_name(
+            str(a.get("name", a.get("id", ""))),
+            [str(w) for w in writes] if isinstance(writes, list) else [],
+            str(a.get("op", "") or ""),
+        )
+    labels = unique_labels(names, TEXT_LIMIT)
+    return [labels[key] for key in keys]
 
 
 def draw_gantt(
@@ -347,11 +382,11 @@ def draw_gantt(
                 linewidth=1.4 if on_path else 0.4,
                 zorder=3,
             )
-            # A label where the name fits (shortened with "..." down to four characters).
-            name = _printable(str(b.get("name", b.get("id", ""))), glyphs)
+            # The actor's label where it fits; shortened (its tail kept) down to 7 characters.
+            name = _printable(b["label"], glyphs)
             fits = int(width / char_us) - 1
             if fits >= len(name) or fits >= 7:
-                label = name if fits >= len(name) else name[: fits - 3] + "..."
+                label = name if fits >= len(name) else short_name(name, fits)
                 ax.text(
                     b["start_us"] + width / 2,
                     row,

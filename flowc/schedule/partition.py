@@ -43,6 +43,7 @@ from flowc.ir.types import Mesh
 from flowc.ops.registry import is_view
 from flowc.parallel.cost import Link, Profile, load_profile, node_time
 from flowc.parallel.strategies import Strategy, all_broadcast_signature
+from flowc.schedule.labels import node_labels
 
 _ONE_DEVICE = Mesh("stage", (1,))
 
@@ -104,16 +105,26 @@ class Partition:
     def memory_bytes(self) -> list[int]:
         return [p + a for p, a in zip(self.param_bytes, self.activation_bytes, strict=True)]
 
-    def summary(self) -> str:
+    def summary(self, graph: Graph | None = None) -> str:
+        """The partition as printed: each stage's node range, times and bytes, each cut's
+        values; with ``graph`` (the one partitioned) each range also by its first and last
+        node's labels (flowc.schedule.labels)."""
+        ends = [*self.starts[1:], len(self.node_stage)]
+        named: dict[int, str] = {}
+        if graph is not None and len(graph.nodes) == len(self.node_stage):
+            labels = node_labels(graph.nodes)
+            for s in range(self.stages):
+                if self.starts[s] < ends[s]:
+                    first, last = graph.nodes[self.starts[s]], graph.nodes[ends[s] - 1]
+                    named[s] = f" ({labels[first]} .. {labels[last]})"
         lines = [
             f"{self.stages} stages ({'manual' if self.manual else 'automatic'}): "
             f"max {self.max_s * 1e6:.1f} us, mean {self.mean_s * 1e6:.1f} us, "
             f"max/mean {self.ratio:.3f}"
         ]
-        ends = [*self.starts[1:], len(self.node_stage)]
         for s in range(self.stages):
             lines.append(
-                f"  stage {s}: nodes {self.starts[s]}..{ends[s] - 1}, "
+                f"  stage {s}: nodes {self.starts[s]}..{ends[s] - 1}{named.get(s, '')}, "
                 f"{self.stage_s[s] * 1e6:.1f} us (compute {self.compute_s[s] * 1e6:.1f}), "
                 f"params {self.param_bytes[s]} B, peak activations {self.activation_bytes[s]} B"
             )

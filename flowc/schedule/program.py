@@ -19,6 +19,7 @@ from typing import Any
 
 from flowc.ir.graph import Node
 from flowc.schedule.actors import ActorGraph
+from flowc.schedule.labels import node_labels
 from flowc.schedule.simulate import Timing
 
 
@@ -77,6 +78,10 @@ class Schedule:
     def to_json(self, rank: int = 0, stage: int = 0) -> dict[str, Any]:
         ag = self.actors
         us = 1e6
+        # What a person reads for each actor (the Gantt chart's bar labels): the model's
+        # name, shortened and unique in this schedule (flowc.schedule.labels); "name" is
+        # the node's own, as the trace records it.
+        labels = node_labels([a.node for a in ag.actors])
         return {
             "rank": rank,
             "stage": stage,
@@ -90,6 +95,7 @@ class Schedule:
                 {
                     "id": a.id,
                     "name": a.name,
+                    "label": labels[a.node],
                     "op": a.op,
                     "kind": a.kind,
                     "stream": self.stream_of[a.id],
