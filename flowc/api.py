@@ -32,6 +32,7 @@ from flowc.harness.build import (
     check_built,
     check_feeds,
     project_info,
+    recover,
     shown,
 )
 from flowc.ir.dtype import DType
@@ -318,6 +319,8 @@ class Project:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            recover(self.path)  # a swap an interrupted compile left is finished or undone
         self.info = project_info(self.path)  # a clear error for a folder that is no project
 
     def __repr__(self) -> str:

@@ -775,17 +775,28 @@ def run_cases(
             max_workers=jobs, mp_context=ctx, initializer=_worker_init
         ) as pool:
             futures = {pool.submit(fn, *args): args for fn, args in work}
-            for fut in concurrent.futures.as_completed(futures):
-                try:
-                    take(fut.result())
-                except Exception as e:
-                    batch = futures[fut][1]
-                    take(
-                        [
-                            Result(i.name, i.op, "error", _short(f"{type(e).__name__}: {e}"))
-                            for i in batch
-                        ]
-                    )
+            try:
+                done = concurrent.futures.as_completed(futures)
+                for fut in done:
+                    try:
+                        take(fut.result())
+                    except Exception as e:
+                        batch = futures[fut][1]
+                        take(
+                            [
+                                Result(i.name, i.op, "error", _short(f"{type(e).__name__}: {e}"))
+                                for i in batch
+                            ]
+                        )
+            except KeyboardInterrupt:
+                # Ctrl-C sent to flowc alone: each worker is told too, so its build ends
+                # its compilers (flowc/harness/processes.py) before the pool goes.
+                for fut in futures:
+                    fut.cancel()
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    if proc.is_alive() and proc.pid is not None:
+                        os.kill(proc.pid, signal.SIGINT)
+                raise
     return [results[i.name] for i in infos]
 
 

@@ -56,6 +56,7 @@ def _fake_run(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> Path:
     info = {"inputs": [{"name": "x", "dtype": "f32"}], "outputs": [{"name": "y"}]}
     monkeypatch.setattr(build, "project_info", lambda out: info)
     monkeypatch.setattr(build, "run", lambda *a, **k: ({"y": np.ones((3, 4), np.float32)}, ""))
+    monkeypatch.setattr(build, "check_built", lambda *a, **k: None)
     return tmp
 
 

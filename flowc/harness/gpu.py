@@ -37,7 +37,6 @@ import ctypes
 import json
 import re
 import struct
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ import numpy as np
 
 from flowc.errors import FlowcError
 from flowc.harness.compare import Comparison, compare
+from flowc.harness.processes import run_group
 
 # -- errors ---------------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ def kernel_cubin(project: Path, arch: str = "sm_90", out: Path | None = None) ->
     for d in incs:
         cmd += ["-I", d]
     cmd += [str(source), "-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = run_group(cmd)  # Ctrl-C ends nvcc and its cicc/ptxas too
     if r.returncode != 0:
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-30:])
         raise HarnessError(f"nvcc -cubin of {source} failed:\n{tail}")
