@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Reinstall when the dependency list changes.
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+# Reinstall when the dependency list changes, or the CMake package (an editable install
+# copies it into .venv/share/cmake/flowc).
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml flowc/cmake/* runtime_cpp/flowc/flowc.cmake | cksum | cut -d' ' -f1)
 JOBS   ?= 2
 DEMO_MODEL ?= examples/models/resnet_tiny.onnx
 # Debian packages the host builds link (OpenBLAS, Boost.Context) and multi-rank runs use (OpenMPI);

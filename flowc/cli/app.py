@@ -33,8 +33,26 @@ from flowc.errors import FlowcError, FlowcWarning
 from flowc.version import __version__
 
 
+def _print_cmake_dir(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from flowc.resources import cmake_dir
+
+    click.echo(str(cmake_dir()))
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="flowc")
+@click.option(
+    "--cmake-dir",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_cmake_dir,
+    help="Print the folder of flowc's CMake package (CMake's flowc_DIR, for "
+    "find_package(flowc): docs/cmake.md) and exit.",
+)
 def cli() -> None:
     """flowc: compile deep-learning graphs, ONNX models and .flow DSL programs, ahead of
     time into standalone CUDA C++ projects (with a host build of the same sources)."""

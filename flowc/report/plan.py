@@ -22,7 +22,7 @@ MEMORY_COLUMN = (
     "memory/device = the bytes one device holds for its rank program: parameters (its shards "
     "of the weights, 256-byte aligned, constant fills included)\n"
     "  + arena (every intermediate value, boxing buffers included, at its planned offset, and "
-    "the cuda target's cuBLASLt/cuDNN workspaces);\n"
+    "the cuda target's cuBLASLt/cuDNN workspaces)\n"
     "  not counted: the model's inputs and outputs (the caller's memory), the CUDA-graph "
     "staging copies, what CUDA and NCCL allocate for themselves.\n"
     "  --mem-limit bounds this number; the other plans are measured without it (their "

@@ -47,6 +47,52 @@ function(flowc_target target build)
   endif()
 endfunction()
 
+# flowc_model_library(LIBRARY PREFIX BUILD [MULTI_RANK]): set up a compiled model's shared
+# library LIBRARY (add_library(LIBRARY SHARED), no sources) and the object library
+# LIBRARY_objects that holds its model.cu (add_library(LIBRARY_objects OBJECT model.cu)),
+# compiled once, for BUILD. The code is compiled with hidden visibility (inline functions
+# too), and LIBRARY exports only the C API: the symbols whose names start with PREFIX
+# (model.h marks them FLOWC_API). A linker version script hides the rest, which visibility
+# alone does not: the standard library's template instances and what a static library (the
+# static CUDA runtime) brings in. MULTI_RANK: a mesh of more than one device
+# (flowc_target_comm). A program that shares the runtime's state with the model, such as
+# model_main (its streams and counters are the host emulator's), links LIBRARY_objects
+# instead of LIBRARY: each shared library has a runtime of its own.
+function(flowc_model_library library prefix build)
+  cmake_parse_arguments(PARSE_ARGV 3 arg "MULTI_RANK" "" "")
+  if(NOT prefix MATCHES "^[A-Za-z_][A-Za-z0-9_]*$")
+    message(FATAL_ERROR "flowc_model_library: '${prefix}' is not a C identifier")
+  endif()
+  set(objects ${library}_objects)
+  # The runtime's headers include each other as "flowc/NAME.h": from model.cu's folder.
+  get_target_property(sources ${objects} SOURCES)
+  list(GET sources 0 source)
+  get_filename_component(dir "${source}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+  get_filename_component(dir "${dir}" DIRECTORY)
+  target_include_directories(${objects} PUBLIC "${dir}")
+  set_target_properties(${objects} PROPERTIES POSITION_INDEPENDENT_CODE ON
+                        CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
+                        VISIBILITY_INLINES_HIDDEN ON)
+  # (CMake gives nvcc the visibility preset, but not the inline functions' flag.)
+  target_compile_options(${objects}
+                         PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fvisibility-inlines-hidden>)
+  flowc_target(${objects} ${build})
+  if(arg_MULTI_RANK)
+    flowc_target_comm(${objects} ${build})
+  endif()
+  target_link_libraries(${library} PRIVATE ${objects})
+  if(build STREQUAL "cuda")
+    set_target_properties(${library} PROPERTIES LINKER_LANGUAGE CUDA)
+  else()
+    set_target_properties(${library} PROPERTIES LINKER_LANGUAGE CXX)
+  endif()
+  # Written only when it changes (file(CONFIGURE)), so a reconfigure does not relink.
+  set(map "${CMAKE_CURRENT_BINARY_DIR}/${library}.exports")
+  file(CONFIGURE OUTPUT "${map}" CONTENT "{\n  global: ${prefix}*;\n  local: *;\n};\n" @ONLY)
+  target_link_options(${library} PRIVATE "LINKER:--version-script=${map}")
+  set_property(TARGET ${library} APPEND PROPERTY LINK_DEPENDS "${map}")
+endfunction()
+
 # flowc_target_comm(TARGET BUILD): for programs whose mesh has more than one device. Links MPI
 # (which starts the ranks in both builds) and, for BUILD cuda, NCCL; defines FLOWC_MULTI_RANK,
 # which flowc/comm.h requires. Call it beside flowc_target().
