@@ -22,7 +22,9 @@ from flowc.codegen.cpp import c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
+from flowc.ops.grad import GradBuilder, VjpFn, op1, scalar
 from flowc.ops.registry import (
     CExprFn,
     InferCtx,
@@ -34,6 +36,7 @@ from flowc.ops.registry import (
     first,
     get_op,
     same_as_input,
+    set_vjp,
 )
 
 if TYPE_CHECKING:
@@ -260,6 +263,7 @@ def unary(
     cost: int = 1,
     float_only: bool = False,
     linear: bool = False,
+    vjp: VjpFn | None = None,
 ) -> None:
     def infer(ctx: InferCtx) -> list[TensorType]:
         t = ctx.type(0)
@@ -281,6 +285,7 @@ def unary(
         attrs=attrs,
         flops=elementwise_flops(cost),
         sbp=ew_sbp((0,)) if linear else ew_sbp(),
+        vjp=vjp,
         **codegen(name),
     )
 
@@ -291,6 +296,174 @@ def _f(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray, Attrs], 
 
 def _sel(x: np.ndarray, cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(cond, a, b).astype(x.dtype)
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+# f'(x) of each differentiable unary op, built from the input x and the output y.
+
+
+def _relu_grad(b: GradBuilder, x: Value, y: Value) -> Value:
+    return op1(b, "Cast", op1(b, "Greater", x, scalar(b, 0.0, x)), to=x.type.dtype.onnx)
+
+
+def _erf_grad(b: GradBuilder, x: Value, y: Value) -> Value:
+    # 2/sqrt(pi) * exp(-x^2)
+    e = op1(b, "Exp", op1(b, "Neg", op1(b, "Mul", x, x)))
+    return op1(b, "Mul", e, scalar(b, 2 / math.sqrt(math.pi), x))
+
+
+def _gelu_grad(b: GradBuilder, x: Value, y: Value, approximate: str) -> Value:
+    half, one = scalar(b, 0.5, x), scalar(b, 1.0, x)
+    if approximate == "tanh":
+        # u = c (x + k x^3), t = tanh u: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)
+        c, k = math.sqrt(2 / math.pi), 0.044715
+        x2 = op1(b, "Mul", x, x)
+        inner = op1(b, "Add", x, op1(b, "Mul", op1(b, "Mul", x2, x), scalar(b, k, x)))
+        t = op1(b, "Tanh", op1(b, "Mul", inner, scalar(b, c, x)))
+        dt = op1(b, "Sub", one, op1(b, "Mul", t, t))
+        du = op1(
+            b, "Mul", op1(b, "Add", one, op1(b, "Mul", x2, scalar(b, 3 * k, x))), scalar(b, c, x)
+        )
+        left = op1(b, "Mul", half, op1(b, "Add", one, t))
+        return op1(b, "Add", left, op1(b, "Mul", op1(b, "Mul", half, x), op1(b, "Mul", dt, du)))
+    # 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)
+    cdf = op1(
+        b,
+        "Mul",
+        half,
+        op1(b, "Add", one, op1(b, "Erf", op1(b, "Mul", x, scalar(b, 1 / math.sqrt(2), x)))),
+    )
+    pdf = op1(b, "Exp", op1(b, "Mul", op1(b, "Mul", x, x), scalar(b, -0.5, x)))
+    return op1(
+        b,
+        "Add",
+        cdf,
+        op1(b, "Mul", x, op1(b, "Mul", pdf, scalar(b, 1 / math.sqrt(2 * math.pi), x))),
+    )
+
+
+def _gelu_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    approximate = str(node.attrs.get("approximate", "none"))
+    return grad.elementwise(lambda b_, x, y: _gelu_grad(b_, x, y, approximate))(
+        b, node, gouts, need
+    )
+
+
+def _leaky_relu_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    alpha = float(node.attrs.get("alpha", 0.01))
+
+    def slope(b_: GradBuilder, x: Value, y: Value) -> Value:
+        return op1(
+            b_,
+            "Where",
+            op1(b_, "GreaterOrEqual", x, scalar(b_, 0.0, x)),
+            scalar(b_, 1.0, x),
+            scalar(b_, alpha, x),
+        )
+
+    return grad.elementwise(slope)(b, node, gouts, need)
+
+
+_SQRT_GRAD = grad.elementwise(
+    lambda b, x, y: op1(b, "Reciprocal", op1(b, "Mul", y, scalar(b, 2.0, y)))
+)
+_UNARY_VJP: dict[str, VjpFn] = {
+    "Neg": grad.linear(lambda b, g: op1(b, "Neg", g)),
+    "Abs": grad.elementwise(lambda b, x, y: op1(b, "Sign", x)),
+    "Sqrt": _SQRT_GRAD,
+    "Reciprocal": grad.elementwise(lambda b, x, y: op1(b, "Neg", op1(b, "Mul", y, y))),
+    "Exp": grad.elementwise(lambda b, x, y: y),
+    "Log": grad.elementwise(lambda b, x, y: op1(b, "Reciprocal", x)),
+    "Erf": grad.elementwise(_erf_grad),
+    "Tanh": grad.elementwise(lambda b, x, y: op1(b, "Sub", scalar(b, 1.0, y), op1(b, "Mul", y, y))),
+    "Sigmoid": grad.elementwise(
+        lambda b, x, y: op1(b, "Mul", y, op1(b, "Sub", scalar(b, 1.0, y), y))
+    ),
+    "Relu": grad.elementwise(_relu_grad),
+    "LeakyRelu": _leaky_relu_vjp,
+    "Gelu": _gelu_vjp,
+    "Softplus": grad.elementwise(lambda b, x, y: op1(b, "Sigmoid", x)),
+    "Sin": grad.elementwise(lambda b, x, y: op1(b, "Cos", x)),
+    "Cos": grad.elementwise(lambda b, x, y: op1(b, "Neg", op1(b, "Sin", x))),
+}
+
+
+def _binary_grads(
+    b: GradBuilder, node: Node, need: list[bool], da: Callable[[], Value], db: Callable[[], Value]
+) -> list[Value | None]:
+    """The gradients of a broadcasting binary op's operands, each summed back to its shape."""
+    a, c = node.inputs[0], node.inputs[1]
+    assert a is not None and c is not None
+    return [
+        grad.unbroadcast(b, da(), a.type.shape) if need[0] else None,
+        grad.unbroadcast(b, db(), c.type.shape) if need[1] else None,
+    ]
+
+
+def _add_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g = gouts[0]
+    if g is None:
+        return [None, None]
+    return _binary_grads(b, node, need, lambda: g, lambda: g)
+
+
+def _sub_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g = gouts[0]
+    if g is None:
+        return [None, None]
+    return _binary_grads(b, node, need, lambda: g, lambda: op1(b, "Neg", g))
+
+
+def _mul_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g, (x, y) = gouts[0], node.inputs[:2]
+    if g is None:
+        return [None, None]
+    return _binary_grads(b, node, need, lambda: op1(b, "Mul", g, y), lambda: op1(b, "Mul", g, x))
+
+
+def _div_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    # z = x / y: dx = g / y, dy = -g z / y
+    g, y, z = gouts[0], node.inputs[1], node.outputs[0]
+    if g is None or not z.type.dtype.is_float:
+        return [None, None]
+    return _binary_grads(
+        b,
+        node,
+        need,
+        lambda: op1(b, "Div", g, y),
+        lambda: op1(b, "Neg", op1(b, "Div", op1(b, "Mul", g, z), y)),
+    )
+
+
+def _pow_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    # z = x ** y: dx = g y x^(y-1), dy = g z log x (the exponent only when it is trained)
+    g, (x, y), z = gouts[0], node.inputs[:2], node.outputs[0]
+    if g is None or x is None or y is None or not z.type.dtype.is_float:
+        return [None, None]
+    yx = op1(b, "Cast", y, to=x.type.dtype.onnx) if y.type.dtype != x.type.dtype else y
+    return _binary_grads(
+        b,
+        node,
+        [need[0], need[1] and y.type.dtype.is_float],
+        lambda: op1(
+            b, "Mul", g, op1(b, "Mul", yx, op1(b, "Pow", x, op1(b, "Sub", yx, scalar(b, 1.0, x))))
+        ),
+        lambda: op1(b, "Mul", g, op1(b, "Mul", z, op1(b, "Log", x))),
+    )
 
 
 unary("Neg", _f(np.negative), linear=True)
@@ -398,6 +571,10 @@ for _name, _fn in [
     unary(_name, _f(_fn), float_only=True, cost=4)
 
 
+for _name, _rule in _UNARY_VJP.items():
+    set_vjp(_name, _rule)
+
+
 # -- binary and variadic with broadcasting -------------------------------------------------------
 
 
@@ -424,6 +601,7 @@ def binary(
     fn_attrs: Callable[[np.ndarray, np.ndarray, Attrs], np.ndarray] | None = None,
     linear: Sequence[Sequence[int]] = (),
     float_linear: bool = False,
+    vjp: VjpFn | None = None,
 ) -> None:
     def ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
         a, b = xs[0], xs[1]
@@ -441,6 +619,7 @@ def binary(
         attrs=attrs,
         flops=elementwise_flops(1),
         sbp=ew_sbp(*linear, float_linear=float_linear),
+        vjp=vjp,
         **codegen(name),
     )
 
@@ -470,11 +649,11 @@ def _mod(a: np.ndarray, b: np.ndarray, at: Attrs) -> np.ndarray:
     return np.mod(a, np.where(b == 0, 1, b))
 
 
-binary("Add", np.add, linear=[(0, 1)])
-binary("Sub", np.subtract, linear=[(0, 1)])
-binary("Mul", np.multiply, linear=[(0,), (1,)])
-binary("Div", _int_div, linear=[(0,)], float_linear=True)
-binary("Pow", _pow, same_dtype=False)
+binary("Add", np.add, linear=[(0, 1)], vjp=_add_vjp)
+binary("Sub", np.subtract, linear=[(0, 1)], vjp=_sub_vjp)
+binary("Mul", np.multiply, linear=[(0,), (1,)], vjp=_mul_vjp)
+binary("Div", _int_div, linear=[(0,)], float_linear=True, vjp=_div_vjp)
+binary("Pow", _pow, same_dtype=False, vjp=_pow_vjp)
 binary("Mod", np.mod, attrs={"fmod": 0}, fn_attrs=_mod)
 binary("PRelu", lambda x, s: np.where(x < 0, x * s, x))
 binary("Equal", np.equal, out_bool=True)
@@ -618,6 +797,20 @@ def _where_infer(ctx: InferCtx) -> list[TensorType]:
     ]
 
 
+def _where_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g, (c, x, y) = gouts[0], node.inputs[:3]
+    if g is None or c is None or x is None or y is None:
+        return [None, None, None]
+    zero = scalar(b, 0.0, g)
+    return [
+        None,
+        grad.unbroadcast(b, op1(b, "Where", c, g, zero), x.type.shape) if need[1] else None,
+        grad.unbroadcast(b, op1(b, "Where", c, zero, g), y.type.shape) if need[2] else None,
+    ]
+
+
 defop(
     "Where",
     FAMILY,
@@ -626,6 +819,7 @@ defop(
     inputs=3,
     flops=elementwise_flops(1),
     sbp=ew_sbp(),
+    vjp=_where_vjp,
     **codegen("Where"),
 )
 
@@ -732,6 +926,23 @@ def _castlike_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return _cast_to(xs[0], DType.from_numpy(xs[1].dtype), a["saturate"], a["round_mode"])
 
 
+def _cast_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    # Between float types the gradient is cast back; to or from an integer type none flows.
+    g, x = gouts[0], node.inputs[0]
+    if (
+        g is None
+        or x is None
+        or not need[0]
+        or not x.type.dtype.is_float
+        or not g.type.dtype.is_float
+    ):
+        return [None] * len(node.inputs)
+    back = g if g.type.dtype == x.type.dtype else op1(b, "Cast", g, to=x.type.dtype.onnx)
+    return [back] + [None] * (len(node.inputs) - 1)
+
+
 defop(
     "Cast",
     FAMILY,
@@ -740,6 +951,7 @@ defop(
     attrs={"saturate": 1, "round_mode": "up"},
     flops=elementwise_flops(1),
     sbp=_cast_sbp,
+    vjp=_cast_vjp,
     **codegen("Cast"),
 )
 defop(

@@ -12,14 +12,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowc.errors import ShapeError
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import Fail, arg, emit_box, move_data, node_input
-from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs, row_major_strides
+from flowc.ops.registry import (
+    InferCtx,
+    SbpSignature,
+    defop,
+    node_attrs,
+    row_major_strides,
+    set_vjp,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
+    from flowc.ir.graph import Value
 
 FAMILY = "shape"
 
@@ -180,3 +190,22 @@ defop(
     emit=_s2d_emit,
     sbp=_block_sbp,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _transpose_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None]
+    perm = _perm(ShapeError, node.attrs, x.type.rank)
+    inverse = [0] * len(perm)
+    for j, p in enumerate(perm):
+        inverse[p] = j
+    return [grad.op1(b, "Transpose", g, perm=inverse)]
+
+
+set_vjp("Transpose", _transpose_vjp)

@@ -20,6 +20,7 @@ from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import Sbp, TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.registry import (
     LIBRARY_SCRATCH,
@@ -29,6 +30,7 @@ from flowc.ops.registry import (
     broadcast_shapes,
     defop,
     get_op,
+    set_vjp,
 )
 
 if TYPE_CHECKING:
@@ -871,3 +873,70 @@ defop(
     workspace=_flops_workspace(_fused_flops),
     narrow=NARROW,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _matmul_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Y = A @ B with NumPy's rules: a 1-D A is a row [1, K], a 1-D B a column [K, 1] (their
+    axis then dropped from Y); batch axes broadcast. dA = G @ B^T and dB = A^T @ G on the
+    promoted shapes, summed over the batch axes an operand broadcast along."""
+    g, (x, w) = gouts[0], node.inputs[:2]
+    if g is None or x is None or w is None:
+        return [None, None]
+    xs, ws = x.type.shape, w.type.shape
+    x2 = grad.reshape(b, x, (1, *xs)) if len(xs) == 1 else x
+    w2 = grad.reshape(b, w, (*ws, 1)) if len(ws) == 1 else w
+    gshape = list(g.type.shape)
+    if len(xs) == 1:
+        gshape.insert(len(gshape) - (0 if len(ws) == 1 else 1), 1)
+    if len(ws) == 1:
+        gshape.append(1)
+    g2 = grad.reshape(b, g, gshape)
+    grads: list[Value | None] = [None, None]
+    if need[0]:
+        dx = grad.op1(b, "MatMul", g2, grad.transpose_last2(b, w2))
+        grads[0] = grad.reshape(b, grad.unbroadcast(b, dx, x2.type.shape), xs)
+    if need[1]:
+        dw = grad.op1(b, "MatMul", grad.transpose_last2(b, x2), g2)
+        grads[1] = grad.reshape(b, grad.unbroadcast(b, dw, w2.type.shape), ws)
+    return grads
+
+
+def _gemm_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Y = alpha A' B' + beta C (A' = A or A^T, B' likewise): dA' = alpha G B'^T,
+    dB' = alpha A'^T G (transposed back where the operand was), dC = beta G summed to C."""
+    g = gouts[0]
+    x, w = node.inputs[0], node.inputs[1]
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None or w is None:
+        return grads
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    ga = g if alpha == 1.0 else grad.op1(b, "Mul", g, grad.scalar(b, alpha, g))
+    if need[0]:
+        # dA' = G B'^T; dA = dA'^T = B' G^T when A was transposed.
+        if trans_a:
+            grads[0] = grad.op1(b, "Gemm", w, ga, transA=trans_b, transB=1)
+        else:
+            grads[0] = grad.op1(b, "Gemm", ga, w, transB=1 - trans_b)
+    if need[1]:
+        # dB' = A'^T G; dB = dB'^T = G^T A' when B was transposed.
+        if trans_b:
+            grads[1] = grad.op1(b, "Gemm", ga, x, transA=1, transB=trans_a)
+        else:
+            grads[1] = grad.op1(b, "Gemm", x, ga, transA=1 - trans_a)
+    if c is not None and len(need) > 2 and need[2]:
+        gc = g if beta == 1.0 else grad.op1(b, "Mul", g, grad.scalar(b, beta, g))
+        grads[2] = grad.unbroadcast(b, gc, c.type.shape)
+    return grads
+
+
+set_vjp("MatMul", _matmul_vjp)
+set_vjp("Gemm", _gemm_vjp)

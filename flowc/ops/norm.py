@@ -22,6 +22,7 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import compute_dtype, float_ctype
 from flowc.ops.movement import node_input
@@ -34,6 +35,7 @@ from flowc.ops.registry import (
     ints,
     node_attrs,
     row_major_strides,
+    set_vjp,
 )
 
 if TYPE_CHECKING:
@@ -756,3 +758,46 @@ defop(
     sbp=_lpnorm_sbp,
     emit=_lpnorm_emit,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _layernorm_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Y = xhat * scale + B with xhat = (x - mean) * rstd over the axes from ``axis``:
+    dx = rstd (gs - mean(gs) - xhat mean(gs xhat)) with gs = G * scale; dscale and dB are
+    G xhat and G summed to their shapes. The statistics are recomputed from x (the Mean and
+    InvStdDev outputs carry no gradient)."""
+    g = gouts[0]
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None or scale is None:
+        return grads
+    rank = x.type.rank
+    axes = list(range(int(node.attrs.get("axis", -1)) % rank, rank))
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    ax = grad.ints(b, axes)
+    mean = grad.op1(b, "ReduceMean", x, ax, keepdims=1)
+    centered = grad.op1(b, "Sub", x, mean)
+    var = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", centered, centered), ax, keepdims=1)
+    rstd = grad.op1(
+        b, "Reciprocal", grad.op1(b, "Sqrt", grad.op1(b, "Add", var, grad.scalar(b, eps, x)))
+    )
+    xhat = grad.op1(b, "Mul", centered, rstd)
+    if need[0]:
+        gs = grad.op1(b, "Mul", g, scale)
+        m1 = grad.op1(b, "ReduceMean", gs, ax, keepdims=1)
+        m2 = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", gs, xhat), ax, keepdims=1)
+        inner = grad.op1(b, "Sub", grad.op1(b, "Sub", gs, m1), grad.op1(b, "Mul", xhat, m2))
+        grads[0] = grad.op1(b, "Mul", rstd, inner)
+    if need[1]:
+        grads[1] = grad.unbroadcast(b, grad.op1(b, "Mul", g, xhat), scale.type.shape)
+    if bias is not None and need[2]:
+        grads[2] = grad.unbroadcast(b, g, bias.type.shape)
+    return grads
+
+
+set_vjp("LayerNormalization", _layernorm_vjp)

@@ -29,8 +29,18 @@ from flowc.codegen.cpp import BLOCK, MAX_GRID, CodegenError, c_float, ctype
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
-from flowc.ops.registry import InferCtx, SbpFn, SbpSignature, defop, first, get_op, ints
+from flowc.ops.registry import (
+    InferCtx,
+    SbpFn,
+    SbpSignature,
+    defop,
+    first,
+    get_op,
+    ints,
+    set_vjp,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -709,3 +719,60 @@ defop(
     sbp=_cumprod_sbp,
     emit=emit_cumulative,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _reduced_axes(node: Node) -> list[int] | None:
+    """The axes a ReduceSum/ReduceMean node reduces, normalized; None when it is the
+    identity (no axes and noop_with_empty_axes)."""
+    x = node.inputs[0]
+    assert x is not None
+    rank = x.type.rank
+    given = grad.const_int_input(node, 1, default=[])
+    assert given is not None, "the axes of a reduction are constant after import"
+    if not given:
+        return None if node.attrs.get("noop_with_empty_axes", 0) else list(range(rank))
+    return sorted(a % rank for a in given)
+
+
+def _reduce_vjp(mean: bool) -> grad.VjpFn:
+    def vjp(
+        b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+    ) -> list[Value | None]:
+        g, x = gouts[0], node.inputs[0]
+        grads: list[Value | None] = [None] * len(node.inputs)
+        if g is None or x is None or not need[0]:
+            return grads
+        axes = _reduced_axes(node)
+        if axes is None:
+            grads[0] = g
+            return grads
+        kept = [1 if k in axes else d for k, d in enumerate(x.type.shape)]
+        spread = grad.expand_to(b, grad.reshape(b, g, kept), x.type.shape)
+        if mean:
+            count = math.prod(x.type.shape[k] for k in axes)
+            spread = grad.op1(b, "Div", spread, grad.scalar(b, float(max(count, 1)), g))
+        grads[0] = spread
+        return grads
+
+    return vjp
+
+
+def _sum_square_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    # d/dx sum x^2 = 2x
+    x = node.inputs[0]
+    assert x is not None
+    first_pass = _reduce_vjp(mean=False)(b, node, gouts, need)
+    if first_pass[0] is not None:
+        twice = grad.op1(b, "Mul", x, grad.scalar(b, 2.0, x))
+        first_pass[0] = grad.op1(b, "Mul", first_pass[0], twice)
+    return first_pass
+
+
+set_vjp("ReduceSum", _reduce_vjp(mean=False))
+set_vjp("ReduceMean", _reduce_vjp(mean=True))
+set_vjp("ReduceSumSquare", _sum_square_vjp)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
     from flowc.ir.graph import Value
+    from flowc.ops.grad import VjpFn
 
 
 _T = TypeVar("_T")
@@ -200,6 +201,9 @@ class OpDef:
     # computes in float): widen_types leaves the node alone when its narrow values are all
     # of these types.
     narrow: frozenset[DType] = frozenset()
+    # Reverse-mode autodiff: the gradients of the inputs from those of the outputs, as IR
+    # nodes (flowc/ops/grad.py); None: no gradient flows through this op.
+    vjp: VjpFn | None = None
 
     def ctx(self, node: Node) -> InferCtx:
         return InferCtx(
@@ -283,6 +287,7 @@ def defop(
     library: str = "",
     workspace: FlopsFn | None = None,
     narrow: frozenset[DType] = frozenset(),
+    vjp: VjpFn | None = None,
 ) -> OpDef:
     """Declare an op. ``inputs``/``outputs`` give (min, max) counts or one exact count."""
     return register(
@@ -306,6 +311,7 @@ def defop(
             library=library,
             workspace=workspace,
             narrow=narrow,
+            vjp=vjp,
         )
     )
 
@@ -402,3 +408,14 @@ def is_view(graph: Graph, node: Node) -> bool:
     """A view node that stays an alias of its input's bytes (it runs no code): a view whose
     result is a graph output must be copied into the caller's buffer instead."""
     return get_op(node.op).view and node.outputs[0] not in set(graph.outputs)
+
+
+def set_vjp(name: str, vjp: VjpFn) -> None:
+    """Give the registered op ``name`` its VJP rule: for ops declared by a shared helper
+    (a table of unary ops) whose rules are written after it, in the same family module."""
+    opdef = _REGISTRY[name]
+    if opdef.vjp is not None:
+        raise ValueError(f"op {name} has a VJP rule already")
+    new = OpDef(**{**opdef.__dict__, "vjp": vjp})
+    _REGISTRY[name] = new
+    _BY_DSL[new.dsl_name] = new

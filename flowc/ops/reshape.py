@@ -22,9 +22,18 @@ from flowc.errors import ShapeError
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, make_splat
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import Fail, arg, const_ints, move_data, norm_axes, opt_arg
-from flowc.ops.registry import InferCtx, SbpSignature, defop, ints, numel, same_as_input
+from flowc.ops.registry import (
+    InferCtx,
+    SbpSignature,
+    defop,
+    ints,
+    numel,
+    same_as_input,
+    set_vjp,
+)
 
 if TYPE_CHECKING:
     from flowc.ir.builder import AdapterNode
@@ -296,3 +305,10 @@ defop(
     # The mask output is bool: it cannot be a partial sum.
     sbp=lambda ctx, outs: sr.same_axes(ctx, outs, range(outs[0].rank)),
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+# Each of these only re-shapes its data: the gradient is re-shaped back.
+
+for _name in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+    set_vjp(_name, grad.to_shape_of)

@@ -19,6 +19,7 @@ import numpy as np
 from flowc.errors import ShapeError
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import (
     MANY,
@@ -34,11 +35,20 @@ from flowc.ops.movement import (
     norm_axes,
     opt_arg,
 )
-from flowc.ops.registry import InferCtx, SbpSignature, defop, ints, node_attrs, row_major_strides
+from flowc.ops.registry import (
+    InferCtx,
+    SbpSignature,
+    defop,
+    ints,
+    node_attrs,
+    row_major_strides,
+    set_vjp,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
+    from flowc.ir.graph import Value
 
 FAMILY = "shape"
 
@@ -591,3 +601,94 @@ defop(
     emit=_pad_emit,
     sbp=_pad_sbp,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _concat_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Each input's part of the gradient, sliced out along the axis."""
+    g = gouts[0]
+    if g is None:
+        return [None] * len(node.inputs)
+    axis = int(node.attrs["axis"]) % g.type.rank
+    grads: list[Value | None] = []
+    at = 0
+    for x, wanted in zip(node.inputs, need, strict=True):
+        assert x is not None
+        size = x.type.shape[axis]
+        if wanted:
+            grads.append(
+                grad.op1(
+                    b,
+                    "Slice",
+                    g,
+                    grad.ints(b, [at]),
+                    grad.ints(b, [at + size]),
+                    grad.ints(b, [axis]),
+                )
+            )
+        else:
+            grads.append(None)
+        at += size
+    return grads
+
+
+def _split_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The parts' gradients joined along the axis (zeros for a part none flows to)."""
+    x = node.inputs[0]
+    if x is None or not need[0] or all(g is None for g in gouts):
+        return [None] * len(node.inputs)
+    axis = int(node.attrs.get("axis", 0)) % x.type.rank
+    parts = [
+        g if g is not None else b.const(np.zeros(o.type.shape, o.type.dtype.np), "zeros")
+        for g, o in zip(gouts, node.outputs, strict=True)
+    ]
+    joined = parts[0] if len(parts) == 1 else grad.op1(b, "Concat", *parts, axis=axis)
+    return [joined] + [None] * (len(node.inputs) - 1)
+
+
+def _slice_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The gradient padded with zeros back to the input's shape (steps of 1)."""
+    g, x = gouts[0], node.inputs[0]
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None or not need[0]:
+        return grads
+    consts = [
+        None if i >= len(node.inputs) or v is None else v.const
+        for i, v in enumerate(node.inputs[:5])
+    ]
+    consts += [None] * (5 - len(consts))
+    starts, ends = consts[1], consts[2]
+    assert starts is not None and ends is not None
+    slices, _ = _array_plan(ShapeError, x.type.shape, starts, ends, consts[3], consts[4])
+    if any((sl.step or 1) != 1 for sl in slices):
+        raise ShapeError(
+            f"Slice node {node.name!r}: no gradient rule for a slice with steps other than 1"
+        )
+    begins = [sl.start or 0 for sl in slices]
+    stops = [d if sl.stop is None else sl.stop for sl, d in zip(slices, x.type.shape, strict=True)]
+    pads = begins + [d - e for d, e in zip(x.type.shape, stops, strict=True)]
+    grads[0] = g if not any(pads) else grad.op1(b, "Pad", g, grad.ints(b, pads), mode="constant")
+    return grads
+
+
+def _expand_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None] * len(node.inputs)
+    return [grad.unbroadcast(b, g, x.type.shape)] + [None] * (len(node.inputs) - 1)
+
+
+set_vjp("Concat", _concat_vjp)
+set_vjp("Split", _split_vjp)
+set_vjp("Slice", _slice_vjp)
+set_vjp("Expand", _expand_vjp)

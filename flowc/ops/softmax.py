@@ -21,6 +21,7 @@ import numpy as np
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.reduce import kernel_ctype, launch_rows, outer_inner, vec_width
 from flowc.ops.registry import (
@@ -31,6 +32,7 @@ from flowc.ops.registry import (
     elementwise_flops,
     first,
     get_op,
+    set_vjp,
 )
 
 if TYPE_CHECKING:
@@ -173,3 +175,30 @@ normalizer("Softmax", _softmax, cost=8, mode="softmax")
 normalizer("LogSoftmax", _log_softmax, cost=8, mode="log_softmax")
 # Per element: a compare for the argmax and a write of the one-hot row.
 normalizer("Hardmax", _hardmax, cost=2, mode="hardmax")
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _softmax_vjp(log: bool) -> grad.VjpFn:
+    """Softmax: dx = y (g - sum(g y)); LogSoftmax: dx = g - exp(y) sum(g), the sums along
+    the axis (kept)."""
+
+    def vjp(
+        b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+    ) -> list[Value | None]:
+        g, y = gouts[0], node.outputs[0]
+        if g is None or not need[0]:
+            return [None]
+        axis = int(node.attrs.get("axis", -1)) % y.type.rank
+        if log:
+            total = grad.reduce_sum(b, g, [axis])
+            return [grad.op1(b, "Sub", g, grad.op1(b, "Mul", grad.op1(b, "Exp", y), total))]
+        total = grad.reduce_sum(b, grad.op1(b, "Mul", g, y), [axis])
+        return [grad.op1(b, "Mul", y, grad.op1(b, "Sub", g, total))]
+
+    return vjp
+
+
+set_vjp("Softmax", _softmax_vjp(log=False))
+set_vjp("LogSoftmax", _softmax_vjp(log=True))
