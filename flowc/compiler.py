@@ -81,6 +81,8 @@ from flowc.schedule.pipeline import simulate as simulate_order
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
 from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
+from flowc.training.spec import TrainSpec
+from flowc.training.step import TrainingStep, build_step, make_trainable
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -788,3 +790,49 @@ def simulate_pipeline_order(
             [2 * f for f in forward_s],
         )
     return simulate_order(gpipe(stages, microbatches), microbatches, forward_s)
+
+
+# -- training ----------------------------------------------------------------------------------
+
+# Before the loss and its backward: the import clean-up and the lowerings, none of the fusions
+# (a fused op has no VJP rule yet); after: the element-wise fusion of the whole step.
+TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
+TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "fuse_elementwise")
+
+
+def load_training(
+    model: ModelArgs,
+    spec: TrainSpec,
+    *,
+    batch: int | None = None,
+    times: StageTimes | None = None,
+) -> TrainingStep:
+    """MODEL as a training step under ``spec``: imported with its initializers as
+    parameters (a .flow program's float constants likewise), cleaned up, the loss, the
+    backward and the update added, then the element-wise fusion. ``batch`` binds axis 0 of
+    every model input."""
+    times = StageTimes() if times is None else times
+    opts = ImportOptions(
+        shapes=parse_shapes(model.shapes),
+        dims=parse_dim_values(model.dims),
+        weights=model.weights,
+        trainable=True,
+        batch=batch,
+    )
+    graph = times.run("import", lambda: load_graph(model.path, opts))
+    for v in graph.values():
+        v.sbp = None
+    if model.path.suffix.lower() == ".flow":
+        if batch is not None and any(
+            v.type.rank == 0 or v.type.shape[0] != batch for v in graph.inputs
+        ):
+            raise InputError(
+                f"--batch {batch}: {model.path.name}'s inputs have their own batch "
+                f"({', '.join(f'{v.name}: {list(v.type.shape)}' for v in graph.inputs)})",
+                hint="a .flow program's types are static: edit them, or leave --batch out",
+            )
+        make_trainable(graph)
+    graph = PassManager(TRAIN_PRE_PASSES).run(graph)
+    step = times.run("training step", lambda: build_step(graph, spec))
+    step.graph = PassManager(TRAIN_POST_PASSES).run(step.graph)
+    return step

@@ -47,6 +47,13 @@ class ImportOptions:
     dims: Mapping[str, int] = field(default_factory=dict)
     # A weights file (.npz or .safetensors) for a DSL program's load(...) params.
     weights: str | None = None
+    # Training: the float initializers of rank >= 1 become parameters (graph inputs with
+    # their data in Graph.params), so import folds nothing computed from them (a tied
+    # weight's Transpose stays a node the gradient flows through).
+    trainable: bool = False
+    # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
+    # bound to B wherever else it appears).
+    batch: int | None = None
 
 
 def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -205,6 +212,11 @@ def _input_types(
     inputs: Sequence[onnx.ValueInfoProto], opts: ImportOptions
 ) -> dict[str, TensorType]:
     symbols = _bind_symbols(inputs, opts)
+    if opts.batch is not None:
+        for vi in inputs:
+            dims0 = vi.type.tensor_type.shape.dim
+            if len(dims0) and dims0[0].HasField("dim_param") and dims0[0].dim_param:
+                symbols[dims0[0].dim_param] = opts.batch
     types: dict[str, TensorType] = {}
     missing: list[str] = []
     missing_syms: list[str] = []
@@ -221,7 +233,9 @@ def _input_types(
             continue
         dims = []
         for k, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value"):
+            if k == 0 and opts.batch is not None:
+                dims.append(opts.batch)
+            elif d.HasField("dim_value"):
                 dims.append(int(d.dim_value))
             elif d.HasField("dim_param") and d.dim_param in symbols:
                 dims.append(symbols[d.dim_param])
@@ -354,6 +368,12 @@ def import_model(
         data = weights.get(t.name)
         if data is None:
             data = tensor_array(t, f"initializer {t.name!r}")
+        if opts.trainable and data.dtype.kind == "f" and data.ndim >= 1:
+            env[t.name] = graph.add_input(
+                t.name, TensorType(tuple(data.shape), DType.from_numpy(data.dtype))
+            )
+            graph.params[t.name] = np.asarray(data)
+            continue
         env[t.name] = builder.constant(t.name, data)
     for sp in og.sparse_initializer:
         env[sp.values.name] = builder.constant(

@@ -170,6 +170,10 @@ class Graph:
         self.mesh: Mesh | None = None
         # Provenance shown by `flowc inspect` (source format, opset, producer); not semantics.
         self.meta: dict[str, str] = {}
+        # Training: the inputs that are parameters (trained weights), by name, with their
+        # initial data. A parameter is an input, never a constant, so nothing folds it; its
+        # name is the model's initializer's, which export and checkpoints map back to.
+        self.params: dict[str, np.ndarray] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------

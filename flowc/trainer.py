@@ -1,0 +1,379 @@
+"""`flowc train` and flowc.train(): compile a model's training step, build it, and run it over a
+dataset, step after step.
+
+The step is one compiled program (flowc.training.step: forward, loss, backward, update);
+this module feeds it batches and carries its state (parameters, optimizer state, step
+counter, learning rate) from one step's outputs to the next step's inputs. The data: one
+array per batch input (the model's inputs and the loss's target) with the examples on axis
+0. Step s takes the rows at positions [s B, (s+1) B) of one stream of rows: with shuffling,
+epoch e's rows in the order of a permutation seeded by (seed, e); without, in file order,
+wrapping around at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowc.api import Model, Project, compile_options, resolve_target
+from flowc.errors import FlowcError, InputError
+from flowc.training.spec import (
+    TrainSpec,
+    parse_loss,
+    parse_optimizer,
+    parse_schedule,
+)
+from flowc.training.step import COUNT, LOSS, TrainingStep
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# -- data ---------------------------------------------------------------------------------------
+
+
+def load_data(path: Path, step: TrainingStep) -> dict[str, np.ndarray]:
+    """DATA.npz's arrays for the step's batch inputs, checked: every input present, one
+    row count, each row of the input's shape and type (labels: integers in range)."""
+    if not path.is_file():
+        raise InputError(f"--data {path}: no such file", hint="give an .npz of one array per input")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise InputError(f"--data {path}: not a readable .npz ({e})") from None
+    specs = {v.name: v for v in step.graph.inputs}
+    missing = [n for n in step.batch if n not in arrays]
+    if missing:
+        raise InputError(
+            f"--data {path}: no array for input {missing[0]!r}",
+            hint="it holds "
+            + (", ".join(map(repr, sorted(arrays))) or "no arrays")
+            + "; the step needs "
+            + ", ".join(map(repr, step.batch)),
+        )
+    rows = {n: arrays[n].shape[0] if arrays[n].ndim else 0 for n in step.batch}
+    if len(set(rows.values())) != 1:
+        listed = ", ".join(f"{n}: {r}" for n, r in rows.items())
+        raise InputError(f"--data {path}: the arrays have different row counts ({listed})")
+    out = {}
+    for n in step.batch:
+        a, v = arrays[n], specs[n]
+        want_row = tuple(v.type.shape[1:])
+        if a.ndim == 0 or tuple(a.shape[1:]) != want_row:
+            raise InputError(
+                f"--data {path}: array {n!r} has shape {list(a.shape)}; each row of input {n!r} "
+                f"is {list(want_row)}",
+                hint="the examples on axis 0, each of the input's shape without its batch axis",
+            )
+        want = v.type.dtype.np
+        if v.type.dtype.is_int and a.dtype.kind not in "iu":
+            raise InputError(f"--data {path}: array {n!r} is {a.dtype}; input {n!r} takes integers")
+        if v.type.dtype.is_float and a.dtype.kind != "f":
+            raise InputError(f"--data {path}: array {n!r} is {a.dtype}; input {n!r} takes floats")
+        out[n] = np.ascontiguousarray(a.astype(want, copy=False))
+    if next(iter(rows.values())) == 0:
+        raise InputError(f"--data {path}: the arrays hold no rows")
+    return out
+
+
+def batch_rows(s: int, batch: int, rows: int, shuffle: bool, seed: int) -> np.ndarray:
+    """The row indices of step ``s`` (from 0)."""
+    positions = np.arange(s * batch, (s + 1) * batch, dtype=np.int64)
+    within = positions % rows
+    if not shuffle:
+        return within
+    epochs = positions // rows
+    out = np.empty_like(within)
+    for e in np.unique(epochs):
+        perm = np.random.default_rng([seed, int(e)]).permutation(rows)
+        sel = epochs == e
+        out[sel] = perm[within[sel]]
+    return out
+
+
+def check_labels(
+    step: TrainingStep, batch: Mapping[str, np.ndarray], classes: int | None, s: int
+) -> None:
+    """Integer labels within [0, classes) (or the ignored index)."""
+    if classes is None:
+        return
+    for name, a in batch.items():
+        if a.dtype.kind not in "iu":
+            continue
+        bad = (a < 0) | (a >= classes)
+        if step.ignore_index is not None:
+            bad &= a != step.ignore_index
+        if bad.any():
+            raise InputError(
+                f"step {s + 1}: label {int(a[bad].flat[0])} in {name!r} is outside [0, {classes})",
+                hint="labels are class indices (or --ignore-index)",
+            )
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)
+    counts: list[float] = field(default_factory=list)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    steps_per_s: float = 0.0
+
+
+def run_steps(
+    model: Model,
+    step: TrainingStep,
+    data: Mapping[str, np.ndarray],
+    *,
+    steps: int,
+    batch: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    state: dict[str, np.ndarray] | None = None,
+    first: int = 0,
+    classes: int | None = None,
+    skip_nonfinite: bool = False,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    progress: Progress = _quiet,
+) -> TrainResult:
+    """``steps`` steps of the compiled ``model`` from step ``first`` (a resumed run's
+    position), the state carried from each step's outputs to the next one's inputs."""
+    state = dict(step.initial if state is None else state)
+    rows = next(iter(data.values())).shape[0]
+    result = TrainResult()
+    t0 = time.perf_counter()
+    last_print = 0.0
+    for k in range(first, first + steps):
+        idx = batch_rows(k, batch, rows, shuffle, seed)
+        feeds = {n: data[n][idx] for n in step.batch}
+        check_labels(step, feeds, classes, k)
+        out = model.run({**feeds, **state})
+        loss, count = float(out[LOSS]), float(out[COUNT])
+        if not math.isfinite(loss) and not skip_nonfinite:
+            raise FlowcError(
+                f"step {k + 1}: the loss is {loss}; stopped (the state is that of step {k})",
+                hint="lower the learning rate, clip gradients (--clip-norm), or --skip-nonfinite",
+            )
+        if math.isfinite(loss):
+            for name_in, name_out in step.state:
+                state[name_in] = np.asarray(out[name_out])
+        result.losses.append(loss)
+        result.counts.append(count)
+        elapsed = time.perf_counter() - t0
+        done = k - first + 1
+        rate = done * batch / elapsed if elapsed > 0 else 0.0
+        if log is not None:
+            log(
+                {
+                    "step": k + 1,
+                    "loss": loss,
+                    "count": count,
+                    "lr": float(np.asarray(state.get("train/lr", np.nan))),
+                    "examples_per_s": rate,
+                }
+            )
+        if elapsed - last_print >= 1.0 or done == steps:
+            last_print = elapsed
+            left = (steps - done) * elapsed / done
+            progress(
+                f"step {k + 1}/{first + steps}: loss {loss:.6g}, {rate:.1f} examples/s, {left:.0f} s left"
+            )
+    elapsed = time.perf_counter() - t0
+    result.steps_per_s = steps / elapsed if elapsed > 0 else 0.0
+    result.state = state
+    result.params = {p: state[p] for p in step.params}
+    return result
+
+
+def spec_from(
+    loss: str,
+    optimizer: str,
+    *,
+    lr_schedule: str | None = None,
+    clip_norm: float | None = None,
+    freeze: str | None = None,
+    no_decay: str | None = None,
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+) -> TrainSpec:
+    if clip_norm is not None and not clip_norm > 0:
+        raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
+    return TrainSpec(
+        parse_loss(loss, ignore_index, label_smoothing),
+        parse_optimizer(optimizer),
+        parse_schedule(lr_schedule),
+        clip_norm,
+        freeze,
+        no_decay,
+    )
+
+
+def compile_step(
+    model_path: str | os.PathLike[str],
+    spec: TrainSpec,
+    out: Path,
+    *,
+    batch: int | None = None,
+    target: str | None = None,
+    progress: Progress = _quiet,
+    **options: Any,
+) -> tuple[TrainingStep, Project]:
+    """The training step of MODEL compiled into project OUT (not built)."""
+    from flowc.codegen.project import check_project_dir
+    from flowc.compiler import compile_graph, load_training
+
+    opts = compile_options(model_path, target=target, **options)
+    check_project_dir(out, opts.force)
+    progress(f"building the training step of {Path(model_path).name}")
+    step = load_training(opts.model, spec, batch=batch)
+    progress(f"generating {out}/ ({len(step.graph.nodes)} nodes, {len(step.params)} parameters)")
+    compile_graph(
+        step.graph,
+        out,
+        prefix=opts.prefix,
+        source=Path(model_path).name,
+        build_target=target,
+        force=opts.force,
+        cuda_graph=not opts.schedule.no_cuda_graph,
+    )
+    return step, Project(out)
+
+
+def train(
+    model: str | os.PathLike[str],
+    *,
+    loss: str,
+    optimizer: str,
+    data: str | os.PathLike[str],
+    steps: int,
+    batch: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    target: str | None = None,
+    project: str | os.PathLike[str] | None = None,
+    export: str | os.PathLike[str] | None = None,
+    log: str | os.PathLike[str] | None = None,
+    lr_schedule: str | None = None,
+    clip_norm: float | None = None,
+    freeze: str | None = None,
+    no_decay: str | None = None,
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+    skip_nonfinite: bool = False,
+    progress: Progress | None = None,
+    **options: Any,
+) -> TrainResult:
+    """`flowc train`: compile MODEL's training step, build it, run ``steps`` steps over
+    ``data``; with ``export``, write MODEL with its trained initializers."""
+    say = progress or _quiet
+    if steps < 1 or batch < 1:
+        raise InputError("--steps and --batch must be at least 1")
+    spec = spec_from(
+        loss,
+        optimizer,
+        lr_schedule=lr_schedule,
+        clip_norm=clip_norm,
+        freeze=freeze,
+        no_decay=no_decay,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+    )
+    chosen, why = resolve_target(target)
+    say(f"target {chosen} ({why})")
+    with tempfile.TemporaryDirectory(prefix="flowc-train-") as tmp:
+        out = Path(project) if project is not None else Path(tmp) / "step"
+        step, proj = compile_step(
+            model, spec, out, batch=batch, target=target, progress=say, **options
+        )
+        arrays = load_data(Path(data), step)
+        proj.build(chosen, progress=say)
+        logits = next((v for v in step.graph.values() if v.name == spec.loss.prediction), None)
+        classes = None
+        if spec.loss.kind == "cross_entropy" and logits is not None:
+            classes = logits.type.shape[-1]
+        writer = _LogWriter(Path(log)) if log is not None else None
+        try:
+            with proj.load(chosen) as compiled:
+                result = run_steps(
+                    compiled,
+                    step,
+                    arrays,
+                    steps=steps,
+                    batch=batch,
+                    shuffle=shuffle,
+                    seed=seed,
+                    classes=classes,
+                    skip_nonfinite=skip_nonfinite,
+                    log=writer.write if writer else None,
+                    progress=say,
+                )
+        finally:
+            if writer is not None:
+                writer.close()
+    if export is not None:
+        export_onnx(Path(model), result.params, Path(export))
+        say(f"wrote {export}")
+    return result
+
+
+class _LogWriter:
+    """--log: one JSON line per step, written to a temporary file renamed at the end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            self.f = open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        except OSError as e:
+            raise InputError(f"--log {path}: cannot write there ({e.strerror})") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+
+def export_onnx(model: Path, params: Mapping[str, np.ndarray], out: Path) -> None:
+    """MODEL with the data of its trained initializers replaced (same names, shapes, graph),
+    written to a temporary file and renamed; flowc's rewritten IR is never written."""
+    import onnx
+    from onnx import numpy_helper
+
+    if model.suffix.lower() != ".onnx":
+        raise InputError(
+            f"--export: {model.name} is not an ONNX model",
+            hint="export writes an ONNX model's trained initializers; a .flow program's "
+            "parameters come from its weights file",
+        )
+    proto = onnx.load(str(model))
+    for t in proto.graph.initializer:
+        if t.name in params:
+            new = numpy_helper.from_array(
+                np.asarray(params[t.name]).astype(numpy_helper.to_array(t).dtype), t.name
+            )
+            t.CopyFrom(new)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        onnx.save(proto, str(tmp))
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"--export {out}: cannot write there ({e.strerror or e})") from None

@@ -1,0 +1,350 @@
+"""One training step as one graph: the model's forward, the loss, the backward (flowc.autodiff)
+and the optimizer's update, so that every later stage (schedule, memory, code generation)
+compiles the whole step as it compiles inference.
+
+The step's inputs are the batch (the model's inputs and the loss's target) and the state:
+the trained parameters, the optimizer's per-parameter state, the step counter and the base
+learning rate. Its outputs are the loss, the count of examples (labels) the loss averages
+over, and the next value of every updated state input (``TrainingStep.state`` pairs them).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flowc.autodiff import gradients
+from flowc.errors import FlowcWarning, InputError
+from flowc.ir.builder import GraphBuilder
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Graph, Value
+from flowc.ir.types import TensorType
+from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
+
+STEP = "train/step"
+LR = "train/lr"
+LOSS = "train/loss"
+COUNT = "train/count"
+
+
+@dataclass
+class TrainingStep:
+    graph: Graph
+    # (input name, output name): the output is the input's value for the next step.
+    state: list[tuple[str, str]] = field(default_factory=list)
+    # Every state input's value before the first step.
+    initial: dict[str, np.ndarray] = field(default_factory=dict)
+    # The batch inputs: the model's own, then the loss's target (if any).
+    batch: list[str] = field(default_factory=list)
+    # The trained parameters, and each one's optimizer state inputs.
+    params: list[str] = field(default_factory=list)
+    optimizer_state: dict[str, list[str]] = field(default_factory=dict)
+    # Parameters that train by the spec but get no gradient from the loss (kept constant).
+    no_gradient: list[str] = field(default_factory=list)
+    # Initializers used by several nodes (a tie, or an exporter's deduplication).
+    shared: dict[str, int] = field(default_factory=dict)
+    # cross_entropy's ignored label, which the label range check lets through.
+    ignore_index: int | None = None
+
+
+def make_trainable(graph: Graph) -> None:
+    """A graph imported without ``trainable`` (a .flow program): its float constants of rank
+    >= 1 become parameters, as the ONNX import makes its initializers; they keep their
+    names (checkpoints and export use them)."""
+    made: list[tuple[Value, str, np.ndarray]] = []
+    for c in list(graph.constants):
+        assert c.const is not None
+        if c.type.dtype.is_float and c.type.rank >= 1:
+            v = graph.add_input(graph.unique_name(c.name + ".param"), c.type)
+            graph.replace_uses(c, v)
+            made.append((v, c.name, np.asarray(c.const)))
+    graph.remove_unused()  # the constants go, and their names are free again
+    for v, name, data in made:
+        graph.rename(v, name)
+        graph.params[name] = data
+
+
+def _find_value(graph: Graph, name: str, what: str) -> Value:
+    for v in graph.values():
+        if v.name == name:
+            return v
+    outs = ", ".join(repr(o.name) for o in graph.outputs)
+    raise InputError(
+        f"{what}: the model has no value named {name!r}",
+        hint=f"its outputs are {outs}; any value of the model may be named "
+        "(`flowc inspect MODEL --print-ir` lists them)",
+    )
+
+
+def _sum_all(b: GraphBuilder, v: Value) -> Value:
+    return b.emit("ReduceSum", [v], {"keepdims": 0})[0]
+
+
+def _scalar(b: GraphBuilder, value: float, dtype: DType) -> Value:
+    return b.constant("train/c", np.asarray(value, dtype.np))
+
+
+def _loss(graph: Graph, b: GraphBuilder, spec: LossSpec, batch: list[str]) -> tuple[Value, Value]:
+    """The loss (a scalar: the mean over the counted examples) and the count, as values."""
+    pred = _find_value(graph, spec.prediction, "--loss")
+    if not pred.type.dtype.is_float:
+        raise InputError(f"--loss: {spec.prediction!r} is {pred.type.dtype}, not a float value")
+    dt = pred.type.dtype
+    if spec.kind == "output":
+        loss = pred if pred.type.numel == 1 else b.emit("ReduceMean", [pred], {"keepdims": 0})[0]
+        if loss.type.rank:
+            loss = b.emit("Reshape", [loss, b.constant("train/shape", np.zeros(0, np.int64))])[0]
+        return loss, _scalar(b, 1.0, dt)
+    assert spec.target is not None
+    if graph.has_name(spec.target):
+        raise InputError(
+            f"--loss: the target {spec.target!r} is already a value of the model",
+            hint="name the labels input something the model does not use",
+        )
+    if spec.kind == "cross_entropy":
+        if pred.type.rank < 1:
+            raise InputError(f"--loss cross_entropy: {spec.prediction!r} is a scalar, not logits")
+        classes = pred.type.shape[-1]
+        labels = graph.add_input(spec.target, TensorType(pred.type.shape[:-1], DType.I64))
+        batch.append(labels.name)
+        logp = b.emit("LogSoftmax", [pred], {"axis": -1}, name="train/log_softmax")[0]
+        expanded = b.emit("Unsqueeze", [labels, b.constant("train/axes", np.asarray([-1]))])[0]
+        classes_c = b.constant("train/classes", np.arange(classes, dtype=np.int64))
+        onehot = b.emit("Cast", [b.emit("Equal", [expanded, classes_c])[0]], {"to": dt.onnx})[0]
+        target = onehot
+        eps = spec.label_smoothing
+        if eps:
+            target = b.emit(
+                "Add",
+                [
+                    b.emit("Mul", [onehot, _scalar(b, 1 - eps, dt)])[0],
+                    _scalar(b, eps / classes, dt),
+                ],
+            )[0]
+        picked = b.emit("Mul", [target, logp])[0]
+        per = b.emit(
+            "ReduceSum", [picked, b.constant("train/axes", np.asarray([-1]))], {"keepdims": 0}
+        )[0]
+        if spec.ignore_index is not None:
+            ignored = b.emit(
+                "Equal",
+                [labels, b.constant("train/ignore", np.asarray(spec.ignore_index, np.int64))],
+            )[0]
+            mask = b.emit("Cast", [b.emit("Not", [ignored])[0]], {"to": dt.onnx})[0]
+            per = b.emit("Mul", [per, mask])[0]
+            count = _sum_all(b, mask)
+        else:
+            count = _scalar(b, float(max(1, math.prod(pred.type.shape[:-1]))), dt)
+        total = _sum_all(b, per)
+        denom = b.emit("Max", [count, _scalar(b, 1.0, dt)])[0]
+        loss = b.emit("Neg", [b.emit("Div", [total, denom])[0]])[0]
+        return loss, count
+    target = graph.add_input(spec.target, pred.type)
+    batch.append(target.name)
+    if spec.kind == "mse":
+        d = b.emit("Sub", [pred, target])[0]
+        per = b.emit("Mul", [d, d])[0]
+    elif spec.kind == "l1":
+        per = b.emit("Abs", [b.emit("Sub", [pred, target])[0]])[0]
+    else:  # bce_with_logits, as PyTorch: max(x, 0) - x t + log(1 + exp(-|x|))
+        pos = b.emit("Relu", [pred])[0]
+        xt = b.emit("Mul", [pred, target])[0]
+        soft = b.emit("Softplus", [b.emit("Neg", [b.emit("Abs", [pred])[0]])[0]])[0]
+        per = b.emit("Add", [b.emit("Sub", [pos, xt])[0], soft])[0]
+    count = _scalar(b, float(max(1, pred.type.numel)), dt)
+    return b.emit("Div", [_sum_all(b, per), count])[0], count
+
+
+def _lr(b: GraphBuilder, base: Value, t: Value, s: ScheduleSpec) -> Value:
+    """The learning rate of step t (a float counted from 1) under schedule ``s``."""
+    dt = base.type.dtype
+    one = _scalar(b, 1.0, dt)
+    factor: Value | None = None
+    if s.warmup:
+        factor = b.emit("Min", [one, b.emit("Div", [t, _scalar(b, float(s.warmup), dt)])[0]])[0]
+    if s.kind != "constant":
+        span = float(s.total - s.warmup)
+        progress = b.emit(
+            "Div", [b.emit("Sub", [t, _scalar(b, float(s.warmup), dt)])[0], _scalar(b, span, dt)]
+        )[0]
+        progress = b.emit("Clip", [progress, _scalar(b, 0.0, dt), one])[0]
+        if s.kind == "cosine":
+            cos = b.emit("Cos", [b.emit("Mul", [progress, _scalar(b, math.pi, dt)])[0]])[0]
+            shape = b.emit("Mul", [b.emit("Add", [one, cos])[0], _scalar(b, 0.5, dt)])[0]
+        else:
+            shape = b.emit("Sub", [one, progress])[0]
+        decay = b.emit(
+            "Add",
+            [_scalar(b, s.min_lr, dt), b.emit("Mul", [shape, _scalar(b, 1 - s.min_lr, dt)])[0]],
+        )[0]
+        if factor is not None:
+            in_warmup = b.emit("LessOrEqual", [t, _scalar(b, float(s.warmup), dt)])[0]
+            factor = b.emit("Where", [in_warmup, factor, decay])[0]
+        else:
+            factor = decay
+    return base if factor is None else b.emit("Mul", [base, factor])[0]
+
+
+def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
+    """The training step of ``graph`` (its parameters in Graph.params, as the trainable
+    import leaves them) under ``spec``; rewrites ``graph`` into the step."""
+    b = GraphBuilder(graph, fold=True)
+    step = TrainingStep(graph, ignore_index=spec.loss.ignore_index)
+    step.batch = [v.name for v in graph.inputs if v.name not in graph.params]
+    users = graph.users()
+    step.shared = {
+        v.name: len(users.get(v, []))
+        for v in graph.inputs
+        if v.name in graph.params and len(users.get(v, [])) > 1
+    }
+    freeze = check_regex(spec.freeze, "--freeze")
+    no_decay = check_regex(spec.no_decay, "--no-decay")
+    params = [v for v in graph.inputs if v.name in graph.params]
+    if freeze is not None:
+        frozen = [v for v in params if freeze.search(v.name)]
+        if not frozen:
+            raise InputError(
+                f"--freeze {spec.freeze!r} matches no parameter",
+                hint="the parameters are: "
+                + ", ".join(repr(v.name) for v in params[:8])
+                + (" ..." if len(params) > 8 else ""),
+            )
+        for v in frozen:
+            _to_constant(graph, b, v)
+        params = [v for v in params if v not in frozen]
+    loss, count = _loss(graph, b, spec.loss, step.batch)
+    grads = gradients(graph, loss, params)
+    trained = []
+    for v in params:
+        if grads[v] is None:
+            step.no_gradient.append(v.name)
+            _to_constant(graph, b, v)
+        else:
+            trained.append(v)
+    for name in step.no_gradient:
+        warnings.warn(
+            FlowcWarning(f"parameter {name!r} gets no gradient from the loss: it stays as it is"),
+            stacklevel=2,
+        )
+    if not trained:
+        raise InputError("no parameter gets a gradient from the loss: nothing would train")
+    gs = {v: grads[v] for v in trained}
+    opt = spec.optimizer
+    dt = trained[0].type.dtype
+    step_in = graph.add_input(STEP, TensorType((), DType.I64))
+    lr_in = graph.add_input(LR, TensorType((), dt))
+    step_next = b.emit(
+        "Add", [step_in, b.constant("train/one", np.asarray(1, np.int64))], name="train/next_step"
+    )[0]
+    t = b.emit("Cast", [step_next], {"to": dt.onnx})[0]
+    lr = _lr(b, lr_in, t, spec.schedule)
+    if spec.clip_norm is not None:
+        squares = [b.emit("ReduceSumSquare", [g], {"keepdims": 0})[0] for g in gs.values()]
+        total = squares[0]
+        for sq in squares[1:]:
+            total = b.emit("Add", [total, sq])[0]
+        norm = b.emit("Sqrt", [total])[0]
+        coef = b.emit(
+            "Div", [_scalar(b, spec.clip_norm, dt), b.emit("Add", [norm, _scalar(b, 1e-6, dt)])[0]]
+        )[0]
+        coef = b.emit("Min", [coef, _scalar(b, 1.0, dt)])[0]
+        gs = {v: b.emit("Mul", [g, coef])[0] for v, g in gs.items()}
+    outputs: list[Value] = [_named(graph, b, loss, LOSS), _named(graph, b, count, COUNT)]
+    for v in trained:
+        g = gs[v]
+        assert g is not None
+        decay = 0.0 if no_decay is not None and no_decay.search(v.name) else opt.weight_decay
+        nexts = _update(graph, b, opt, v, g, lr, t, decay)
+        step.params.append(v.name)
+        step.initial[v.name] = np.asarray(graph.params[v.name])
+        names = []
+        for state_in, new in nexts:
+            if state_in is not v:
+                step.initial[state_in.name] = np.zeros(v.type.shape, v.type.dtype.np)
+                names.append(state_in.name)
+            out = _named(graph, b, new, f"{state_in.name}.next")
+            outputs.append(out)
+            step.state.append((state_in.name, out.name))
+        step.optimizer_state[v.name] = names
+    outputs.append(_named(graph, b, step_next, f"{STEP}.next"))
+    step.state.append((STEP, f"{STEP}.next"))
+    step.initial[STEP] = np.asarray(0, np.int64)
+    step.initial[LR] = np.asarray(opt.lr, dt.np)
+    graph.outputs = outputs
+    graph.remove_unused()
+    return step
+
+
+def _named(graph: Graph, b: GraphBuilder, v: Value, name: str) -> Value:
+    """``v`` under ``name`` (an Identity when ``v`` already is something else's output, an
+    input or a constant)."""
+    if v.producer is None or v in graph.outputs:
+        v = b.emit("Identity", [v])[0]
+    graph.rename(v, graph.unique_name(name))
+    return v
+
+
+def _to_constant(graph: Graph, b: GraphBuilder, v: Value) -> None:
+    c = b.constant(v.name + ".frozen", graph.params.pop(v.name))
+    graph.replace_uses(v, c)
+    graph.inputs.remove(v)
+
+
+def _update(
+    graph: Graph,
+    b: GraphBuilder,
+    opt: OptimizerSpec,
+    p: Value,
+    g: Value,
+    lr: Value,
+    t: Value,
+    decay: float,
+) -> list[tuple[Value, Value]]:
+    """The update of parameter ``p`` with gradient ``g``: (state input, its next value),
+    the parameter first."""
+    dt = p.type.dtype
+
+    def c(x: float) -> Value:
+        return _scalar(b, x, dt)
+
+    def op(name: str, *ins: Value) -> Value:
+        return b.emit(name, list(ins))[0]
+
+    def state(suffix: str) -> Value:
+        return graph.add_input(graph.unique_name(f"{p.name}.{suffix}"), p.type)
+
+    if opt.kind == "sgd":
+        if decay:
+            g = op("Add", g, op("Mul", p, c(decay)))
+        result: list[tuple[Value, Value]] = []
+        update = g
+        if opt.momentum:
+            buf = state("momentum")
+            damped = g if opt.dampening == 0 else op("Mul", g, c(1 - opt.dampening))
+            nxt = op("Add", op("Mul", buf, c(opt.momentum)), damped)
+            if opt.dampening:
+                # PyTorch starts the buffer at the first gradient, undamped.
+                first = op("Equal", t, c(1.0))
+                nxt = op("Where", first, g, nxt)
+            result.append((buf, nxt))
+            update = op("Add", g, op("Mul", nxt, c(opt.momentum))) if opt.nesterov else nxt
+        new_p = op("Sub", p, op("Mul", update, lr))
+        return [(p, new_p), *result]
+    # Adam / AdamW
+    if opt.kind == "adamw" and decay:
+        p_decayed = op("Mul", p, op("Sub", c(1.0), op("Mul", lr, c(decay))))
+    else:
+        p_decayed = p
+        if decay:
+            g = op("Add", g, op("Mul", p, c(decay)))
+    m, v = state("exp_avg"), state("exp_avg_sq")
+    m_next = op("Add", op("Mul", m, c(opt.beta1)), op("Mul", g, c(1 - opt.beta1)))
+    v_next = op("Add", op("Mul", v, c(opt.beta2)), op("Mul", op("Mul", g, g), c(1 - opt.beta2)))
+    bc1 = op("Sub", c(1.0), op("Pow", c(opt.beta1), t))
+    bc2 = op("Sub", c(1.0), op("Pow", c(opt.beta2), t))
+    denom = op("Add", op("Div", op("Sqrt", v_next), op("Sqrt", bc2)), c(opt.eps))
+    new_p = op("Sub", p_decayed, op("Mul", op("Div", lr, bc1), op("Div", m_next, denom)))
+    return [(p, new_p), (m, m_next), (v, v_next)]
