@@ -253,11 +253,12 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         coef = b.emit("Min", [coef, _scalar(b, 1.0, dt)])[0]
         gs = {v: b.emit("Mul", [g, coef])[0] for v, g in gs.items()}
     outputs: list[Value] = [_named(graph, b, loss, LOSS), _named(graph, b, count, COUNT)]
+    factors = _adam_factors(b, step_next, lr, opt) if opt.kind != "sgd" else None
     for v in trained:
         g = gs[v]
         assert g is not None
         decay = 0.0 if no_decay is not None and no_decay.search(v.name) else opt.weight_decay
-        nexts = _update(graph, b, opt, v, g, lr, t, decay)
+        nexts = _update(graph, b, opt, v, g, lr, t, decay, factors)
         step.params.append(v.name)
         step.initial[v.name] = np.asarray(graph.params[v.name])
         names = []
@@ -293,6 +294,26 @@ def _to_constant(graph: Graph, b: GraphBuilder, v: Value) -> None:
     graph.inputs.remove(v)
 
 
+def _adam_factors(
+    b: GraphBuilder, step_next: Value, lr: Value, opt: OptimizerSpec
+) -> tuple[Value, Value]:
+    """Adam's step size lr / (1 - beta1^t) and 1 / sqrt(1 - beta2^t), computed once per step
+    in float64 and rounded once: 1 - beta2^t is small for many steps, and float32's beta2
+    (0.999 is 0.99900001287) would bias every update the same way (a 1e-5 drift by step 50)."""
+    f64 = DType.F64
+    t = b.emit("Cast", [step_next], {"to": f64.onnx})[0]
+    one = _scalar(b, 1.0, f64)
+    bc1 = b.emit("Sub", [one, b.emit("Pow", [_scalar(b, opt.beta1, f64), t])[0]])[0]
+    bc2 = b.emit("Sub", [one, b.emit("Pow", [_scalar(b, opt.beta2, f64), t])[0]])[0]
+    lr64 = b.emit("Cast", [lr], {"to": f64.onnx})[0]
+    dt = lr.type.dtype
+    step_size = b.emit("Cast", [b.emit("Div", [lr64, bc1])[0]], {"to": dt.onnx})[0]
+    inv_sqrt_bc2 = b.emit(
+        "Cast", [b.emit("Reciprocal", [b.emit("Sqrt", [bc2])[0]])[0]], {"to": dt.onnx}
+    )[0]
+    return step_size, inv_sqrt_bc2
+
+
 def _update(
     graph: Graph,
     b: GraphBuilder,
@@ -302,6 +323,7 @@ def _update(
     lr: Value,
     t: Value,
     decay: float,
+    factors: tuple[Value, Value] | None,
 ) -> list[tuple[Value, Value]]:
     """The update of parameter ``p`` with gradient ``g``: (state input, its next value),
     the parameter first."""
@@ -335,7 +357,9 @@ def _update(
         return [(p, new_p), *result]
     # Adam / AdamW
     if opt.kind == "adamw" and decay:
-        p_decayed = op("Mul", p, op("Sub", c(1.0), op("Mul", lr, c(decay))))
+        # p - (lr wd) p, not p (1 - lr wd): 1 - lr wd rounded to float32 loses most of lr wd
+        # (2e-5 has 1e-3 of its value below the ulp of 1), the same way every step.
+        p_decayed = op("Sub", p, op("Mul", p, op("Mul", lr, c(decay))))
     else:
         p_decayed = p
         if decay:
@@ -343,8 +367,8 @@ def _update(
     m, v = state("exp_avg"), state("exp_avg_sq")
     m_next = op("Add", op("Mul", m, c(opt.beta1)), op("Mul", g, c(1 - opt.beta1)))
     v_next = op("Add", op("Mul", v, c(opt.beta2)), op("Mul", op("Mul", g, g), c(1 - opt.beta2)))
-    bc1 = op("Sub", c(1.0), op("Pow", c(opt.beta1), t))
-    bc2 = op("Sub", c(1.0), op("Pow", c(opt.beta2), t))
-    denom = op("Add", op("Div", op("Sqrt", v_next), op("Sqrt", bc2)), c(opt.eps))
-    new_p = op("Sub", p_decayed, op("Mul", op("Div", lr, bc1), op("Div", m_next, denom)))
+    assert factors is not None
+    step_size, inv_sqrt_bc2 = factors
+    denom = op("Add", op("Mul", op("Sqrt", v_next), inv_sqrt_bc2), c(opt.eps))
+    new_p = op("Sub", p_decayed, op("Mul", step_size, op("Div", m_next, denom)))
     return [(p, new_p), (m, m_next), (v, v_next)]

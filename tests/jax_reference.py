@@ -1,0 +1,111 @@
+"""The training tests' reference: an ONNX model's forward written in jax.numpy (float64) by a
+small translator here, checked against onnxruntime before use; jax.grad and optax then give
+the gradients and the updates flowc's compiled step must match."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+from jax.scipy.special import erf
+from onnx import numpy_helper
+
+jax.config.update("jax_enable_x64", True)
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _softmax(x: Any, axis: int) -> Any:
+    return jax.nn.softmax(x, axis=axis)
+
+
+def _layer_norm(x: Any, scale: Any, bias: Any | None, axis: int, eps: float) -> Any:
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / jnp.sqrt(var + eps) * scale
+    return y + bias if bias is not None else y
+
+
+def _op(node: onnx.NodeProto, ins: list[Any], consts: Mapping[str, np.ndarray]) -> list[Any]:
+    a = _attrs(node)
+    t = node.op_type
+    if t == "Gemm":
+        x, w = ins[0], ins[1]
+        x = x.T if a.get("transA", 0) else x
+        w = w.T if a.get("transB", 0) else w
+        y = a.get("alpha", 1.0) * (x @ w)
+        return [y + a.get("beta", 1.0) * ins[2] if len(ins) > 2 else y]
+    if t == "MatMul":
+        return [jnp.matmul(ins[0], ins[1])]
+    simple: dict[str, Callable[..., Any]] = {
+        "Add": jnp.add,
+        "Sub": jnp.subtract,
+        "Mul": jnp.multiply,
+        "Div": jnp.divide,
+        "Pow": jnp.power,
+        "Relu": jax.nn.relu,
+        "Tanh": jnp.tanh,
+        "Sigmoid": jax.nn.sigmoid,
+        "Sqrt": jnp.sqrt,
+        "Erf": erf,
+        "Neg": jnp.negative,
+        "Exp": jnp.exp,
+        "Identity": lambda x: x,
+    }
+    if t in simple:
+        return [simple[t](*ins)]
+    if t == "Softmax":
+        return [_softmax(ins[0], a.get("axis", -1))]
+    if t == "LogSoftmax":
+        return [jax.nn.log_softmax(ins[0], axis=a.get("axis", -1))]
+    if t == "Gelu":
+        return [jax.nn.gelu(ins[0], approximate=a.get("approximate", b"none") == b"tanh")]
+    if t == "LayerNormalization":
+        return [
+            _layer_norm(
+                ins[0],
+                ins[1],
+                ins[2] if len(ins) > 2 else None,
+                a.get("axis", -1),
+                a.get("epsilon", 1e-5),
+            )
+        ]
+    if t == "Transpose":
+        return [jnp.transpose(ins[0], a.get("perm"))]
+    if t == "Reshape":
+        shape = [int(d) for d in consts[node.input[1]]]
+        shape = [ins[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
+        return [jnp.reshape(ins[0], shape)]
+    raise NotImplementedError(f"the JAX translator has no {t}")
+
+
+def forward(
+    model: onnx.ModelProto, value: str | None = None
+) -> Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]:
+    """f(params, inputs) -> {name: array}: the model's outputs (and ``value``, any value of
+    the graph) computed in jax.numpy from its initializers as ``params``."""
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+    def run(params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        env: dict[str, Any] = {**{k: jnp.asarray(v) for k, v in consts.items()}, **params, **inputs}
+        for node in model.graph.node:
+            outs = _op(node, [env[n] for n in node.input if n], consts)
+            for name, v in zip(node.output, outs, strict=False):
+                env[name] = v
+        names = [o.name for o in model.graph.output] + ([value] if value else [])
+        return {n: env[n] for n in names}
+
+    return run
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    return -picked.mean()

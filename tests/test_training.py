@@ -1,0 +1,154 @@
+"""The compiled training step against JAX and optax (float64, on the CPU): losses step by step
+and the parameters after 50 steps, for AdamW and SGD with Nesterov momentum on mlp.onnx; the
+run's determinism, and bad input (issue 28)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import optax
+import pytest
+from conftest import SHARED_MODELS
+from jax_reference import cross_entropy, forward
+
+from flowc.errors import InputError
+from flowc.harness.compare import max_rel_error
+from flowc.trainer import batch_rows, compile_step, load_data, run_steps, spec_from
+
+MODEL = SHARED_MODELS / "mlp.onnx"
+LOGITS = "/m/m.2/Gemm_output_0"
+STEPS, BATCH = 50, 8
+
+
+def _data(path: Path, rows: int = 40) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    # Labels a linear map of x gives, one in four replaced at random: the loss falls but
+    # stays far from 0, where float32's rounding of a near-certain log-probability would
+    # dominate a relative comparison.
+    labels = (x @ rng.standard_normal((64, 10))).argmax(1).astype(np.int64)
+    noisy = rng.random(rows) < 0.25
+    labels[noisy] = rng.integers(0, 10, int(noisy.sum()))
+    np.savez(path, x=x, labels=labels)
+    return {"x": x, "labels": labels}
+
+
+def _built(tmp: Path, optimizer: str, **kw: Any) -> tuple[Any, Any, Any]:
+    spec = spec_from(f"cross_entropy:{LOGITS},labels", optimizer, **kw)
+    step, project = compile_step(MODEL, spec, tmp / "step", batch=BATCH, target="host")
+    project.build("host", quick=True)
+    return step, project, spec
+
+
+def test_the_jax_translation_matches_onnxruntime() -> None:
+    import onnxruntime as ort
+
+    model = onnx.load(str(MODEL))
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    sess = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, {"x": x})
+    got = forward(model)({}, {"x": jnp.asarray(x, jnp.float64)})
+    assert max_rel_error(np.asarray(got["y"]), want) < 1e-5
+
+
+def _jax_run(tx: Any, data: dict[str, np.ndarray]) -> tuple[list[float], dict[str, np.ndarray]]:
+    model = onnx.load(str(MODEL))
+    f = forward(model, LOGITS)
+    params = {
+        t.name: jnp.asarray(onnx.numpy_helper.to_array(t), jnp.float64)
+        for t in model.graph.initializer
+    }
+
+    def loss_fn(p: Any, x: Any, y: Any) -> Any:
+        return cross_entropy(f(p, {"x": x})[LOGITS], y)
+
+    opt_state = tx.init(params)
+    losses = []
+    grad_fn = jax.value_and_grad(loss_fn)
+    rows = data["x"].shape[0]
+    for s in range(STEPS):
+        idx = np.arange(s * BATCH, (s + 1) * BATCH) % rows  # --no-shuffle: in file order
+        loss, g = grad_fn(
+            params, jnp.asarray(data["x"][idx], jnp.float64), jnp.asarray(data["labels"][idx])
+        )
+        updates, opt_state = tx.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    return losses, {k: np.asarray(v) for k, v in params.items()}
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "reference"),
+    [
+        ("adamw:lr=0.002,beta1=0.9,beta2=0.999,eps=1e-8,weight_decay=0.01",
+         lambda: optax.adamw(0.002, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)),
+        ("sgd:lr=0.01,momentum=0.9,nesterov=true",
+         lambda: optax.sgd(0.01, momentum=0.9, nesterov=True)),
+    ],
+    ids=["adamw", "sgd-nesterov"],
+)  # fmt: skip
+def test_fifty_steps_match_jax_and_optax(tmp_path: Path, optimizer: str, reference: Any) -> None:
+    data = _data(tmp_path / "data.npz")
+    step, project, _ = _built(tmp_path, optimizer)
+    arrays = load_data(tmp_path / "data.npz", step)
+    with project.load("host") as model:
+        got = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
+        # The same run again: bit for bit.
+        again = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
+    want_losses, want_params = _jax_run(reference(), data)
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(got.losses, want_losses, strict=True))
+    assert worst_loss < 1e-5, worst_loss
+    for name, ref in want_params.items():
+        err = max_rel_error(got.params[name], ref)
+        assert err < 1e-4, (name, err)
+    assert got.losses == again.losses
+    for name in got.params:
+        assert np.array_equal(got.params[name], again.params[name])
+    assert got.losses[-1] < got.losses[0] / 2  # it learns
+
+
+def test_shuffled_batches_are_a_permutation_per_epoch() -> None:
+    seen = np.concatenate([batch_rows(s, 4, 10, True, 7) for s in range(5)])  # 2 epochs
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+    assert not np.array_equal(seen[:10], seen[10:20])
+    assert np.array_equal(batch_rows(3, 4, 10, False, 0), [2, 3, 4, 5])
+    assert np.array_equal(batch_rows(2, 4, 10, True, 7), seen[8:12])  # a resume's position
+
+
+def test_bad_training_input_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no value named 'nope'"):
+        compile_step(
+            MODEL, spec_from("cross_entropy:nope,labels", "sgd:lr=0.1"), tmp_path / "a", batch=BATCH
+        )
+    with pytest.raises(InputError, match="--freeze 'zzz' matches no parameter"):
+        compile_step(
+            MODEL,
+            spec_from(f"cross_entropy:{LOGITS},labels", "sgd:lr=0.1", freeze="zzz"),
+            tmp_path / "b",
+            batch=BATCH,
+        )
+    with pytest.raises(InputError, match="no hyperparameter 'betas'"):
+        spec_from("mse:y,t", "adam:lr=0.1,betas=0.9")
+    with pytest.raises(InputError, match="give the learning rate"):
+        spec_from("mse:y,t", "adam:beta1=0.8")
+    with pytest.raises(InputError, match="unknown loss 'hinge'"):
+        spec_from("hinge:y,t", "adam:lr=1")
+    step, _, _ = _built_cheap(tmp_path)
+    np.savez(tmp_path / "short.npz", x=np.zeros((5, 64), np.float32), labels=np.zeros(4, np.int64))
+    with pytest.raises(InputError, match="different row counts"):
+        load_data(tmp_path / "short.npz", step)
+    np.savez(tmp_path / "float_labels.npz", x=np.zeros((4, 64), np.float32), labels=np.zeros(4))
+    with pytest.raises(InputError, match="takes integers"):
+        load_data(tmp_path / "float_labels.npz", step)
+
+
+def _built_cheap(tmp: Path) -> tuple[Any, Any, Any]:
+    """The step compiled, not built: enough for the data checks."""
+    spec = spec_from(f"cross_entropy:{LOGITS},labels", "sgd:lr=0.1")
+    step, project = compile_step(MODEL, spec, tmp / "cheap", batch=BATCH)
+    return step, project, spec
