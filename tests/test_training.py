@@ -152,3 +152,51 @@ def _built_cheap(tmp: Path) -> tuple[Any, Any, Any]:
     spec = spec_from(f"cross_entropy:{LOGITS},labels", "sgd:lr=0.1")
     step, project = compile_step(MODEL, spec, tmp / "cheap", batch=BATCH)
     return step, project, spec
+
+
+def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import onnxruntime as ort
+
+    data = _data(tmp_path / "data.npz")
+    cmd = [
+        sys.executable, "-m", "flowc", "train", str(MODEL),
+        "--loss", f"cross_entropy:{LOGITS},labels", "--optimizer", "sgd:lr=0.05,momentum=0.9",
+        "--data", str(tmp_path / "data.npz"), "--steps", "12", "--batch", str(BATCH),
+        "--export", str(tmp_path / "trained.onnx"), "--log", str(tmp_path / "log.jsonl"),
+        "--target", "host",
+    ]  # fmt: skip
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "FLOWC_GPU_COUNT": "0"}
+    )
+    assert r.returncode == 0, r.stderr
+    assert "trained 12 steps: loss" in r.stdout and "step 12/12" in r.stderr
+    lines = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(1, 13))
+    assert set(lines[0]) == {"step", "loss", "count", "lr", "examples_per_s"}
+
+    # The export is the input model with new initializer data: same graph, same names.
+    before, after = onnx.load(str(MODEL)), onnx.load(str(tmp_path / "trained.onnx"))
+    assert [n.op_type for n in before.graph.node] == [n.op_type for n in after.graph.node]
+    assert [t.name for t in before.graph.initializer] == [t.name for t in after.graph.initializer]
+
+    def ce(model_path: Path) -> float:
+        s = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        losses = []
+        for k in range(0, 40, 8):
+            (probs,) = s.run(None, {"x": data["x"][k : k + 8]})
+            losses.append(-np.log(probs[np.arange(8), data["labels"][k : k + 8]]).mean())
+        return float(np.mean(losses))
+
+    assert ce(tmp_path / "trained.onnx") < ce(MODEL)  # the trained weights fit the data better
+
+    # Bad input: a clear error, exit 2, nothing written.
+    bad = [*cmd[:4], "--loss", "cross_entropy:nope,labels", *cmd[6:]]
+    (tmp_path / "trained.onnx").unlink()
+    r = subprocess.run(bad, capture_output=True, text=True)
+    assert r.returncode == 2 and "no value named 'nope'" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "trained.onnx").exists()

@@ -28,6 +28,7 @@ from flowc.cli.ops import ops
 from flowc.cli.plan_memory import plan_memory_cmd
 from flowc.cli.run import run_cmd
 from flowc.cli.stdout import BrokenPipe, guarded_stdout
+from flowc.cli.train import train_cmd
 from flowc.cli.verify import verify
 from flowc.errors import FlowcError, FlowcWarning
 from flowc.version import __version__
@@ -68,6 +69,7 @@ COMMANDS = (
     ops,
     plan_memory_cmd,
     run_cmd,
+    train_cmd,
     verify,
 )
 for _command in COMMANDS:

@@ -41,6 +41,21 @@ MAX_SEARCH_NODES = (1 << 31) - 1
 # (by the option's parameter name); an option not listed goes under "Other".
 HELP_GROUPS: dict[str, tuple[str, ...]] = {
     "Input": ("shapes", "dims", "weights", "inputs", "seed", "random_inputs"),
+    "Training": (
+        "loss",
+        "optimizer",
+        "data",
+        "steps",
+        "batch",
+        "no_shuffle",
+        "lr_schedule",
+        "clip_norm",
+        "freeze",
+        "no_decay",
+        "ignore_index",
+        "label_smoothing",
+        "skip_nonfinite",
+    ),
     "Precision": ("precision", "tol"),
     "Parallel": (
         "mesh",
@@ -54,7 +69,17 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Schedule": ("streams", "no_cuda_graph"),
     "Memory": ("schedule_for", "mem_limit"),
-    "Output": ("project", "out_dir", "output", "target", "arch", "prefix", "force"),
+    "Output": (
+        "project",
+        "out_dir",
+        "output",
+        "target",
+        "arch",
+        "prefix",
+        "force",
+        "export",
+        "log",
+    ),
     "Debugging": ("print_times", "dump_after"),
 }
 
