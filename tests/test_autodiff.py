@@ -265,7 +265,7 @@ def test_shared_values_sum_their_gradients() -> None:
 
 
 def _mlp_backward(dtype: DType) -> tuple[Graph, list[str]]:
-    """A two-layer network with a layer norm and a log-softmax loss (cross-entropy against
+    """A two-layer network with an embedding, a layer norm and a log-softmax loss (cross-entropy against
     a constant one-hot target), and the gradients of every parameter as outputs: the forward
     and backward graph, in ``dtype``."""
     rng = np.random.default_rng(7)
@@ -276,9 +276,19 @@ def _mlp_backward(dtype: DType) -> tuple[Graph, list[str]]:
         return g.add_input(name, TensorType(shape, dtype))
 
     x = inp("x", 6, 8)
-    params = [inp("w1", 8, 16), inp("b1", 16), inp("gain", 16), inp("shift", 16), inp("w2", 16, 5)]
-    w1, b1, gain, shift, w2 = params
+    params = [
+        inp("w1", 8, 16),
+        inp("b1", 16),
+        inp("gain", 16),
+        inp("shift", 16),
+        inp("w2", 16, 5),
+        inp("emb", 4, 16),
+    ]
+    w1, b1, gain, shift, w2, emb = params
     h = b.emit("Add", [b.emit("MatMul", [x, w1])[0], b1])[0]
+    # An embedding lookup with repeated rows: its gradient is a ScatterND (add).
+    tokens = b.constant("tokens", np.asarray([3, 0, 3, 1, 3, 0], np.int64))
+    h = b.emit("Add", [h, b.emit("Gather", [emb, tokens], {"axis": 0})[0]])[0]
     h = b.emit("Gelu", [h], {"approximate": "tanh"})[0]
     h = b.emit("LayerNormalization", [h, gain, shift], {"axis": -1, "epsilon": 1e-5})[0]
     logits = b.emit("Gemm", [h, w2], {"alpha": 1.0})[0]
@@ -308,3 +318,16 @@ def test_backward_kernels_compiled_for_the_host_match_float64(tmp_path: Path) ->
     for o32, o64, name in zip(g32.outputs, g64.outputs, names, strict=True):
         err = max_rel_error(got[o32.name], want[o64.name])
         assert err < 1e-4, f"{name}: {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis", "indices"),
+    [
+        ((6, 3), 0, [[1, 4, 1], [0, -1, 1]]),  # an embedding table, rows repeated and from the end
+        ((2, 5, 3), 1, [4, 0, 4, 2]),
+        ((4, 3), 1, 2),  # a scalar index drops the axis
+    ],
+)
+def test_gather_vjp_adds_repeated_rows(shape: tuple[int, ...], axis: int, indices: Any) -> None:
+    idx = np.asarray(indices, np.int64)
+    check_vjp("Gather", [r(*shape), idx], {"axis": axis}, consts={1: idx})

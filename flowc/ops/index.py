@@ -22,9 +22,17 @@ import numpy as np
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import arg, node_input
-from flowc.ops.registry import InferCtx, SbpSignature, defop, node_attrs, row_major_strides
+from flowc.ops.registry import (
+    InferCtx,
+    SbpSignature,
+    defop,
+    node_attrs,
+    row_major_strides,
+    set_vjp,
+)
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -699,3 +707,40 @@ defop(
     emit=_reverse_sequence_emit,
     sbp=_reverse_sequence_sbp,
 )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _gather_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The gradient of Gather's data (an embedding table): the output's gradient added into
+    a zero table at the gathered rows, by ScatterND with reduction add, whose kernel walks
+    the rows in order for each element (repeated indices add deterministically, no float
+    atomics). Along an axis other than 0, the table is transposed to put it first."""
+    g, data, idx = gouts[0], node.inputs[0], node.inputs[1]
+    if g is None or data is None or idx is None or not need[0]:
+        return [None, None]
+    rank = data.type.rank
+    axis = int(node.attrs.get("axis", 0)) % rank
+    n = idx.type.numel
+    # The output is data.shape[:axis] + idx.shape + data.shape[axis+1:]: move the indexed
+    # part first, flattened to n rows.
+    lead, tail = data.type.shape[:axis], data.type.shape[axis + 1 :]
+    if axis:
+        k = idx.type.rank
+        perm = [*range(axis, axis + k), *range(axis), *range(axis + k, axis + k + len(tail))]
+        g = grad.op1(b, "Transpose", g, perm=perm)
+    rows = grad.reshape(b, g, (n, *lead, *tail))
+    where = grad.reshape(b, idx, (n, 1))
+    moved = (data.type.shape[axis], *lead, *tail)
+    zeros = b.const(np.zeros(moved, data.type.dtype.np), "zeros")
+    table = grad.op1(b, "ScatterND", zeros, where, rows, reduction="add")
+    if axis:
+        back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
+        table = grad.op1(b, "Transpose", table, perm=back)
+    return [table, None]
+
+
+set_vjp("Gather", _gather_vjp)
