@@ -124,6 +124,99 @@ def check_labels(
             )
 
 
+# -- checkpoints --------------------------------------------------------------------------------
+
+CHECKPOINT = "checkpoint.npz"
+CHECKPOINT_FORMAT = 1
+
+
+def _signature(step: TrainingStep) -> dict[str, list[Any]]:
+    """What makes a checkpoint this model's: every state input's name, shape and type."""
+    specs = {v.name: v for v in step.graph.inputs}
+    return {
+        n: [list(specs[n].type.shape), specs[n].type.dtype.short]
+        for n, _ in step.state
+        if n in specs
+    }
+
+
+def save_checkpoint(
+    folder: Path,
+    step: TrainingStep,
+    state: Mapping[str, np.ndarray],
+    done: int,
+    meta: Mapping[str, Any],
+) -> Path:
+    """``state`` after ``done`` steps into FOLDER/checkpoint.npz, keyed by the state inputs'
+    names (the model's initializer names for the parameters), with what a resume needs (the
+    data position is the step count; the shuffle is seeded by the seed and the epoch): one
+    file, written to a temporary name and renamed."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--checkpoint-dir {folder}: cannot create it ({e.strerror})") from None
+    info = {
+        "format": CHECKPOINT_FORMAT,
+        "step": done,
+        "signature": _signature(step),
+        **meta,
+    }
+    arrays = {f"state/{n}": np.asarray(state[n]) for n, _ in step.state}
+    arrays["train/lr"] = np.asarray(state["train/lr"])
+    path = folder / CHECKPOINT
+    tmp = folder / f".{CHECKPOINT}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            arrays["__meta__"] = np.asarray(json.dumps(info, sort_keys=True))
+            # Keys are state names, not savez's options (NumPy's stubs type them as these).
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"--checkpoint-dir {folder}: writing failed ({e.strerror or e})") from None
+    return path
+
+
+def load_checkpoint(
+    folder: Path, step: TrainingStep
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The state and metadata a checkpoint holds, after checking it is this model's."""
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        raise InputError(
+            f"--resume {folder}: no {CHECKPOINT} there",
+            hint="give a --checkpoint-dir of an earlier run",
+        )
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            info = json.loads(str(z["__meta__"]))
+            state = {
+                k[len("state/") :]: np.asarray(z[k]) for k in z.files if k.startswith("state/")
+            }
+            state["train/lr"] = np.asarray(z["train/lr"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise InputError(f"--resume {folder}: {CHECKPOINT} is not readable ({e})") from None
+    if info.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(
+            f"--resume {folder}: a checkpoint of another format ({info.get('format')})"
+        )
+    if info.get("signature") != _signature(step):
+        theirs, ours = set(info.get("signature", {})), set(_signature(step))
+        diff = sorted(theirs ^ ours)[:3]
+        raise InputError(
+            f"--resume {folder}: a checkpoint of another model or training setup"
+            + (
+                f" (state {', '.join(map(repr, diff))} differs)"
+                if diff
+                else " (shapes or types differ)"
+            ),
+            hint="resume with the model, loss and optimizer the checkpoint was made with",
+        )
+    return state, info
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -151,6 +244,7 @@ def run_steps(
     skip_nonfinite: bool = False,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: Progress = _quiet,
+    on_step: Callable[[int, dict[str, np.ndarray]], None] | None = None,
 ) -> TrainResult:
     """``steps`` steps of the compiled ``model`` from step ``first`` (a resumed run's
     position), the state carried from each step's outputs to the next one's inputs."""
@@ -175,6 +269,8 @@ def run_steps(
                 state[name_in] = np.asarray(out[name_out])
         result.losses.append(loss)
         result.counts.append(count)
+        if on_step is not None:
+            on_step(k + 1, state)
         elapsed = time.perf_counter() - t0
         done = k - first + 1
         rate = done * batch / elapsed if elapsed > 0 else 0.0
@@ -276,11 +372,16 @@ def train(
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
     skip_nonfinite: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    save_every: int | None = None,
+    resume: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
     **options: Any,
 ) -> TrainResult:
     """`flowc train`: compile MODEL's training step, build it, run ``steps`` steps over
-    ``data``; with ``export``, write MODEL with its trained initializers."""
+    ``data`` (after those of the checkpoint ``resume`` names); with ``checkpoint_dir``, save
+    at the end (and every ``save_every`` steps); with ``export``, write MODEL with its
+    trained initializers."""
     say = progress or _quiet
     if steps < 1 or batch < 1:
         raise InputError("--steps and --batch must be at least 1")
@@ -307,6 +408,33 @@ def train(
         classes = None
         if spec.loss.kind == "cross_entropy" and logits is not None:
             classes = logits.type.shape[-1]
+        state, first = None, 0
+        if resume is not None:
+            state, info = load_checkpoint(Path(resume), step)
+            first = int(info["step"])
+            if (
+                info.get("batch") != batch
+                or info.get("shuffle") != shuffle
+                or info.get("seed") != seed
+            ):
+                raise InputError(
+                    f"--resume {resume}: the checkpoint was made with --batch {info.get('batch')}, "
+                    f"shuffle {info.get('shuffle')}, --seed {info.get('seed')}",
+                    hint="resume with the same --batch, --seed and shuffling",
+                )
+            say(f"resuming after step {first}")
+        meta = {"batch": batch, "shuffle": shuffle, "seed": seed, "model": Path(model).name}
+        folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+
+        def saver(done: int, current: dict[str, np.ndarray]) -> None:
+            if (
+                folder is not None
+                and save_every
+                and done % save_every == 0
+                and done < first + steps
+            ):
+                save_checkpoint(folder, step, current, done, meta)
+
         writer = _LogWriter(Path(log)) if log is not None else None
         try:
             with proj.load(chosen) as compiled:
@@ -322,10 +450,16 @@ def train(
                     skip_nonfinite=skip_nonfinite,
                     log=writer.write if writer else None,
                     progress=say,
+                    state=state,
+                    first=first,
+                    on_step=saver,
                 )
         finally:
             if writer is not None:
                 writer.close()
+    if folder is not None:
+        saved = save_checkpoint(folder, step, result.state, first + steps, meta)
+        say(f"saved {saved}")
     if export is not None:
         export_onnx(Path(model), result.params, Path(export))
         say(f"wrote {export}")

@@ -18,7 +18,15 @@ from jax_reference import cross_entropy, forward
 
 from flowc.errors import InputError
 from flowc.harness.compare import max_rel_error
-from flowc.trainer import batch_rows, compile_step, load_data, run_steps, spec_from
+from flowc.trainer import (
+    batch_rows,
+    compile_step,
+    load_checkpoint,
+    load_data,
+    run_steps,
+    save_checkpoint,
+    spec_from,
+)
 
 MODEL = SHARED_MODELS / "mlp.onnx"
 LOGITS = "/m/m.2/Gemm_output_0"
@@ -100,6 +108,25 @@ def test_fifty_steps_match_jax_and_optax(tmp_path: Path, optimizer: str, referen
         got = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
         # The same run again: bit for bit.
         again = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
+        # Half the run, a checkpoint, and the rest resumed from it: the same bits again.
+        half = STEPS // 2
+        first = run_steps(model, step, arrays, steps=half, batch=BATCH, shuffle=False)
+        save_checkpoint(tmp_path / "ckpt", step, first.state, half, {"batch": BATCH})
+        state, info = load_checkpoint(tmp_path / "ckpt", step)
+        assert info["step"] == half
+        rest = run_steps(
+            model,
+            step,
+            arrays,
+            steps=STEPS - half,
+            batch=BATCH,
+            shuffle=False,
+            state=state,
+            first=half,
+        )
+    assert first.losses + rest.losses == got.losses
+    for name in got.params:
+        assert np.array_equal(rest.params[name], got.params[name])
     want_losses, want_params = _jax_run(reference(), data)
     worst_loss = max(abs(a - b) / abs(b) for a, b in zip(got.losses, want_losses, strict=True))
     assert worst_loss < 1e-5, worst_loss
@@ -139,6 +166,11 @@ def test_bad_training_input_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="unknown loss 'hinge'"):
         spec_from("hinge:y,t", "adam:lr=1")
     step, _, _ = _built_cheap(tmp_path)
+    other = spec_from(f"cross_entropy:{LOGITS},labels", "adam:lr=0.1")
+    other_step, _ = compile_step(MODEL, other, tmp_path / "other", batch=BATCH)
+    save_checkpoint(tmp_path / "ck", other_step, other_step.initial, 3, {})
+    with pytest.raises(InputError, match="a checkpoint of another model or training setup"):
+        load_checkpoint(tmp_path / "ck", step)
     np.savez(tmp_path / "short.npz", x=np.zeros((5, 64), np.float32), labels=np.zeros(4, np.int64))
     with pytest.raises(InputError, match="different row counts"):
         load_data(tmp_path / "short.npz", step)
@@ -168,7 +200,7 @@ def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
         "--loss", f"cross_entropy:{LOGITS},labels", "--optimizer", "sgd:lr=0.05,momentum=0.9",
         "--data", str(tmp_path / "data.npz"), "--steps", "12", "--batch", str(BATCH),
         "--export", str(tmp_path / "trained.onnx"), "--log", str(tmp_path / "log.jsonl"),
-        "--target", "host",
+        "--target", "host", "--checkpoint-dir", str(tmp_path / "ckpt"),
     ]  # fmt: skip
     r = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "FLOWC_GPU_COUNT": "0"}
@@ -193,6 +225,15 @@ def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
         return float(np.mean(losses))
 
     assert ce(tmp_path / "trained.onnx") < ce(MODEL)  # the trained weights fit the data better
+
+    # A resumed run continues the step count, and refuses another batch size.
+    resumed = [*cmd[:-2], "--resume", str(tmp_path / "ckpt"), "--steps", "2"]
+    resumed[resumed.index("--export") + 1] = str(tmp_path / "more.onnx")
+    r = subprocess.run(resumed, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "resuming after step 12" in r.stderr and "step 14/14" in r.stderr
+    r = subprocess.run([*resumed, "--batch", "4"], capture_output=True, text=True)
+    assert r.returncode == 2 and "made with --batch 8" in r.stderr
 
     # Bad input: a clear error, exit 2, nothing written.
     bad = [*cmd[:4], "--loss", "cross_entropy:nope,labels", *cmd[6:]]

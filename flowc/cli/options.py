@@ -55,6 +55,9 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "ignore_index",
         "label_smoothing",
         "skip_nonfinite",
+        "checkpoint_dir",
+        "save_every",
+        "resume",
     ),
     "Precision": ("precision", "tol"),
     "Parallel": (

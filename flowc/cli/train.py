@@ -91,6 +91,18 @@ from flowc.cli.options import (
 @path_option(
     "-o", "--output", "project", help="Keep the compiled step's project here.", directory=True
 )
+@path_option(
+    "--checkpoint-dir",
+    help="Save the state (parameters, optimizer state, step) here at the end.",
+    directory=True,
+)
+@count_option("--save-every", "K", "With --checkpoint-dir: also save every K steps.", low=1)
+@path_option(
+    "--resume",
+    help="Continue from the checkpoint in this folder: --steps more steps, bit for bit as "
+    "an uninterrupted run.",
+    directory=True,
+)
 def train_cmd(
     model: ModelArgs,
     loss: str | None,
@@ -111,6 +123,9 @@ def train_cmd(
     export: Path | None,
     log: Path | None,
     project: Path | None,
+    checkpoint_dir: Path | None,
+    save_every: int | None,
+    resume: Path | None,
 ) -> None:
     """Train MODEL (ONNX or .flow): its forward, the loss, the backward and the optimizer's
     update compile into one step program, built and run over the rows of --data."""
@@ -155,6 +170,9 @@ def train_cmd(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         skip_nonfinite=skip_nonfinite,
+        checkpoint_dir=checkpoint_dir,
+        save_every=save_every,
+        resume=resume,
         progress=progress,
         shape=list(model.shapes),
         dim=list(model.dims),
