@@ -179,6 +179,24 @@ def save_checkpoint(
     return path
 
 
+def checkpoint_info(folder: Path) -> dict[str, Any]:
+    """A checkpoint's metadata alone (step, batch, seed, shuffle, signature)."""
+    path = folder / CHECKPOINT
+    if not path.is_file():
+        raise InputError(
+            f"--resume {folder}: no {CHECKPOINT} there",
+            hint="give a --checkpoint-dir of an earlier run",
+        )
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            info = json.loads(str(z["__meta__"]))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise InputError(f"--resume {folder}: {CHECKPOINT} is not readable ({e})") from None
+    if not isinstance(info, dict) or info.get("format") != CHECKPOINT_FORMAT:
+        raise InputError(f"--resume {folder}: not a flowc checkpoint of format {CHECKPOINT_FORMAT}")
+    return info
+
+
 def load_checkpoint(
     folder: Path, step: TrainingStep
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -395,6 +413,16 @@ def train(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
     )
+    if resume is not None:
+        # The data position only means the same rows with the same batch and shuffle:
+        # checked before the (slow) compile.
+        info = checkpoint_info(Path(resume))
+        if info.get("batch") != batch or info.get("shuffle") != shuffle or info.get("seed") != seed:
+            raise InputError(
+                f"--resume {resume}: the checkpoint was made with --batch {info.get('batch')}, "
+                f"{'shuffled' if info.get('shuffle') else '--no-shuffle'}, --seed {info.get('seed')}",
+                hint="resume with the same --batch, --seed and shuffling",
+            )
     chosen, why = resolve_target(target)
     say(f"target {chosen} ({why})")
     with tempfile.TemporaryDirectory(prefix="flowc-train-") as tmp:
@@ -412,16 +440,6 @@ def train(
         if resume is not None:
             state, info = load_checkpoint(Path(resume), step)
             first = int(info["step"])
-            if (
-                info.get("batch") != batch
-                or info.get("shuffle") != shuffle
-                or info.get("seed") != seed
-            ):
-                raise InputError(
-                    f"--resume {resume}: the checkpoint was made with --batch {info.get('batch')}, "
-                    f"shuffle {info.get('shuffle')}, --seed {info.get('seed')}",
-                    hint="resume with the same --batch, --seed and shuffling",
-                )
             say(f"resuming after step {first}")
         meta = {"batch": batch, "shuffle": shuffle, "seed": seed, "model": Path(model).name}
         folder = Path(checkpoint_dir) if checkpoint_dir is not None else None

@@ -200,7 +200,8 @@ def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
         "--loss", f"cross_entropy:{LOGITS},labels", "--optimizer", "sgd:lr=0.05,momentum=0.9",
         "--data", str(tmp_path / "data.npz"), "--steps", "12", "--batch", str(BATCH),
         "--export", str(tmp_path / "trained.onnx"), "--log", str(tmp_path / "log.jsonl"),
-        "--target", "host", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--target", "host", "-o", str(tmp_path / "project"),
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
     ]  # fmt: skip
     r = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "FLOWC_GPU_COUNT": "0"}
@@ -226,7 +227,8 @@ def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
 
     assert ce(tmp_path / "trained.onnx") < ce(MODEL)  # the trained weights fit the data better
 
-    # A resumed run continues the step count, and refuses another batch size.
+    # A resumed run continues the step count (the kept project needs no new build), and
+    # refuses another batch size before compiling anything.
     resumed = [*cmd[:-2], "--resume", str(tmp_path / "ckpt"), "--steps", "2"]
     resumed[resumed.index("--export") + 1] = str(tmp_path / "more.onnx")
     r = subprocess.run(resumed, capture_output=True, text=True)
@@ -236,7 +238,7 @@ def test_flowc_train_on_the_command_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and "made with --batch 8" in r.stderr
 
     # Bad input: a clear error, exit 2, nothing written.
-    bad = [*cmd[:4], "--loss", "cross_entropy:nope,labels", *cmd[6:]]
+    bad = [*cmd[:5], "--loss", "cross_entropy:nope,labels", *cmd[7:]]
     (tmp_path / "trained.onnx").unlink()
     r = subprocess.run(bad, capture_output=True, text=True)
     assert r.returncode == 2 and "no value named 'nope'" in r.stderr and "Traceback" not in r.stderr
