@@ -109,3 +109,91 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
     logp = jax.nn.log_softmax(logits, axis=-1)
     picked = jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
     return -picked.mean()
+
+
+def _reshape_target(x: Any, shape: np.ndarray, allowzero: int) -> list[int]:
+    dims = [int(d) for d in shape]
+    if not allowzero:
+        dims = [x.shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    return dims
+
+
+def ir_forward(graph: Any) -> Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]:
+    """f(params, inputs) -> {value name: array} over a flowc graph's nodes (the canonical
+    ONNX ops the import leaves), in jax.numpy: a translation checked against onnxruntime on
+    the original ONNX model before it is used as a reference."""
+
+    def const(v: Any) -> np.ndarray:
+        assert v is not None and v.const is not None, (
+            "a shape, axes or index input must be constant"
+        )
+        return np.asarray(v.const)
+
+    def run(params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        env: dict[Any, Any] = {}
+        for v in graph.inputs:
+            env[v] = params[v.name] if v.name in params else jnp.asarray(inputs[v.name])
+        for c in graph.constants:
+            env[c] = jnp.asarray(c.const)
+        for node in graph.nodes:
+            a = dict(node.attrs)
+            ins = [env[i] if i is not None else None for i in node.inputs]
+            t = node.op
+            if t in ("Reshape",):
+                outs = [
+                    jnp.reshape(
+                        ins[0],
+                        _reshape_target(ins[0], const(node.inputs[1]), a.get("allowzero", 0)),
+                    )
+                ]
+            elif t == "Split":
+                axis = a.get("axis", 0)
+                if len(node.inputs) > 1 and node.inputs[1] is not None:
+                    cuts = np.cumsum([int(s) for s in const(node.inputs[1])])[:-1]
+                    outs = list(jnp.split(ins[0], cuts, axis=axis))
+                else:  # equal parts, one per output
+                    outs = list(jnp.split(ins[0], len(node.outputs), axis=axis))
+            elif t == "Gather":
+                outs = [jnp.take(ins[0], ins[1], axis=a.get("axis", 0))]
+            elif t == "Where":
+                outs = [jnp.where(ins[0], ins[1], ins[2])]
+            elif t == "IsNaN":
+                outs = [jnp.isnan(ins[0])]
+            elif t == "And":
+                outs = [jnp.logical_and(ins[0], ins[1])]
+            elif t == "Cast":
+                from flowc.ir.dtype import DType
+
+                outs = [ins[0].astype(DType.from_onnx(int(a["to"])).np)]
+            elif t == "Expand":
+                shape = np.broadcast_shapes(
+                    ins[0].shape, tuple(int(d) for d in const(node.inputs[1]))
+                )
+                outs = [jnp.broadcast_to(ins[0], shape)]
+            elif t == "Flatten":
+                ax = a.get("axis", 1) % max(ins[0].ndim, 1)
+                outs = [jnp.reshape(ins[0], (int(np.prod(ins[0].shape[:ax])), -1))]
+            elif t == "Transpose":
+                outs = [jnp.transpose(ins[0], a.get("perm"))]
+            elif t == "LayerNormalization":
+                outs = [
+                    _layer_norm(
+                        ins[0],
+                        ins[1],
+                        ins[2] if len(ins) > 2 else None,
+                        a.get("axis", -1),
+                        a.get("epsilon", 1e-5),
+                    )
+                ]
+            else:
+                proto = onnx.helper.make_node(
+                    t, [], [], **{k: v for k, v in a.items() if v is not None}
+                )
+                outs = _op(proto, ins, {})
+            for o, val in zip(node.outputs, outs, strict=False):
+                env[o] = val
+        return {
+            v.name: env[v] for v in [*graph.outputs, *(o for n in graph.nodes for o in n.outputs)]
+        }
+
+    return run
