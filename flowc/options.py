@@ -144,6 +144,23 @@ class ParallelArgs:
 
 
 @dataclass(frozen=True)
+class TrainArgs:
+    """What makes a training step of a model (`flowc train`, `flowc compile --train`): the
+    loss, the optimizer, the batch and the update's switches, as the command line spells
+    them (flowc.training.spec parses them)."""
+
+    loss: str | None = None
+    optimizer: str | None = None
+    batch: int | None = None
+    lr_schedule: str | None = None
+    clip_norm: float | None = None
+    freeze: str | None = None
+    no_decay: str | None = None
+    ignore_index: int | None = None
+    label_smoothing: float = 0.0
+
+
+@dataclass(frozen=True)
 class CompileOptions:
     """Everything `flowc compile` is asked: the option groups and the code-generation
     switches (``arch``: the CUDA architecture's number, "90" for sm_90)."""

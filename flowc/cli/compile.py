@@ -15,11 +15,13 @@ from flowc.cli.options import (
     ModelArgs,
     ParallelArgs,
     ScheduleArgs,
+    TrainArgs,
     model_options,
     output_option,
     parallel_options,
     schedule_options,
     target_option,
+    training_options,
 )
 
 
@@ -50,6 +52,13 @@ from flowc.cli.options import (
 )
 @schedule_options
 @parallel_options
+@click.option(
+    "--train",
+    is_flag=True,
+    help="Compile MODEL's training step (forward, loss, backward, update; `flowc train` "
+    "runs it) instead of its inference; takes the training options.",
+)
+@training_options
 def compile_cmd(
     model: ModelArgs,
     project: Path,
@@ -59,6 +68,8 @@ def compile_cmd(
     force: bool,
     schedule: ScheduleArgs,
     parallel: ParallelArgs,
+    train: bool,
+    training: TrainArgs,
 ) -> None:
     """Compile MODEL into a standalone C++ project OUT/ (model.cu, model.h, main.cu, weights,
     CMake). OUT/ keeps every file flowc did not write (flowc_model.json lists those it did);
@@ -69,6 +80,9 @@ def compile_cmd(
     from flowc.compiler import StageTimes
     from flowc.options import CompileOptions
 
+    if train or training != TrainArgs():
+        _compile_training(model, project, target, arch, prefix, force, schedule, train, training)
+        return
     opts = CompileOptions(
         model, schedule, parallel, prefix=prefix, arch=arch, force=force, target=target
     )
@@ -113,3 +127,71 @@ def compile_model(
     compile_project(opts, project, progress=progress, dump=dump_ir, times=times, placement=popts)
     if model.print_times:
         print_stage_times(times)
+
+
+def _compile_training(
+    model: ModelArgs,
+    project: Path,
+    target: str | None,
+    arch: str,
+    prefix: str | None,
+    force: bool,
+    schedule: ScheduleArgs,
+    train: bool,
+    training: TrainArgs,
+) -> None:
+    """`flowc compile --train`: the training step's project, not run."""
+    import shlex
+
+    from flowc.errors import InputError
+    from flowc.trainer import compile_step, spec_from
+
+    if not train:
+        raise InputError(
+            "--loss, --optimizer and the other training options need --train",
+            hint="flowc compile MODEL --train --loss ... --optimizer ... -o OUT",
+        )
+    if training.loss is None or training.optimizer is None:
+        raise InputError(
+            "flowc compile --train needs --loss and --optimizer",
+            hint="e.g. --loss cross_entropy:logits,labels --optimizer adamw:lr=0.001",
+        )
+    if schedule.precision != "fp32":
+        raise InputError(
+            f"--train with --precision {schedule.precision}: training compiles in fp32 for now",
+            hint="leave out --precision",
+        )
+    spec = spec_from(
+        training.loss,
+        training.optimizer,
+        lr_schedule=training.lr_schedule,
+        clip_norm=training.clip_norm,
+        freeze=training.freeze,
+        no_decay=training.no_decay,
+        ignore_index=training.ignore_index,
+        label_smoothing=training.label_smoothing,
+    )
+    chosen = choose_target(target)
+    step, _ = compile_step(
+        model.path,
+        spec,
+        project,
+        batch=training.batch,
+        target=target,
+        progress=progress,
+        shape=list(model.shapes),
+        dim=list(model.dims),
+        weights=model.weights,
+        prefix=prefix,
+        arch=arch,
+        force=force,
+        no_cuda_graph=schedule.no_cuda_graph,
+    )
+    shown = shlex.quote(str(project))
+    out.print(
+        f"wrote {shown}/: the training step of {model.path.name} ({len(step.params)} trained "
+        f"parameters; batch inputs {', '.join(step.batch)}; state inputs and their next "
+        "values: flowc_model.json's inputs and outputs); build it with: flowc build "
+        f"{shown}" + (f" --target {chosen}" if target is None and chosen != "host" else ""),
+        markup=False,
+    )

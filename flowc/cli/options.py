@@ -22,6 +22,7 @@ from flowc.options import (  # noqa: F401  (the records and parsers commands imp
     ModelArgs,
     ParallelArgs,
     ScheduleArgs,
+    TrainArgs,
     parse_bytes,
     parse_dim_values,
     parse_dims,
@@ -340,6 +341,68 @@ def parallel_options(fn: F) -> F:
                 "VALUE,...",
                 "With --pipeline P: the last value of each stage but the last (P-1 names), "
                 "instead of the automatic partition.",
+            ),
+        ],
+    )
+
+
+def training_options(fn: F) -> F:
+    """--loss, --optimizer, --batch, --lr-schedule, --clip-norm, --freeze, --no-decay,
+    --ignore-index, --label-smoothing -> ``training`` (`flowc train`, `flowc compile
+    --train`)."""
+    return _with_options(
+        fn,
+        "training",
+        TrainArgs,
+        [
+            text_option(
+                "--loss",
+                "KIND:PRED[,TARGET]",
+                "cross_entropy:LOGITS,LABELS (class axis last, integer labels), "
+                "mse:PRED,TARGET, l1:..., bce_with_logits:..., or output:VALUE (a scalar of "
+                "the model is the loss). PRED names any value of the model; TARGET becomes a "
+                "new input of the step.",
+            ),
+            text_option(
+                "--optimizer",
+                "KIND:k=v,...",
+                "sgd:lr=..,momentum=..,dampening=..,nesterov=..,weight_decay=.. | "
+                "adam:lr=..,beta1=..,beta2=..,eps=..,weight_decay=.. | adamw:... (PyTorch's "
+                "defaults for what is not given; lr is required).",
+            ),
+            count_option(
+                "--batch", "B", "Examples per step (binds axis 0 of every model input).", low=1
+            ),
+            text_option(
+                "--lr-schedule",
+                "KIND:k=v,...",
+                "constant[:warmup=W] | cosine:warmup=W,total=T,min_lr=F | linear:... (the rate "
+                "of step t, from 1, computed in the step).",
+            ),
+            click.option(
+                "--clip-norm",
+                type=float,
+                default=None,
+                metavar="X",
+                help="Clip the gradients' global norm to X.",
+            ),
+            text_option(
+                "--freeze", "REGEX", "Parameters (initializers) whose names match stay as they are."
+            ),
+            text_option("--no-decay", "REGEX", "Parameters whose names match get no weight decay."),
+            click.option(
+                "--ignore-index",
+                type=int,
+                default=None,
+                metavar="I",
+                help="cross_entropy: labels equal to I count for nothing.",
+            ),
+            click.option(
+                "--label-smoothing",
+                type=float,
+                default=0.0,
+                metavar="E",
+                help="cross_entropy: smooth the targets by E.",
             ),
         ],
     )

@@ -12,13 +12,14 @@ from flowc.cli.common import out, progress
 from flowc.cli.options import (
     GroupedCommand,
     ModelArgs,
+    TrainArgs,
     count_option,
     flag_option,
     model_options,
     path_option,
     seed_option,
     target_option,
-    text_option,
+    training_options,
 )
 
 
@@ -34,56 +35,13 @@ from flowc.cli.options import (
     ],
 )
 @model_options
-@text_option(
-    "--loss",
-    "KIND:PRED[,TARGET]",
-    "cross_entropy:LOGITS,LABELS (class axis last, integer labels), mse:PRED,TARGET, "
-    "l1:..., bce_with_logits:..., or output:VALUE (a scalar of the model is the loss). PRED "
-    "names any value of the model; TARGET becomes a new input, read from --data.",
-)
-@text_option(
-    "--optimizer",
-    "KIND:k=v,...",
-    "sgd:lr=..,momentum=..,dampening=..,nesterov=..,weight_decay=.. | "
-    "adam:lr=..,beta1=..,beta2=..,eps=..,weight_decay=.. | adamw:... (PyTorch's defaults "
-    "for what is not given; lr is required).",
-)
+@training_options
 @path_option(
     "--data", help="DATA.npz: one array per model input and the target, examples on axis 0."
 )
 @count_option("--steps", "N", "Steps to run.", low=1)
-@count_option("--batch", "B", "Examples per step (binds axis 0 of every model input).", low=1)
 @flag_option("--no-shuffle", "Take the rows in file order (step s: rows sB..sB+B-1, wrapping).")
 @seed_option("Seed of the per-epoch shuffle.")
-@text_option(
-    "--lr-schedule",
-    "KIND:k=v,...",
-    "constant[:warmup=W] | cosine:warmup=W,total=T,min_lr=F | linear:... (the rate of step "
-    "t, from 1, computed in the step).",
-)
-@click.option(
-    "--clip-norm",
-    type=float,
-    default=None,
-    metavar="X",
-    help="Clip the gradients' global norm to X.",
-)
-@text_option("--freeze", "REGEX", "Parameters (initializers) whose names match stay as they are.")
-@text_option("--no-decay", "REGEX", "Parameters whose names match get no weight decay.")
-@click.option(
-    "--ignore-index",
-    type=int,
-    default=None,
-    metavar="I",
-    help="cross_entropy: labels equal to I count for nothing.",
-)
-@click.option(
-    "--label-smoothing",
-    type=float,
-    default=0.0,
-    metavar="E",
-    help="cross_entropy: smooth the targets by E.",
-)
 @flag_option("--skip-nonfinite", "Skip a step whose loss is NaN or infinite instead of stopping.")
 @target_option(["host", "cuda"], "Default: cuda where a GPU is present, else host.")
 @path_option("--export", help="Write MODEL with its trained initializers (an ONNX model).")
@@ -105,19 +63,11 @@ from flowc.cli.options import (
 )
 def train_cmd(
     model: ModelArgs,
-    loss: str | None,
-    optimizer: str | None,
+    training: TrainArgs,
     data: Path | None,
     steps: int | None,
-    batch: int | None,
     no_shuffle: bool,
     seed: int,
-    lr_schedule: str | None,
-    clip_norm: float | None,
-    freeze: str | None,
-    no_decay: str | None,
-    ignore_index: int | None,
-    label_smoothing: float,
     skip_nonfinite: bool,
     target: str | None,
     export: Path | None,
@@ -135,11 +85,11 @@ def train_cmd(
     missing = [
         name
         for name, value in (
-            ("--loss", loss),
-            ("--optimizer", optimizer),
+            ("--loss", training.loss),
+            ("--optimizer", training.optimizer),
             ("--data", data),
             ("--steps", steps),
-            ("--batch", batch),
+            ("--batch", training.batch),
         )
         if value is None
     ]
@@ -149,6 +99,7 @@ def train_cmd(
             hint="e.g. flowc train model.onnx --loss cross_entropy:logits,labels "
             "--optimizer adamw:lr=0.001 --data train.npz --steps 100 --batch 32",
         )
+    loss, optimizer, batch = training.loss, training.optimizer, training.batch
     assert loss and optimizer and data and steps and batch
     result = train(
         model.path,
@@ -163,12 +114,12 @@ def train_cmd(
         project=project,
         export=export,
         log=log,
-        lr_schedule=lr_schedule,
-        clip_norm=clip_norm,
-        freeze=freeze,
-        no_decay=no_decay,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
+        lr_schedule=training.lr_schedule,
+        clip_norm=training.clip_norm,
+        freeze=training.freeze,
+        no_decay=training.no_decay,
+        ignore_index=training.ignore_index,
+        label_smoothing=training.label_smoothing,
         skip_nonfinite=skip_nonfinite,
         checkpoint_dir=checkpoint_dir,
         save_every=save_every,
