@@ -36,14 +36,6 @@ from flowc.trainer import compile_step, load_data, run_steps, spec_from  # noqa:
 MODELS = ROOT / "tests" / "data" / "models"
 
 
-def saved_bytes(step) -> int:  # type: ignore[no-untyped-def]
-    """Bytes of the forward values the backward reads (the activations kept for it)."""
-    grad_nodes = [n for n in step.graph.nodes if "/grad/" in n.name]
-    forward_values = {o for n in step.graph.nodes if "/grad/" not in n.name for o in n.outputs}
-    read = {i for n in grad_nodes for i in n.inputs if i is not None and i in forward_values}
-    return sum(v.type.numel * v.type.dtype.itemsize for v in read)
-
-
 def case(
     name: str,
     model: Path,
@@ -95,7 +87,7 @@ def case(
         "steps_per_s_host": round(got.steps_per_s, 2),
         "arena_bytes": info["arena_bytes"],
         "lower_bound": info["lower_bound"],
-        "saved_activation_bytes": saved_bytes(step),
+        "saved_activation_bytes": step.saved_activation_bytes(),
         "launches": launches.split(":", 1)[-1].strip(),
         "worst_loss_rel_diff": f"{worst_loss:.2e}",
         "worst_param_diff": f"{worst_param:.2e}",

@@ -368,3 +368,27 @@ def test_a_flow_program_trains_as_jax_does(tmp_path: Path) -> None:
     assert max(errors) < 1e-5, (errors[::10], losses[::10])
     for name, ref in params.items():
         assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
+
+
+def test_inspect_train_reports_what_the_step_holds(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(GPT2), "--train",
+         "--loss", "cross_entropy:logits,labels", "--optimizer", "adamw:lr=1e-3", "--memory"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "training step" in text and "adamw on cross_entropy" in text
+    assert "trained parameters │ 13 │ 2.06 MiB" in text  # gpt2_tiny's 538,880 float weights
+    assert "optimizer state │ 26 │ 4.11 MiB" in text  # two moments each
+    # An exporter's deduplication: one LayerNorm gain initializer shared by five norms.
+    assert "m.transformer.h.0.ln_1.weight (5 uses)" in text
+    assert "memory plan of the step: arena" in text and "lower bound" in text
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(GPT2), "--loss", "x"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2 and "need --train" in r.stderr

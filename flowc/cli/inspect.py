@@ -23,12 +23,14 @@ from flowc.cli.options import (
     ModelArgs,
     ParallelArgs,
     ScheduleArgs,
+    TrainArgs,
     choice_option,
     flag_option,
     model_options,
     parallel_options,
     path_option,
     schedule_options,
+    training_options,
 )
 from flowc.errors import InputError
 from flowc.formatting import human_bytes, human_flops
@@ -68,6 +70,13 @@ from flowc.ir.printer import print_graph
 )
 @schedule_options
 @parallel_options
+@flag_option(
+    "--train",
+    "Inspect MODEL's training step (with the training options): parameters, optimizer "
+    "state, gradients, saved activations; with --memory the step's plan; with --print-ir "
+    "the whole step.",
+)
+@training_options
 def inspect(
     model: ModelArgs,
     print_ir: bool,
@@ -78,6 +87,8 @@ def inspect(
     report: Path | None,
     schedule: ScheduleArgs,  # its --no-cuda-graph: the schedule printed is the same either way
     parallel: ParallelArgs,
+    train: bool,
+    training: TrainArgs,
 ) -> None:
     """Summarize MODEL: inputs, outputs, ops, parameter bytes, FLOPs; with --mesh, the
     parallel plan beside the data-parallel and all-broadcast ones; with --schedule, the
@@ -86,6 +97,9 @@ def inspect(
     from flowc.ops.registry import get_op
 
     streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
+    if train or training != TrainArgs():
+        _inspect_training(model, train, training, memory, print_ir, schedule_for)
+        return
 
     show_schedule = show_schedule or gantt is not None
     if streams is not None and not show_schedule:
@@ -227,4 +241,83 @@ def inspect(
     if report is not None:
         write_report_page(
             report, model.path, console, graph, None, None, streams, schedule_for, sched, plan
+        )
+
+
+def _inspect_training(
+    model: ModelArgs,
+    train: bool,
+    training: TrainArgs,
+    memory: bool,
+    print_ir: bool,
+    schedule_for: str,
+) -> None:
+    """`flowc inspect --train`: what the training step holds and keeps."""
+    from flowc.compiler import load_training, plan_schedule, schedule_graph
+    from flowc.trainer import spec_from
+
+    if not train:
+        raise InputError(
+            "the training options need --train", hint="flowc inspect MODEL --train ..."
+        )
+    if training.loss is None or training.optimizer is None:
+        raise InputError(
+            "flowc inspect --train needs --loss and --optimizer",
+            hint="e.g. --loss cross_entropy:logits,labels --optimizer adamw:lr=0.001",
+        )
+    spec = spec_from(
+        training.loss,
+        training.optimizer,
+        lr_schedule=training.lr_schedule,
+        clip_norm=training.clip_norm,
+        freeze=training.freeze,
+        no_decay=training.no_decay,
+        ignore_index=training.ignore_index,
+        label_smoothing=training.label_smoothing,
+    )
+    step = load_training(model, spec, batch=training.batch)
+    graph = step.graph
+    console = err if print_ir else out
+    if print_ir:
+        sys.stdout.write(print_graph(graph))
+        sys.stdout.flush()
+    types = {v.name: v.type for v in graph.inputs}
+    param_bytes = sum(types[p].nbytes for p in step.params)
+    state_bytes = sum(types[s].nbytes for states in step.optimizer_state.values() for s in states)
+    console.print(
+        f"[bold]{escape(model.path.name)}[/]: training step, {len(graph.nodes)} nodes, "
+        f"{spec.optimizer.kind} on {escape(spec.loss.kind)} "
+        f"(batch inputs: {escape(', '.join(step.batch))})"
+    )
+    table = Table(title="what the step holds", title_justify="left", show_edge=False)
+    table.add_column("kind")
+    table.add_column("tensors", justify="right")
+    table.add_column("bytes", justify="right")
+    table.add_row("trained parameters", str(len(step.params)), human_bytes(param_bytes))
+    table.add_row(
+        "optimizer state",
+        str(sum(len(v) for v in step.optimizer_state.values())),
+        human_bytes(state_bytes),
+    )
+    table.add_row("gradients (in the arena)", str(len(step.params)), human_bytes(param_bytes))
+    table.add_row("saved activations", "", human_bytes(step.saved_activation_bytes()))
+    console.print(table)
+    if step.shared:
+        console.print(
+            "initializers used by several nodes (ties, or an exporter's deduplication; their "
+            "gradients add up): "
+            + ", ".join(f"{escape(n)} ({k} uses)" for n, k in sorted(step.shared.items())),
+        )
+    if step.no_gradient:
+        console.print(
+            "no gradient reaches (kept as they are): " + ", ".join(map(escape, step.no_gradient))
+        )
+    if memory:
+        sched = schedule_graph(graph, schedule_for=schedule_for)
+        plan = plan_schedule(sched)
+        console.print(
+            f"memory plan of the step: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
+            f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
+            f"naive sum {plan.naive_bytes} B; parameters and optimizer state are the step's "
+            "inputs, outside the arena"
         )

@@ -49,6 +49,13 @@ class TrainingStep:
     # cross_entropy's ignored label, which the label range check lets through.
     ignore_index: int | None = None
 
+    def saved_activation_bytes(self) -> int:
+        """Bytes of the forward's values the backward reads: the activations kept for it."""
+        backward = [n for n in self.graph.nodes if "/grad/" in n.name]
+        forward = {o for n in self.graph.nodes if "/grad/" not in n.name for o in n.outputs}
+        read = {i for n in backward for i in n.inputs if i is not None and i in forward}
+        return sum(v.type.nbytes for v in read)
+
 
 def make_trainable(graph: Graph) -> None:
     """A graph imported without ``trainable`` (a .flow program): its float constants of rank
