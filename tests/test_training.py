@@ -392,3 +392,44 @@ def test_inspect_train_reports_what_the_step_holds(tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 2 and "need --train" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def sgd_mlp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    tmp = tmp_path_factory.mktemp("sgd")
+    spec = spec_from(f"cross_entropy:{LOGITS},labels", "sgd:lr=0.1")
+    step, project = compile_step(MODEL, spec, tmp / "step", batch=BATCH, target="host")
+    project.build("host", quick=True)
+    return step, project
+
+
+def test_labels_out_of_range_and_a_nonfinite_loss_stop_the_run(sgd_mlp: tuple[Any, Any]) -> None:
+    from flowc.errors import FlowcError
+
+    step, project = sgd_mlp
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    labels = np.arange(16, dtype=np.int64) % 10
+    with project.load("host") as model:
+        bad = {"x": x, "labels": np.where(labels == 3, 10, labels)}
+        with pytest.raises(InputError, match=r"step 1: label 10 in 'labels' is outside \[0, 10\)"):
+            run_steps(model, step, bad, steps=2, batch=BATCH, shuffle=False, classes=10)
+        x_nan = x.copy()
+        x_nan[9, 5] = np.nan  # in the second batch
+        data = {"x": x_nan, "labels": labels}
+        with pytest.raises(FlowcError, match="step 2: the loss is nan; stopped"):
+            run_steps(model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10)
+        skipped = run_steps(
+            model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10, skip_nonfinite=True
+        )
+    assert np.isnan(skipped.losses[1]) and np.isfinite(skipped.losses[2])
+    assert int(skipped.state["train/step"]) == 2  # the skipped step did not count
+    assert all(np.isfinite(p).all() for p in skipped.params.values())
+
+
+def test_a_parameter_the_loss_does_not_reach_is_named(tmp_path: Path) -> None:
+    # The loss on the first layer's output: the second layer's weights get no gradient.
+    spec = spec_from("mse:/m/m.0/Gemm_output_0,target", "sgd:lr=0.1")
+    with pytest.warns(Warning, match="parameter 'm.2.weight' gets no gradient"):
+        step, _ = compile_step(MODEL, spec, tmp_path / "a", batch=BATCH)
+    assert sorted(step.no_gradient) == ["m.2.bias", "m.2.weight"]
+    assert sorted(step.params) == ["m.0.bias", "m.0.weight"]
