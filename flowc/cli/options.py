@@ -43,6 +43,7 @@ MAX_SEARCH_NODES = (1 << 31) - 1
 HELP_GROUPS: dict[str, tuple[str, ...]] = {
     "Input": ("shapes", "dims", "weights", "inputs", "seed", "random_inputs"),
     "Training": (
+        "train",
         "loss",
         "optimizer",
         "data",
