@@ -108,10 +108,11 @@ def batch_rows(s: int, batch: int, rows: int, shuffle: bool, seed: int) -> np.nd
 def check_labels(
     step: TrainingStep, batch: Mapping[str, np.ndarray], classes: int | None, s: int
 ) -> None:
-    """Integer labels within [0, classes) (or the ignored index)."""
-    if classes is None:
+    """cross_entropy's labels (the loss's target, not the model's own integer inputs such as
+    token ids) within [0, classes), or the ignored index."""
+    if classes is None or step.target is None or step.target not in batch:
         return
-    for name, a in batch.items():
+    for name, a in ((step.target, batch[step.target]),):
         if a.dtype.kind not in "iu":
             continue
         bad = (a < 0) | (a >= classes)

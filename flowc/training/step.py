@@ -48,6 +48,8 @@ class TrainingStep:
     shared: dict[str, int] = field(default_factory=dict)
     # cross_entropy's ignored label, which the label range check lets through.
     ignore_index: int | None = None
+    # The loss's target input (the labels), if the loss has one.
+    target: str | None = None
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the forward's values the backward reads: the activations kept for it."""
@@ -199,7 +201,7 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     """The training step of ``graph`` (its parameters in Graph.params, as the trainable
     import leaves them) under ``spec``; rewrites ``graph`` into the step."""
     b = GraphBuilder(graph, fold=True)
-    step = TrainingStep(graph, ignore_index=spec.loss.ignore_index)
+    step = TrainingStep(graph, ignore_index=spec.loss.ignore_index, target=spec.loss.target)
     step.batch = [v.name for v in graph.inputs if v.name not in graph.params]
     users = graph.users()
     step.shared = {
