@@ -4,6 +4,7 @@ run's determinism, and bad input (issue 28)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -433,3 +434,39 @@ def test_a_parameter_the_loss_does_not_reach_is_named(tmp_path: Path) -> None:
         step, _ = compile_step(MODEL, spec, tmp_path / "a", batch=BATCH)
     assert sorted(step.no_gradient) == ["m.2.bias", "m.2.weight"]
     assert sorted(step.params) == ["m.0.bias", "m.0.weight"]
+
+
+def test_the_training_options_parse_anything_to_a_spec_or_a_clear_error() -> None:
+    """Adversarial strings for --loss, --optimizer and --lr-schedule: a spec or an InputError,
+    never another exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from flowc.training.spec import parse_loss, parse_optimizer, parse_schedule
+
+    pieces = st.sampled_from(
+        ["sgd", "adam", "adamw", "cross_entropy", "mse", "output", "cosine", "linear", "constant",
+         ":", ",", "=", "lr", "momentum", "nesterov", "true", "nan", "inf", "-1", "1e400", "0.5",
+         "warmup", "total", "min_lr", "beta2", "1", "\x00", "é", " ", "=="]
+    )  # fmt: skip
+    texts = st.one_of(st.text(max_size=40), st.lists(pieces, max_size=12).map("".join))
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(texts)
+    def check(text: str) -> None:
+        for parse in (parse_loss, parse_optimizer, parse_schedule):
+            with contextlib.suppress(InputError):
+                parse(text)
+
+    check()
+    spec = parse_optimizer("adamw:lr=1e-3")
+    assert (spec.weight_decay, spec.beta1, spec.beta2, spec.eps) == (0.01, 0.9, 0.999, 1e-8)
+    assert parse_optimizer("sgd:lr=0.1").momentum == 0.0
+    for bad in ("nan", "inf", "1e400", "-0.1"):
+        with pytest.raises(InputError, match="expected a finite number from 0"):
+            parse_optimizer(f"sgd:lr={bad}")
+    with pytest.raises(InputError, match="nesterov needs a momentum"):
+        parse_optimizer("sgd:lr=0.1,nesterov=true")
+    assert parse_schedule("cosine:warmup=10,total=100").total == 100
+    with pytest.raises(InputError, match="needs total above warmup"):
+        parse_schedule("cosine:warmup=10")

@@ -95,8 +95,9 @@ def _number(value: str, what: str, low: float = -math.inf, high: float = math.in
         x = float(value)
     except ValueError:
         raise InputError(f"{what}: {value!r} is not a number") from None
-    if not low <= x <= high or math.isnan(x):
-        raise InputError(f"{what} {value}: expected a number from {low:g} to {high:g}")
+    if not math.isfinite(x) or not low <= x <= high:
+        span = f"from {low:g}" + (f" to {high:g}" if math.isfinite(high) else "")
+        raise InputError(f"{what} {value}: expected a finite number {span}")
     return x
 
 
