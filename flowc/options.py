@@ -156,6 +156,7 @@ class TrainArgs:
     clip_norm: float | None = None
     freeze: str | None = None
     no_decay: str | None = None
+    untie: str | None = None
     ignore_index: int | None = None
     label_smoothing: float = 0.0
 

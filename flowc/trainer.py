@@ -326,6 +326,7 @@ def spec_from(
     no_decay: str | None = None,
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
+    untie: str | None = None,
 ) -> TrainSpec:
     if clip_norm is not None and not clip_norm > 0:
         raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
@@ -336,6 +337,7 @@ def spec_from(
         clip_norm,
         freeze,
         no_decay,
+        untie,
     )
 
 
@@ -388,6 +390,7 @@ def train(
     clip_norm: float | None = None,
     freeze: str | None = None,
     no_decay: str | None = None,
+    untie: str | None = None,
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
     skip_nonfinite: bool = False,
@@ -413,6 +416,7 @@ def train(
         no_decay=no_decay,
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
+        untie=untie,
     )
     if resume is not None:
         # The data position only means the same rows with the same batch and shuffle:

@@ -393,6 +393,22 @@ def test_inspect_train_reports_what_the_step_holds(tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 2 and "need --train" in r.stderr
+    # --untie: the shared gain becomes five parameters, trained apart.
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(GPT2), "--train",
+         "--loss", "cross_entropy:logits,labels", "--optimizer", "adamw:lr=1e-3",
+         "--untie", "ln_1.weight"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0, r.stderr
+    assert "trained parameters │ 17 │ 2.06 MiB" in text and "ln_1.weight (5 uses)" not in text
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(GPT2), "--train",
+         "--loss", "cross_entropy:logits,labels", "--optimizer", "adamw:lr=1e-3", "--untie", "zzz"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--untie 'zzz' matches no initializer used by several" in r.stderr
 
 
 @pytest.fixture(scope="module")

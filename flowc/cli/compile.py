@@ -168,6 +168,7 @@ def _compile_training(
         clip_norm=training.clip_norm,
         freeze=training.freeze,
         no_decay=training.no_decay,
+        untie=training.untie,
         ignore_index=training.ignore_index,
         label_smoothing=training.label_smoothing,
     )

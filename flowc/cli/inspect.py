@@ -272,6 +272,7 @@ def _inspect_training(
         clip_norm=training.clip_norm,
         freeze=training.freeze,
         no_decay=training.no_decay,
+        untie=training.untie,
         ignore_index=training.ignore_index,
         label_smoothing=training.label_smoothing,
     )

@@ -54,6 +54,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "clip_norm",
         "freeze",
         "no_decay",
+        "untie",
         "ignore_index",
         "label_smoothing",
         "skip_nonfinite",
@@ -391,6 +392,12 @@ def training_options(fn: F) -> F:
                 "--freeze", "REGEX", "Parameters (initializers) whose names match stay as they are."
             ),
             text_option("--no-decay", "REGEX", "Parameters whose names match get no weight decay."),
+            text_option(
+                "--untie",
+                "REGEX",
+                "Shared initializers (ties, an exporter's deduplication) whose names match get "
+                "a copy per use, trained apart (NAME#1, ...; export writes the first).",
+            ),
             click.option(
                 "--ignore-index",
                 type=int,

@@ -118,6 +118,7 @@ def train_cmd(
         clip_norm=training.clip_norm,
         freeze=training.freeze,
         no_decay=training.no_decay,
+        untie=training.untie,
         ignore_index=training.ignore_index,
         label_smoothing=training.label_smoothing,
         skip_nonfinite=skip_nonfinite,

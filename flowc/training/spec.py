@@ -73,6 +73,7 @@ class TrainSpec:
     clip_norm: float | None = None
     freeze: str | None = None
     no_decay: str | None = None
+    untie: str | None = None
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from flowc.autodiff import gradients
 from flowc.errors import FlowcWarning, InputError
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Graph, Value
+from flowc.ir.graph import Graph, Node, Value
 from flowc.ir.types import TensorType
 from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
 
@@ -209,6 +209,8 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         for v in graph.inputs
         if v.name in graph.params and len(users.get(v, [])) > 1
     }
+    if spec.untie is not None:
+        _untie(graph, spec.untie, users, step)
     freeze = check_regex(spec.freeze, "--freeze")
     no_decay = check_regex(spec.no_decay, "--no-decay")
     params = [v for v in graph.inputs if v.name in graph.params]
@@ -286,6 +288,25 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     graph.outputs = outputs
     graph.remove_unused()
     return step
+
+
+def _untie(graph: Graph, pattern: str, users: dict[Value, list[Node]], step: TrainingStep) -> None:
+    """--untie: each node using a shared parameter the pattern matches gets a copy of its
+    own (``NAME#k``, the same initial data), trained apart; the first keeps the name."""
+    regex = check_regex(pattern, "--untie")
+    assert regex is not None
+    shared = [v for v in graph.inputs if v.name in step.shared and regex.search(v.name)]
+    if not shared:
+        raise InputError(
+            f"--untie {pattern!r} matches no initializer used by several nodes",
+            hint="the shared ones are: " + (", ".join(map(repr, sorted(step.shared))) or "none"),
+        )
+    for v in shared:
+        for k, node in enumerate(users[v][1:], start=1):
+            copy = graph.add_input(graph.unique_name(f"{v.name}#{k}"), v.type)
+            graph.params[copy.name] = np.array(graph.params[v.name], copy=True)
+            node.inputs = [copy if i is v else i for i in node.inputs]
+        del step.shared[v.name]
 
 
 def _named(graph: Graph, b: GraphBuilder, v: Value, name: str) -> Value:
