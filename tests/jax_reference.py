@@ -171,8 +171,10 @@ def ir_forward(graph: Any) -> Callable[[Mapping[str, Any], Mapping[str, Any]], d
                 )
                 outs = [jnp.broadcast_to(ins[0], shape)]
             elif t == "Flatten":
-                ax = a.get("axis", 1) % max(ins[0].ndim, 1)
-                outs = [jnp.reshape(ins[0], (int(np.prod(ins[0].shape[:ax])), -1))]
+                ax = a.get("axis", 1)
+                ax = ax + ins[0].ndim if ax < 0 else ax  # axis == rank: (all, 1)
+                lead = int(np.prod(ins[0].shape[:ax]))
+                outs = [jnp.reshape(ins[0], (lead, ins[0].size // max(lead, 1)))]
             elif t == "Transpose":
                 outs = [jnp.transpose(ins[0], a.get("perm"))]
             elif t == "LayerNormalization":

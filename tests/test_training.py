@@ -486,3 +486,58 @@ def test_the_training_options_parse_anything_to_a_spec_or_a_clear_error() -> Non
     assert parse_schedule("cosine:warmup=10,total=100").total == 100
     with pytest.raises(InputError, match="needs total above warmup"):
         parse_schedule("cosine:warmup=10")
+
+
+def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> None:
+    """bert_tiny (its attention mask through Where/Expand/Cast, GELU through Erf): an MSE on
+    the pooled output, 10 AdamW steps against JAX and optax; the JAX forward checked against
+    onnxruntime on the original model first."""
+    import onnxruntime as ort
+    from jax_reference import ir_forward
+
+    from flowc.compiler import TRAIN_PRE_PASSES
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.passes.manager import PassManager
+
+    bert = SHARED_MODELS / "bert_tiny.onnx"
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, 1000, (4, 16)).astype(np.int64)
+    mask = np.ones((4, 16), np.int64)
+    mask[:, 11:] = 0  # padding
+    target = rng.standard_normal((4, 128)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", input_ids=ids, attention_mask=mask, target=target)
+
+    opts = ImportOptions(trainable=True, batch=2, dims={"seq": 16})
+    graph = PassManager(TRAIN_PRE_PASSES).run(load_graph(bert, opts))
+    f = ir_forward(graph)
+    params = {k: jnp.asarray(v, jnp.float64) for k, v in graph.params.items()}
+    sess = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids[:2], "attention_mask": mask[:2]}
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+    got_fwd = f(params, feeds)
+    assert max_rel_error(np.asarray(got_fwd["pooler_output"]), want["pooler_output"]) < 1e-5
+
+    steps = 10
+    spec = spec_from("mse:pooler_output,target", "adamw:lr=0.001,eps=1e-6")
+    step, project = compile_step(bert, spec, tmp_path / "step", batch=2, dim=["seq=16"])
+    project.build("host", quick=True)
+    arrays = load_data(tmp_path / "d.npz", step)
+    with project.load("host") as model:
+        got = run_steps(model, step, arrays, steps=steps, batch=2, shuffle=False)
+
+    def loss_fn(p: Any, b: dict[str, Any]) -> Any:
+        pooled = f(p, {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]})
+        return ((pooled["pooler_output"] - b["target"]) ** 2).mean()
+
+    tx = optax.adamw(0.001, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01)
+    state, losses = tx.init(params), []
+    grad_fn = jax.value_and_grad(loss_fn)
+    for s in range(steps):
+        idx = np.arange(s * 2, s * 2 + 2) % 4
+        loss, g = grad_fn(params, {k: jnp.asarray(v[idx]) for k, v in arrays.items()})
+        updates, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    assert max(abs(a - b) / abs(b) for a, b in zip(got.losses, losses, strict=True)) < 1e-5
+    for name, ref in params.items():
+        assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
