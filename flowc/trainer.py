@@ -33,7 +33,7 @@ from flowc.training.spec import (
     parse_optimizer,
     parse_schedule,
 )
-from flowc.training.step import COUNT, LOSS, TrainingStep
+from flowc.training.step import COUNT, LOSS, LR_USED, TrainingStep
 
 Progress = Callable[[str], None]
 
@@ -243,6 +243,7 @@ def load_checkpoint(
 class TrainResult:
     losses: list[float] = field(default_factory=list)
     counts: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)  # the rate each step used
     state: dict[str, np.ndarray] = field(default_factory=dict)
     params: dict[str, np.ndarray] = field(default_factory=dict)
     steps_per_s: float = 0.0
@@ -288,6 +289,7 @@ def run_steps(
                 state[name_in] = np.asarray(out[name_out])
         result.losses.append(loss)
         result.counts.append(count)
+        result.lrs.append(float(out[LR_USED]))
         if on_step is not None:
             on_step(k + 1, state)
         elapsed = time.perf_counter() - t0
@@ -299,7 +301,7 @@ def run_steps(
                     "step": k + 1,
                     "loss": loss,
                     "count": count,
-                    "lr": float(np.asarray(state.get("train/lr", np.nan))),
+                    "lr": float(out[LR_USED]),
                     "examples_per_s": rate,
                 }
             )

@@ -65,7 +65,9 @@ def test_the_jax_translation_matches_onnxruntime() -> None:
     assert max_rel_error(np.asarray(got["y"]), want) < 1e-5
 
 
-def _jax_run(tx: Any, data: dict[str, np.ndarray]) -> tuple[list[float], dict[str, np.ndarray]]:
+def _jax_run(
+    tx: Any, data: dict[str, np.ndarray], steps: int = STEPS
+) -> tuple[list[float], dict[str, np.ndarray]]:
     model = onnx.load(str(MODEL))
     f = forward(model, LOGITS)
     params = {
@@ -80,7 +82,7 @@ def _jax_run(tx: Any, data: dict[str, np.ndarray]) -> tuple[list[float], dict[st
     losses = []
     grad_fn = jax.value_and_grad(loss_fn)
     rows = data["x"].shape[0]
-    for s in range(STEPS):
+    for s in range(steps):
         idx = np.arange(s * BATCH, (s + 1) * BATCH) % rows  # --no-shuffle: in file order
         loss, g = grad_fn(
             params, jnp.asarray(data["x"][idx], jnp.float64), jnp.asarray(data["labels"][idx])
@@ -541,3 +543,38 @@ def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> Non
     assert max(abs(a - b) / abs(b) for a, b in zip(got.losses, losses, strict=True)) < 1e-5
     for name, ref in params.items():
         assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
+
+
+def test_warmup_cosine_schedule_and_clipping_match_optax(tmp_path: Path) -> None:
+    """A linear warm-up then a cosine decay (the rate of step t, from 1) and clipping by the
+    global norm, against optax's join_schedules and clip_by_global_norm, 30 AdamW steps."""
+    data = _data(tmp_path / "data.npz")
+    steps, warmup, lr, floor, clip = 30, 5, 0.003, 0.1, 0.5
+    step, project, _ = _built(
+        tmp_path,
+        f"adamw:lr={lr},weight_decay=0.01",
+        lr_schedule=f"cosine:warmup={warmup},total={steps},min_lr={floor}",
+        clip_norm=clip,
+    )
+    arrays = load_data(tmp_path / "data.npz", step)
+    with project.load("host") as model:
+        got = run_steps(model, step, arrays, steps=steps, batch=BATCH, shuffle=False)
+    schedule = optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, lr, warmup),
+            optax.cosine_decay_schedule(lr, steps - warmup, alpha=floor),
+        ],
+        [warmup],
+    )
+    want_lrs = [float(schedule(t)) for t in range(1, steps + 1)]
+    assert max(abs(a - b) / b for a, b in zip(got.lrs, want_lrs, strict=True)) < 1e-6
+    tx = optax.chain(
+        optax.clip_by_global_norm(clip),
+        optax.adamw(
+            lambda count: schedule(count + 1), b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01
+        ),
+    )
+    want_losses, want_params = _jax_run(tx, data, steps)
+    assert max(abs(a - b) / abs(b) for a, b in zip(got.losses, want_losses, strict=True)) < 1e-5
+    for name, ref in want_params.items():
+        assert max_rel_error(got.params[name], ref) < 1e-4, name

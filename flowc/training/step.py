@@ -28,6 +28,8 @@ STEP = "train/step"
 LR = "train/lr"
 LOSS = "train/loss"
 COUNT = "train/count"
+# The learning rate the step used (the schedule's value at this step), for the log.
+LR_USED = "train/lr_used"
 
 
 @dataclass
@@ -263,7 +265,11 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         )[0]
         coef = b.emit("Min", [coef, _scalar(b, 1.0, dt)])[0]
         gs = {v: b.emit("Mul", [g, coef])[0] for v, g in gs.items()}
-    outputs: list[Value] = [_named(graph, b, loss, LOSS), _named(graph, b, count, COUNT)]
+    outputs: list[Value] = [
+        _named(graph, b, loss, LOSS),
+        _named(graph, b, count, COUNT),
+        _named(graph, b, lr, LR_USED),
+    ]
     factors = _adam_factors(b, step_next, lr, opt) if opt.kind != "sgd" else None
     for v in trained:
         g = gs[v]
