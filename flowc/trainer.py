@@ -27,6 +27,7 @@ import numpy as np
 
 from flowc.api import Model, Project, compile_options, resolve_target
 from flowc.errors import FlowcError, InputError
+from flowc.options import TrainArgs
 from flowc.training.spec import (
     TrainSpec,
     parse_loss,
@@ -202,25 +203,15 @@ def load_checkpoint(
     folder: Path, step: TrainingStep
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The state and metadata a checkpoint holds, after checking it is this model's."""
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        raise InputError(
-            f"--resume {folder}: no {CHECKPOINT} there",
-            hint="give a --checkpoint-dir of an earlier run",
-        )
+    info = checkpoint_info(folder)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            info = json.loads(str(z["__meta__"]))
+        with np.load(folder / CHECKPOINT, allow_pickle=False) as z:
             state = {
                 k[len("state/") :]: np.asarray(z[k]) for k in z.files if k.startswith("state/")
             }
             state["train/lr"] = np.asarray(z["train/lr"])
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise InputError(f"--resume {folder}: {CHECKPOINT} is not readable ({e})") from None
-    if info.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(
-            f"--resume {folder}: a checkpoint of another format ({info.get('format')})"
-        )
     if info.get("signature") != _signature(step):
         theirs, ours = set(info.get("signature", {})), set(_signature(step))
         diff = sorted(theirs ^ ours)[:3]
@@ -340,6 +331,26 @@ def spec_from(
         freeze,
         no_decay,
         untie,
+    )
+
+
+def spec_of(args: TrainArgs, command: str) -> TrainSpec:
+    """The training specification the command line's training options spell."""
+    if args.loss is None or args.optimizer is None:
+        raise InputError(
+            f"{command} needs --loss and --optimizer",
+            hint="e.g. --loss cross_entropy:logits,labels --optimizer adamw:lr=0.001",
+        )
+    return spec_from(
+        args.loss,
+        args.optimizer,
+        lr_schedule=args.lr_schedule,
+        clip_norm=args.clip_norm,
+        freeze=args.freeze,
+        no_decay=args.no_decay,
+        ignore_index=args.ignore_index,
+        label_smoothing=args.label_smoothing,
+        untie=args.untie,
     )
 
 

@@ -144,34 +144,19 @@ def _compile_training(
     import shlex
 
     from flowc.errors import InputError
-    from flowc.trainer import compile_step, spec_from
+    from flowc.trainer import compile_step, spec_of
 
     if not train:
         raise InputError(
             "--loss, --optimizer and the other training options need --train",
             hint="flowc compile MODEL --train --loss ... --optimizer ... -o OUT",
         )
-    if training.loss is None or training.optimizer is None:
-        raise InputError(
-            "flowc compile --train needs --loss and --optimizer",
-            hint="e.g. --loss cross_entropy:logits,labels --optimizer adamw:lr=0.001",
-        )
     if schedule.precision != "fp32":
         raise InputError(
             f"--train with --precision {schedule.precision}: training compiles in fp32 for now",
             hint="leave out --precision",
         )
-    spec = spec_from(
-        training.loss,
-        training.optimizer,
-        lr_schedule=training.lr_schedule,
-        clip_norm=training.clip_norm,
-        freeze=training.freeze,
-        no_decay=training.no_decay,
-        untie=training.untie,
-        ignore_index=training.ignore_index,
-        label_smoothing=training.label_smoothing,
-    )
+    spec = spec_of(training, "flowc compile --train")
     chosen = choose_target(target)
     step, _ = compile_step(
         model.path,

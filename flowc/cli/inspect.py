@@ -254,28 +254,13 @@ def _inspect_training(
 ) -> None:
     """`flowc inspect --train`: what the training step holds and keeps."""
     from flowc.compiler import load_training, plan_schedule, schedule_graph
-    from flowc.trainer import spec_from
+    from flowc.trainer import spec_of
 
     if not train:
         raise InputError(
             "the training options need --train", hint="flowc inspect MODEL --train ..."
         )
-    if training.loss is None or training.optimizer is None:
-        raise InputError(
-            "flowc inspect --train needs --loss and --optimizer",
-            hint="e.g. --loss cross_entropy:logits,labels --optimizer adamw:lr=0.001",
-        )
-    spec = spec_from(
-        training.loss,
-        training.optimizer,
-        lr_schedule=training.lr_schedule,
-        clip_norm=training.clip_norm,
-        freeze=training.freeze,
-        no_decay=training.no_decay,
-        untie=training.untie,
-        ignore_index=training.ignore_index,
-        label_smoothing=training.label_smoothing,
-    )
+    spec = spec_of(training, "flowc inspect --train")
     step = load_training(model, spec, batch=training.batch)
     graph = step.graph
     console = err if print_ir else out
