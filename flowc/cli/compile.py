@@ -23,6 +23,7 @@ from flowc.cli.options import (
     target_option,
     training_options,
 )
+from flowc.errors import InputError
 
 
 @click.command(
@@ -81,6 +82,12 @@ def compile_cmd(
     from flowc.options import CompileOptions
 
     if train or training != TrainArgs():
+        if parallel != ParallelArgs():
+            raise InputError(
+                "--train compiles a one-device step for now: --mesh, --pipeline and the "
+                "placement options do not apply to it",
+                hint="leave them out (distributed training is a later issue)",
+            )
         _compile_training(model, project, target, arch, prefix, force, schedule, train, training)
         return
     opts = CompileOptions(
