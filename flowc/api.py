@@ -419,6 +419,7 @@ class Project:
             inputs=self.inputs,
             outputs=self.outputs,
             target=chosen,
+            state=_specs(self.info.get("state", [])),
         )
 
 
@@ -570,8 +571,11 @@ class Model:
         inputs: list[TensorSpec],
         outputs: list[TensorSpec],
         target: str,
+        state: list[TensorSpec] | None = None,
     ) -> None:
         self.inputs, self.outputs, self.target = inputs, outputs, target
+        # A training step's state, which the model keeps (read_state, save_checkpoint, ...).
+        self.state = list(state or [])
         self._handle: ctypes.c_void_p | None = None
         if not weights.is_file():
             raise InputError(
@@ -606,6 +610,17 @@ class Model:
                 hint="rebuild the project: `flowc build`",
             )
         self._lib = lib
+        self._prefix = prefix
+        if self.state:
+            state_name = fn("state_name")
+            state_name.restype = ctypes.c_char_p
+            if [state_name(i).decode() for i in range(fn("num_state")())] != [
+                s.name for s in self.state
+            ]:
+                raise FlowcError(
+                    f"{library}: its training state is not the project's",
+                    hint="rebuild the project: `flowc build`",
+                )
         handle = ctypes.c_void_p()
         status = self._create(os.fsencode(weights), ctypes.byref(handle))
         if status != 0:
@@ -685,6 +700,111 @@ class Model:
             if isinstance(item, _DeviceAllocation):
                 item.free()
         return results
+
+    # -- training (a program compiled with --train; model.h's training section) -----------
+
+    def _train_fn(self, name: str, *argtypes: Any) -> Any:
+        if self._handle is None:
+            raise FlowcError("the model is closed")
+        if not self.state:
+            raise InputError(
+                f"{name}: the model is no training step",
+                hint="compile it with `flowc compile --train`",
+            )
+        f = getattr(self._lib, self._prefix + name)
+        f.argtypes = [ctypes.c_void_p, *argtypes]
+        return f
+
+    def _state_index(self, name: str) -> int:
+        for k, s in enumerate(self.state):
+            if s.name == name:
+                return k
+        raise InputError(
+            f"the model keeps no state named {name!r}",
+            hint="its state: " + ", ".join(repr(s.name) for s in self.state[:6]) + " ...",
+        )
+
+    def read_state(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The state the model keeps (all of it, or the tensors ``names``), copied to host
+        arrays after the latest step has ended."""
+        f = self._train_fn("state_read", ctypes.c_int, ctypes.c_void_p)
+        out = {}
+        for name in self.state_names() if names is None else names:
+            spec = self.state[self._state_index(name)]
+            a = np.empty(spec.shape, spec.dtype)
+            if f(self._handle, self._state_index(name), a.ctypes.data) != 0:
+                raise self._error("reading the state")
+            out[name] = a
+        return out
+
+    def write_state(self, values: Mapping[str, Any]) -> None:
+        """Set state tensors (by name) from host arrays of their shapes and types."""
+        f = self._train_fn("state_write", ctypes.c_int, ctypes.c_void_p)
+        for name, value in values.items():
+            k = self._state_index(name)
+            spec = self.state[k]
+            # np.array, not ascontiguousarray, which makes a scalar 1-D.
+            a = np.array(value, dtype=spec.dtype, order="C")
+            if a.shape != spec.shape:
+                raise InputError(
+                    f"state {name!r}: expected shape {list(spec.shape)}, got {list(a.shape)}"
+                )
+            if f(self._handle, k, a.ctypes.data) != 0:
+                raise self._error("writing the state")
+
+    def train_step(self, inputs: Mapping[str, Any]) -> tuple[float, float, float]:
+        """One training step on a batch (model.h's train_step(), then synchronize()): the
+        state is updated in place on the device; returns (loss, label count, learning rate
+        used). ``inputs`` as run()'s."""
+        f = self._train_fn("train_step", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        _check_names(inputs, [{"name": s.name} for s in self.inputs])
+        keep: list[Any] = []
+        try:
+            ptrs = [self._input(spec, inputs, keep) for spec in self.inputs]
+            array = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+            if f(self._handle, array, None, None) != 0:
+                raise self._error("train_step() refused")
+            if self._sync(self._handle) != 0:
+                raise self._error("the training step failed")
+        finally:
+            for item in keep:
+                if isinstance(item, _DeviceAllocation):
+                    item.free()
+        result = self._train_fn("train_result", *[ctypes.POINTER(ctypes.c_double)] * 3)
+        loss, count, lr = ctypes.c_double(), ctypes.c_double(), ctypes.c_double()
+        result(self._handle, ctypes.byref(loss), ctypes.byref(count), ctypes.byref(lr))
+        return loss.value, count.value, lr.value
+
+    def state_names(self) -> list[str]:
+        return [s.name for s in self.state]
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """All the state into one file (model.h's save(): temporary file, then rename)."""
+        f = self._train_fn("save", ctypes.c_char_p)
+        if f(self._handle, os.fsencode(path)) != 0:
+            raise self._error("saving the checkpoint")
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """The state from a file save_checkpoint() (or the C API's save()) wrote for this
+        program; another model's, or a damaged file, is refused and changes nothing."""
+        f = self._train_fn("load", ctypes.c_char_p)
+        if f(self._handle, os.fsencode(path)) != 0:
+            raise self._error("loading the checkpoint")
+
+    @property
+    def lr(self) -> float:
+        """The base learning rate (the schedule scales it each step); settable."""
+        f = self._train_fn("get_lr", ctypes.POINTER(ctypes.c_double))
+        v = ctypes.c_double()
+        if f(self._handle, ctypes.byref(v)) != 0:
+            raise self._error("reading the learning rate")
+        return v.value
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        f = self._train_fn("set_lr", ctypes.c_double)
+        if f(self._handle, float(value)) != 0:
+            raise self._error("setting the learning rate")
 
     def _input(self, spec: TensorSpec, inputs: Mapping[str, Any], keep: list[Any]) -> int:
         what = f"input {spec.name!r}"

@@ -797,7 +797,7 @@ def simulate_pipeline_order(
 # Before the loss and its backward: the import clean-up and the lowerings, none of the fusions
 # (a fused op has no VJP rule yet); after: the element-wise fusion of the whole step.
 TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
-TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "fuse_elementwise")
+TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "fuse_elementwise", "order_state_writes")
 
 
 def load_training(

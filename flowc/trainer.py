@@ -34,7 +34,7 @@ from flowc.training.spec import (
     parse_optimizer,
     parse_schedule,
 )
-from flowc.training.step import COUNT, LOSS, LR_USED, TrainingStep
+from flowc.training.step import TrainingStep
 
 Progress = Callable[[str], None]
 
@@ -249,17 +249,20 @@ def run_steps(
     batch: int,
     shuffle: bool = True,
     seed: int = 0,
-    state: dict[str, np.ndarray] | None = None,
+    state: Mapping[str, np.ndarray] | None = None,
     first: int = 0,
     classes: int | None = None,
     skip_nonfinite: bool = False,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: Progress = _quiet,
-    on_step: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+    on_step: Callable[[int, Model], None] | None = None,
 ) -> TrainResult:
     """``steps`` steps of the compiled ``model`` from step ``first`` (a resumed run's
-    position), the state carried from each step's outputs to the next one's inputs."""
-    state = dict(step.initial if state is None else state)
+    position). The model keeps the state on its device and updates it in place; ``state``
+    (a checkpoint's) replaces it first. Only the batches cross to the device, and only the
+    loss, the label count and the rate come back."""
+    if state is not None:
+        model.write_state(state)
     rows = next(iter(data.values())).shape[0]
     result = TrainResult()
     t0 = time.perf_counter()
@@ -268,34 +271,23 @@ def run_steps(
         idx = batch_rows(k, batch, rows, shuffle, seed)
         feeds = {n: data[n][idx] for n in step.batch}
         check_labels(step, feeds, classes, k)
-        out = model.run({**feeds, **state})
-        loss, count = float(out[LOSS]), float(out[COUNT])
+        loss, count, lr = model.train_step(feeds)
         if not math.isfinite(loss) and not skip_nonfinite:
+            # The step changed nothing (the state's update is guarded by the loss).
             raise FlowcError(
                 f"step {k + 1}: the loss is {loss}; stopped (the state is that of step {k})",
                 hint="lower the learning rate, clip gradients (--clip-norm), or --skip-nonfinite",
             )
-        if math.isfinite(loss):
-            for name_in, name_out in step.state:
-                state[name_in] = np.asarray(out[name_out])
         result.losses.append(loss)
         result.counts.append(count)
-        result.lrs.append(float(out[LR_USED]))
+        result.lrs.append(lr)
         if on_step is not None:
-            on_step(k + 1, state)
+            on_step(k + 1, model)
         elapsed = time.perf_counter() - t0
         done = k - first + 1
         rate = done * batch / elapsed if elapsed > 0 else 0.0
         if log is not None:
-            log(
-                {
-                    "step": k + 1,
-                    "loss": loss,
-                    "count": count,
-                    "lr": float(out[LR_USED]),
-                    "examples_per_s": rate,
-                }
-            )
+            log({"step": k + 1, "loss": loss, "count": count, "lr": lr, "examples_per_s": rate})
         if elapsed - last_print >= 1.0 or done == steps:
             last_print = elapsed
             left = (steps - done) * elapsed / done
@@ -304,8 +296,8 @@ def run_steps(
             )
     elapsed = time.perf_counter() - t0
     result.steps_per_s = steps / elapsed if elapsed > 0 else 0.0
-    result.state = state
-    result.params = {p: state[p] for p in step.params}
+    result.state = model.read_state()
+    result.params = {p: result.state[p] for p in step.params}
     return result
 
 
@@ -462,14 +454,14 @@ def train(
         meta = {"batch": batch, "shuffle": shuffle, "seed": seed, "model": Path(model).name}
         folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
 
-        def saver(done: int, current: dict[str, np.ndarray]) -> None:
+        def saver(done: int, current: Model) -> None:
             if (
                 folder is not None
                 and save_every
                 and done % save_every == 0
                 and done < first + steps
             ):
-                save_checkpoint(folder, step, current, done, meta)
+                save_checkpoint(folder, step, current.read_state(), done, meta)
 
         writer = _LogWriter(Path(log)) if log is not None else None
         try:

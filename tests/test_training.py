@@ -109,11 +109,17 @@ def test_fifty_steps_match_jax_and_optax(tmp_path: Path, optimizer: str, referen
     arrays = load_data(tmp_path / "data.npz", step)
     with project.load("host") as model:
         got = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
-        # The same run again: bit for bit.
-        again = run_steps(model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, classes=10)
+        # The model keeps the state: it continues from the 50th step unless told.
+        assert int(model.read_state(["train/step"])["train/step"]) == STEPS
+        # The same run again from the first state: bit for bit.
+        again = run_steps(
+            model, step, arrays, steps=STEPS, batch=BATCH, shuffle=False, state=step.initial
+        )
         # Half the run, a checkpoint, and the rest resumed from it: the same bits again.
         half = STEPS // 2
-        first = run_steps(model, step, arrays, steps=half, batch=BATCH, shuffle=False)
+        first = run_steps(
+            model, step, arrays, steps=half, batch=BATCH, shuffle=False, state=step.initial
+        )
         save_checkpoint(tmp_path / "ckpt", step, first.state, half, {"batch": BATCH})
         state, info = load_checkpoint(tmp_path / "ckpt", step)
         assert info["step"] == half
@@ -436,10 +442,18 @@ def test_labels_out_of_range_and_a_nonfinite_loss_stop_the_run(sgd_mlp: tuple[An
         x_nan[9, 5] = np.nan  # in the second batch
         data = {"x": x_nan, "labels": labels}
         with pytest.raises(FlowcError, match="step 2: the loss is nan; stopped"):
-            run_steps(model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10)
+            run_steps(
+                model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10,
+                state=step.initial,
+            )  # fmt: skip
+        # The step that met the NaN changed nothing the model keeps.
+        kept = model.read_state()
+        assert int(kept["train/step"]) == 1
+        assert all(np.isfinite(a).all() for a in kept.values())
         skipped = run_steps(
-            model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10, skip_nonfinite=True
-        )
+            model, step, data, steps=3, batch=BATCH, shuffle=False, classes=10,
+            skip_nonfinite=True, state=step.initial,
+        )  # fmt: skip
     assert np.isnan(skipped.losses[1]) and np.isfinite(skipped.losses[2])
     assert int(skipped.state["train/step"]) == 2  # the skipped step did not count
     assert all(np.isfinite(p).all() for p in skipped.params.values())

@@ -183,8 +183,9 @@ def _compile_training(
     shown = shlex.quote(str(project))
     out.print(
         f"wrote {shown}/: the training step of {model.path.name} ({len(step.params)} trained "
-        f"parameters; batch inputs {', '.join(step.batch)}; state inputs and their next "
-        "values: flowc_model.json's inputs and outputs); build it with: flowc build "
+        f"parameters; batch inputs {', '.join(step.batch)}; the model keeps "
+        f"{len(step.graph.state)} state tensors on the device, updated in place: "
+        "model.h's train_step); build it with: flowc build "
         f"{shown}" + (f" --target {chosen}" if target is None and chosen != "host" else ""),
         markup=False,
     )

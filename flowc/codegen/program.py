@@ -112,25 +112,28 @@ def layout_weights(
     # The data is read when the file is written (codegen/weights.py), never joined here.
     parts: list[tuple[int, Callable[[], np.ndarray]]] = []
     pos = 0
-    for c in graph.constants:
-        assert c.const is not None
-        if is_splat(c.const):
+    # The constants, then the state (Graph.state: a training step's parameters, optimizer
+    # state, step counter): stored ones first, splats after them, as fills.
+    held = [(c, _const_data(c)) for c in graph.constants] + state_inputs(graph)
+    for c, a in held:
+        if is_splat(a):
             continue
         offsets[c] = pos
-        parts.append((pos, partial(_const_data, c) if data_of is None else partial(data_of, c)))
+        source = partial(_held, a) if c.const is None else partial(_const_data, c)
+        parts.append((pos, source if data_of is None or c.const is None else partial(data_of, c)))
         nbytes = c.type.nbytes
         pos += nbytes + (-nbytes) % ALIGN
     stored = pos
-    for c in graph.constants:
-        assert c.const is not None
-        if is_splat(c.const):
+    for c, a in held:
+        if is_splat(a):
             offsets[c] = pos
             pos += (c.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
-    desc = ";".join(
-        f"{c.name}:{c.type}:{offsets[c]}"
-        for c in graph.constants
-        if c.const is not None and not is_splat(c.const)
-    )
+    # A state output is written over its input.
+    for x, xn in graph.state_pairs():
+        offsets[xn] = offsets[x]
+    desc = ";".join(f"{c.name}:{c.type}:{offsets[c]}" for c, a in held if not is_splat(a))
+    if graph.state:
+        desc += "|state " + ";".join(f"{c.name}:{c.type}" for c, _ in state_inputs(graph))
     if physical is not None and coords is not None:
         from flowc.ir.layout import rank_of
 
@@ -153,6 +156,27 @@ def layout_weights(
 def _const_data(c: Value) -> np.ndarray:
     assert c.const is not None
     return c.const
+
+
+def _held(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def state_inputs(graph: Graph) -> list[tuple[Value, np.ndarray]]:
+    """The state the model keeps (Graph.state), each input with its first value."""
+    inputs = {v.name: v for v in graph.inputs}
+    return [(inputs[n], np.asarray(graph.params[n])) for n in graph.state]
+
+
+def api_inputs(graph: Graph) -> list[Value]:
+    """run()'s inputs: the graph's, but the state the model keeps."""
+    return [v for v in graph.inputs if v.name not in graph.state]
+
+
+def api_outputs(graph: Graph) -> list[Value]:
+    """run()'s outputs: the graph's, but the state written in place."""
+    written = set(graph.state.values())
+    return [v for v in graph.outputs if v.name not in written]
 
 
 class Program:
@@ -183,9 +207,9 @@ class Program:
         self._kernels: dict[str, str] = {} if kernels is None else kernels
         self.statements: list[str] = []
         self.fills: list[str] = []
-        self._inputs = {v: k for k, v in enumerate(graph.inputs)}
+        self._inputs = {v: k for k, v in enumerate(api_inputs(graph))}
         self._outputs: dict[Value, int] = {}
-        for k, v in enumerate(graph.outputs):
+        for k, v in enumerate(api_outputs(graph)):
             self._outputs.setdefault(v, k)
         self._view_base: dict[Value, Value] = {}
         for node in graph.nodes:
@@ -452,11 +476,12 @@ class Program:
 
 def _fill_statements(prog: Program) -> list[str]:
     fills = []
-    for c in prog.graph.constants:
-        if c.const is None or not is_splat(c.const):
+    held = [(c, c.const) for c in prog.graph.constants] + state_inputs(prog.graph)
+    for c, a in held:
+        if a is None or not is_splat(a):
             continue
         t = ctype(c.type.dtype)
-        value = c.const.reshape(-1)[0]
+        value = a.reshape(-1)[0]
         lit = c_literal(value, c.type.dtype, t)
         k = prog.kernel("common.cu.j2", "fill", ctype=t)
         n = c.type.numel
@@ -569,7 +594,7 @@ def _output_copies(prog: Program) -> None:
     """Outputs that repeat an earlier output, or are an input or a constant themselves."""
     graph = prog.graph
     first_index: dict[Value, int] = {}
-    for k, o in enumerate(graph.outputs):
+    for k, o in enumerate(api_outputs(graph)):
         if o in first_index or o.producer is None:  # an input or a constant is an output
             src = first_index[o] if o in first_index else prog._raw(o)
             prog.statements.append(prog._run("output_copy", k=k, src=src, nbytes=o.type.nbytes))
@@ -668,9 +693,11 @@ def _render(
     all_fills = [f for st in stages for f in st.fills]
     all_statements = [x for st in stages for x in st.prog.statements]
 
-    max_rank = max([1, *(v.type.rank for v in [*graph.inputs, *graph.outputs])])
-    input_bytes = [v.type.nbytes for v in graph.inputs]
-    output_bytes = [v.type.nbytes for v in graph.outputs]
+    inputs, outputs = api_inputs(graph), api_outputs(graph)
+    state = state_table(graph, weights)
+    max_rank = max([1, *(v.type.rank for v in [*inputs, *outputs, *graph.inputs])])
+    input_bytes = [v.type.nbytes for v in inputs]
+    output_bytes = [v.type.nbytes for v in outputs]
     staging = _staging_offsets([*input_bytes, *output_bytes])
     ctx = {
         "version": __version__,
@@ -689,8 +716,21 @@ def _render(
         "weight_layouts": [w.layout_id for w in all_weights],
         "device_weight_bytes": weights.device_bytes,
         "max_rank": max_rank,
-        "inputs": [_tensor_info(v, v.name) for v in graph.inputs],
-        "outputs": [_tensor_info(v, v.name) for v in graph.outputs],
+        "inputs": [_tensor_info(v, v.name) for v in inputs],
+        "outputs": [_tensor_info(v, v.name) for v in outputs],
+        # A training step's state (the model keeps it; train_step, save, load).
+        "state": state,
+        "state_layout": _state_layout(state),
+        "train_outputs": [
+            next((k for k, v in enumerate(outputs) if v.name == name), -1) for name in TRAIN_RESULTS
+        ],
+        "output_ctypes": [ctype(v.type.dtype) for v in outputs],
+        "loss_ctype": next(
+            (ctype(v.type.dtype) for v in outputs if v.name == TRAIN_RESULTS[0]), "float"
+        ),
+        "lr_ctype": next(
+            (ctype(v.type.dtype) for v in graph.inputs if v.name == "train/lr"), "float"
+        ),
         "mesh": list(mesh.shape) if mesh is not None else [],
         "mesh_size": mesh.size if mesh is not None else 1,
         "num_events": num_events,
@@ -755,11 +795,21 @@ def _render(
                 "prefix": prefix,
                 "inputs": [
                     {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
-                    for v in graph.inputs
+                    for v in inputs
                 ],
                 "outputs": [
                     {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
-                    for v in graph.outputs
+                    for v in outputs
+                ],
+                "state": [
+                    {
+                        "name": t["raw_name"],
+                        "shape": t["shape_list"],
+                        "dtype": t["short"],
+                        "offset": t["ckpt_offset"],
+                        "written": t["written"],
+                    }
+                    for t in state
                 ],
                 "arena_bytes": arena_bytes,
                 "lower_bound": plan.lower_bound,
@@ -777,6 +827,44 @@ def _render(
     }
     files["schedule.json"] = json.dumps(timeline, indent=1, sort_keys=True) + "\n"
     return files
+
+
+# A training step's results, in the order train_step() reports them (flowc.training.step
+# names these outputs; a program without them reports zeros).
+TRAIN_RESULTS = ("train/loss", "train/count", "train/lr_used")
+
+
+def state_table(graph: Graph, weights: WeightsLayout) -> list[dict[str, Any]]:
+    """The state the model keeps, as model.cu's kState table: each tensor's place in the
+    weights buffer and in a checkpoint (the tensors one after another, 256-aligned)."""
+    table = []
+    pos = 0
+    for v, _ in state_inputs(graph):
+        t = _tensor_info(v, v.name)
+        t.update(
+            raw_name=v.name,
+            short=v.type.dtype.short,
+            shape_list=list(v.type.shape),
+            offset=weights.offsets[v],
+            nbytes=v.type.nbytes,
+            ckpt_offset=pos,
+            written=graph.state[v.name] is not None,
+        )
+        table.append(t)
+        pos += (v.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return table
+
+
+def _state_layout(table: list[dict[str, Any]]) -> dict[str, int]:
+    """A checkpoint's bytes and layout id (names, types and offsets of the state)."""
+    if not table:
+        return {"bytes": 0, "id": 0}
+    last = table[-1]
+    nbytes = last["ckpt_offset"] + (last["nbytes"] + ALIGN - 1) // ALIGN * ALIGN
+    desc = "checkpoint|" + ";".join(
+        f"{t['raw_name']}:{t['short']}{t['shape_list']}:{t['ckpt_offset']}" for t in table
+    )
+    return {"bytes": nbytes, "id": zlib.crc32(desc.encode()) | (nbytes << 32) & (2**64 - 1)}
 
 
 def _staging_offsets(sizes: list[int]) -> list[int]:

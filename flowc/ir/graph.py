@@ -174,6 +174,12 @@ class Graph:
         # initial data. A parameter is an input, never a constant, so nothing folds it; its
         # name is the model's initializer's, which export and checkpoints map back to.
         self.params: dict[str, np.ndarray] = {}
+        # Training: the state the program keeps between runs, input name -> output name:
+        # the output is the input's next value, written over the input's bytes (in place)
+        # once every reader of the input has run (None: the step only reads it, as the base
+        # learning rate). State inputs live in the model's memory, not the caller's (their
+        # first value in ``params``), and state outputs are not returned; see state_pairs().
+        self.state: dict[str, str | None] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
@@ -265,6 +271,12 @@ class Graph:
         program placed (``Value.sbp``: a layout the placement search is bound to, so a
         fusion does not absorb them)."""
         return set(self.outputs) | {v for v in self.values() if v.sbp is not None}
+
+    def state_pairs(self) -> list[tuple[Value, Value]]:
+        """``state`` as values: (the input, the output written over it)."""
+        inputs = {v.name: v for v in self.inputs}
+        outputs = {v.name: v for v in self.outputs}
+        return [(inputs[i], outputs[o]) for i, o in self.state.items() if o is not None]
 
     def users(self) -> dict[Value, list[Node]]:
         uses: dict[Value, list[Node]] = {v: [] for v in self.values()}

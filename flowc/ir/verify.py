@@ -86,3 +86,30 @@ def verify_graph(g: Graph) -> None:
     for o in g.outputs:
         if o not in defined:
             raise VerifyError(f"graph output {o.name!r} is never defined")
+    _verify_state(g)
+
+
+def _verify_state(g: Graph) -> None:
+    """Each state pair: an input with its first value in ``params`` and an output of the same
+    type written by a node of its own (so it can be written over the input), once each."""
+    inputs = {v.name: v for v in g.inputs}
+    outputs: dict[str, list[Value]] = {}
+    for o in g.outputs:
+        outputs.setdefault(o.name, []).append(o)
+    seen: set[str] = set()
+    for i, o_name in g.state.items():
+        where = f"state {i!r} -> {o_name!r}"
+        if i not in inputs or i not in g.params:
+            raise VerifyError(f"{where}: {i!r} is no graph input with a first value")
+        if o_name is None:
+            continue
+        if len(outputs.get(o_name, [])) != 1:
+            raise VerifyError(f"{where}: {o_name!r} is not exactly one of the graph's outputs")
+        out = outputs[o_name][0]
+        if out.producer is None or out.type != inputs[i].type:
+            raise VerifyError(
+                f"{where}: {o_name!r} must be a node's output of type {inputs[i].type}"
+            )
+        if o_name in seen:
+            raise VerifyError(f"{where}: {o_name!r} is the next value of two state inputs")
+        seen.add(o_name)

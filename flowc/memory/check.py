@@ -7,7 +7,8 @@ time the wait is issued, as on a GPU -- and fails if a node may read a value bef
 without) its write having happened, if two values whose bytes overlap are not ordered (the
 earlier one's every access before the later one's write; the one exception: an element-wise
 node writing over the input only it still reads), if a stream is not joined back into
-stream 0 by the end of the run, if a view is not at its base's bytes, if anything is
+stream 0 by the end of the run, if a training step's state is overwritten (Graph.state)
+before a reader of it has run, if a view is not at its base's bytes, if anything is
 misaligned or outside the arena, or if the plan's lower bound is not the peak of live
 aligned bytes in issue order, each buffer live from its first access to its join (the first
 step after which every later step happens after all its accesses). A stream's library
@@ -140,6 +141,27 @@ def check_memory_plan(
                 raise PlanError(
                     f"{steps[r].op} {steps[r].name!r} may read {v.name!r} before "
                     f"{steps[w].op} {steps[w].name!r} writes it (no event orders them)"
+                )
+
+    # State writes (Graph.state): a training step's next parameter is written over the
+    # parameter's bytes, so every other access of them happens before the write, and a
+    # writer that reads them itself does so element by element.
+    for x, xn in graph.state_pairs():
+        w = writer.get(xn)
+        if w is None:
+            raise PlanError(f"state {x.name!r}: nothing writes its next value {xn.name!r}")
+        for r in readers.get(x, []):
+            if r == w:
+                if get_op(steps[w].op).family != "elementwise":
+                    raise PlanError(
+                        f"{steps[w].op} {steps[w].name!r} writes {xn.name!r} over {x.name!r}, "
+                        "which it reads other than element by element"
+                    )
+            elif not hb(r, w):
+                raise PlanError(
+                    f"{steps[w].op} {steps[w].name!r} may overwrite {x.name!r} (with "
+                    f"{xn.name!r}) before {steps[r].op} {steps[r].name!r} reads it "
+                    "(no event orders them)"
                 )
 
     arena: dict[Value | _Workspace, tuple[int, int]] = {}

@@ -410,6 +410,52 @@ def is_view(graph: Graph, node: Node) -> bool:
     return get_op(node.op).view and node.outputs[0] not in set(graph.outputs)
 
 
+@dataclass
+class StateWrite:
+    """How a state output is written over its input's bytes (Graph.state): ``writer``
+    writes ``output`` once every node of ``readers`` (those reading ``input``'s bytes,
+    through views too, but the writer) has run. ``reads_input``: the writer itself reads
+    ``input``, which is safe only element by element (an element-wise op reads each element
+    before it writes it)."""
+
+    input: Value
+    output: Value
+    writer: Node
+    readers: list[Node]
+    reads_input: bool
+
+    @property
+    def in_place(self) -> bool:
+        return not self.reads_input or get_op(self.writer.op).family == "elementwise"
+
+
+def state_writes(graph: Graph) -> list[StateWrite]:
+    """The graph's state writes (Graph.state), each with the readers it must come after."""
+    pairs = graph.state_pairs()
+    if not pairs:
+        return []
+    users = graph.users()
+    out = []
+    for x, xn in pairs:
+        writer = xn.producer
+        assert writer is not None
+        family = [x]
+        readers: list[Node] = []
+        reads = False
+        k = 0
+        while k < len(family):
+            for n in users.get(family[k], []):
+                if is_view(graph, n):
+                    family.append(n.outputs[0])
+                elif n is writer:
+                    reads = True
+                elif n not in readers:
+                    readers.append(n)
+            k += 1
+        out.append(StateWrite(x, xn, writer, readers, reads))
+    return out
+
+
 def set_vjp(name: str, vjp: VjpFn) -> None:
     """Give the registered op ``name`` its VJP rule: for ops declared by a shared helper
     (a table of unary ops) whose rules are written after it, in the same family module."""

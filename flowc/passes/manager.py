@@ -33,6 +33,7 @@ def _load() -> None:
         fuse_elementwise,
         fuse_gemm,
         lower_ops,
+        order_state,
         precision,
         simplify,
         split_projections,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ops.registry import get_op, is_view
+from flowc.ops.registry import get_op, is_view, state_writes
 from flowc.parallel.cost import COLLECTIVE_OPS, Profile, device_share, kernel_time
 
 KINDS = ("node", "collective", "copy", "send", "recv")
@@ -125,4 +125,20 @@ def build_actor_graph(graph: Graph, profile: Profile) -> ActorGraph:
         for o in node.outputs:
             a.outputs.append(new_register(o, a.id))
         actors.append(a)
+    # A state write overwrites its input's bytes: it waits for every reader of them (the
+    # order_state_writes pass put those readers first).
+    actor_of = {a.node: a for a in actors}
+    for w in state_writes(graph):
+        wa = actor_of[w.writer]
+        for reader in w.readers:
+            ra = actor_of.get(reader)
+            if ra is None:
+                continue
+            if ra.id > wa.id:
+                raise ValueError(
+                    f"internal: state write {w.writer.name!r} comes before its reader "
+                    f"{reader.name!r} (run the order_state_writes pass)"
+                )
+            if ra.id not in wa.deps:
+                wa.deps.append(ra.id)
     return ActorGraph(graph, actors, registers, register_of, views)

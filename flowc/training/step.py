@@ -20,7 +20,7 @@ from flowc.autodiff import gradients
 from flowc.errors import FlowcWarning, InputError
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.graph import Graph, Node, Value, make_splat
 from flowc.ir.types import TensorType
 from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
 
@@ -271,6 +271,16 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         _named(graph, b, lr, LR_USED),
     ]
     factors = _adam_factors(b, step_next, lr, opt) if opt.kind != "sgd" else None
+    ldt = loss.type.dtype
+    # A step whose loss is not finite changes no state (x * 0 == 0 fails for NaN and inf):
+    # the run stops, or skips the batch (--skip-nonfinite), with the state of the step before.
+    finite = b.emit(
+        "Equal", [b.emit("Mul", [loss, _scalar(b, 0.0, ldt)])[0], _scalar(b, 0.0, ldt)]
+    )[0]
+
+    def guarded(old: Value, new: Value) -> Value:
+        return b.emit("Where", [finite, new, old])[0]
+
     for v in trained:
         g = gs[v]
         assert g is not None
@@ -281,18 +291,22 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         names = []
         for state_in, new in nexts:
             if state_in is not v:
-                step.initial[state_in.name] = np.zeros(v.type.shape, v.type.dtype.np)
+                # Zeros as a splat: the program fills them rather than storing them.
+                step.initial[state_in.name] = make_splat(0, v.type.shape, v.type.dtype.np)
                 names.append(state_in.name)
-            out = _named(graph, b, new, f"{state_in.name}.next")
+            out = _named(graph, b, guarded(state_in, new), f"{state_in.name}.next")
             outputs.append(out)
             step.state.append((state_in.name, out.name))
         step.optimizer_state[v.name] = names
-    outputs.append(_named(graph, b, step_next, f"{STEP}.next"))
+    outputs.append(_named(graph, b, guarded(step_in, step_next), f"{STEP}.next"))
     step.state.append((STEP, f"{STEP}.next"))
     step.initial[STEP] = np.asarray(0, np.int64)
     step.initial[LR] = np.asarray(opt.lr, dt.np)
     graph.outputs = outputs
     graph.remove_unused()
+    # The state stays in the program's memory from step to step, updated in place.
+    graph.state = {**dict(step.state), LR: None}
+    graph.params = dict(step.initial)
     return step
 
 

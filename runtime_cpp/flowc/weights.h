@@ -83,10 +83,10 @@ inline std::string hex(uint64_t v) {
 // `other_layout` explains a file whose layout is not the expected one, or returns "".
 inline Status load_checked(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
                            const std::function<std::string(uint64_t)>& other_layout,
-                           std::vector<unsigned char>* out) {
-  const std::string name = "weights file " + path;
+                           std::vector<unsigned char>* out, const std::string& what = "weights file") {
+  const std::string name = what + " " + path;
   io::File file;
-  if (Status st = io::open_for_reading(path, "weights file", &file); !st.ok()) return st;
+  if (Status st = io::open_for_reading(path, what, &file); !st.ok()) return st;
 
   if (fseeko(file.f, 0, SEEK_END) != 0)
     return InvalidArgument(name + ": cannot seek: " + std::strerror(errno));
@@ -98,7 +98,7 @@ inline Status load_checked(const std::string& path, uint64_t expected_bytes, uin
   unsigned char head[kHeaderBytes];
   if (uint64_t(length) < kHeaderBytes || std::fread(head, 1, kHeaderBytes, file.f) != kHeaderBytes ||
       std::memcmp(head, kMagic, 8) != 0)
-    return InvalidArgument(name + " is not a flowc weights file (no FLOWCWT1 header)");
+    return InvalidArgument(name + " is not a flowc " + what + " (no FLOWCWT1 header)");
   const uint64_t version = detail::get_u64(head + 8);
   const uint64_t data_bytes = detail::get_u64(head + 16);
   const uint64_t stored_hash = detail::get_u64(head + 24);
@@ -158,6 +158,13 @@ inline Status load(const std::string& path, uint64_t expected_bytes, uint64_t ex
   return detail::load_checked(path, expected_bytes, expected_layout, nullptr, out);
 }
 
+// A training program's checkpoint (its state: parameters, optimizer state, step counter,
+// learning rate): a file of this format whose layout id names the state's tensors.
+inline Status load_checkpoint(const std::string& path, uint64_t expected_bytes, uint64_t expected_layout,
+                              std::vector<unsigned char>* out) {
+  return detail::load_checked(path, expected_bytes, expected_layout, nullptr, out, "checkpoint");
+}
+
 // One rank's file of a multi-rank program: layouts[r] is rank r's id (ranks of them), `mesh` the
 // mesh as text ("2x2"). A file written for another rank is refused with the rank it is for.
 inline Status load_rank(const std::string& path, uint64_t expected_bytes, const uint64_t* layouts, int ranks,
@@ -177,8 +184,9 @@ inline Status load_rank(const std::string& path, uint64_t expected_bytes, const 
   return detail::load_checked(path, expected_bytes, layouts[rank], other_rank, out);
 }
 
-inline Status save(const std::string& path, const void* data, uint64_t bytes, uint64_t layout = 0) {
-  const std::string name = "weights file " + path;
+inline Status save(const std::string& path, const void* data, uint64_t bytes, uint64_t layout = 0,
+                   const std::string& what = "weights file") {
+  const std::string name = what + " " + path;
   if (bytes > 0 && data == nullptr) return InvalidArgument(name + ": no data (null pointer)");
   unsigned char head[kHeaderBytes] = {};
   std::memcpy(head, kMagic, 8);

@@ -1,0 +1,232 @@
+"""The training step's state kept by the model and updated in place (Graph.state): the
+writes ordered after their readers, in the schedule and in the memory checker; the C API's
+train_step, state access, learning rate, save and load, against the same step run with its
+state fed from the host (flowc's interpreter in float64 is not needed: the host-fed run is
+the same program)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SHARED_MODELS
+
+from flowc.compiler import generate_program
+from flowc.errors import FlowcError
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Graph
+from flowc.ir.types import TensorType
+from flowc.memory.check import PlanError, check_memory_plan
+from flowc.passes.order_state import order_state_writes
+from flowc.schedule.program import StreamOp
+from flowc.trainer import compile_step, spec_from
+
+MODEL = SHARED_MODELS / "mlp.onnx"
+BATCH = 8
+
+
+def _data(rows: int = 32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    return {"x": x, "labels": (np.arange(rows) * 7 % 10).astype(np.int64)}
+
+
+@pytest.fixture(scope="module")
+def adam_step(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    tmp = tmp_path_factory.mktemp("state")
+    spec = spec_from("cross_entropy:y,labels", "adamw:lr=0.003,weight_decay=0.01")
+    step, project = compile_step(MODEL, spec, tmp / "step", batch=BATCH, target="host")
+    project.build("host", quick=True)
+    return step, project
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_state_writes_follow_their_readers_in_the_emitted_program(streams: int) -> None:
+    from flowc.compiler import load_training
+    from flowc.options import ModelArgs
+
+    spec = spec_from("cross_entropy:y,labels", "adamw:lr=0.003,weight_decay=0.01")
+    step = load_training(ModelArgs(MODEL), spec, batch=BATCH)
+    graph = step.graph
+    compiled = generate_program(graph, streams=streams)
+    check_memory_plan(graph, compiled.memory, compiled.program)
+    # The state is the model's: neither run()'s inputs nor its outputs.
+    import json
+
+    info = json.loads(compiled.files["flowc_model.json"])
+    assert [i["name"] for i in info["inputs"]] == ["x", "labels"]
+    assert [o["name"] for o in info["outputs"]] == ["train/loss", "train/count", "train/lr_used"]
+    assert {s["name"] for s in info["state"]} == set(graph.state)
+    # Each weight's update runs after the weight's every other reader.
+    position = {id(op.node): k for k, op in enumerate(compiled.program) if op.kind == "run"}
+    readers = {
+        id(n)
+        for n in graph.nodes
+        if any(i is not None and i.name == "m.2.weight" for i in n.inputs)
+    }
+    writer = dict((x.name, xn) for x, xn in graph.state_pairs())["m.2.weight"].producer
+    assert readers - {id(writer)}
+    assert all(position[r] < position[id(writer)] for r in readers - {id(writer)})
+
+
+def test_the_checker_catches_a_state_write_before_a_reader() -> None:
+    g = Graph()
+    t = TensorType((64,), DType.F32)
+    x = g.add_input("x", t)
+    reader = g.add_node("Relu", [x], [t], name="reader")
+    one = g.add_constant("one", np.ones(64, np.float32))
+    writer = g.add_node("Add", [x, one], [t], name="update")
+    g.outputs = [reader.outputs[0], writer.outputs[0]]
+    g.params["x"] = np.zeros(64, np.float32)
+    g.state = {"x": writer.outputs[0].name}
+    order_state_writes(g)
+    compiled = generate_program(g)
+    check_memory_plan(g, compiled.memory, compiled.program)
+    swapped = [StreamOp("run", 0, writer), StreamOp("run", 0, reader)]
+    with pytest.raises(PlanError, match=r"Add 'update' may overwrite 'x'.*before Relu 'reader'"):
+        check_memory_plan(g, compiled.memory, swapped)
+
+
+def test_a_state_write_that_reads_its_input_whole_gets_a_copy() -> None:
+    # x -> x @ x: the MatMul reads all of x while writing, so it may not write over x; the
+    # pass gives it a result of its own and copies that over x after x's other reader.
+    g = Graph()
+    t = TensorType((4, 4), DType.F32)
+    x = g.add_input("x", t)
+    (y,) = g.add_node("Relu", [x], [t], name="reader").outputs
+    (xn,) = g.add_node("MatMul", [x, x], [t], name="square").outputs
+    g.outputs = [y, xn]
+    g.params["x"] = np.eye(4, dtype=np.float32)
+    g.state = {"x": xn.name}
+    order_state_writes(g)
+    copy = xn.producer
+    assert copy is not None and copy.op == "Identity"
+    assert copy.inputs[0] is not None and copy.inputs[0].producer is not None
+    assert copy.inputs[0].producer.op == "MatMul"
+    names = [n.name for n in g.nodes]
+    assert names.index(copy.name) > names.index("reader")
+    compiled = generate_program(g)
+    check_memory_plan(g, compiled.memory, compiled.program)
+
+
+def test_train_step_keeps_the_state_on_the_device(adam_step: tuple[Any, Any]) -> None:
+    from flowc.trainer import batch_rows
+
+    step, project = adam_step
+    data = _data()
+    with project.load("host") as model:
+        assert model.lr == pytest.approx(0.003)
+        first = model.read_state()
+        assert int(first["train/step"]) == 0
+        np.testing.assert_array_equal(first["m.0.weight"], step.initial["m.0.weight"])
+        assert not first["m.0.weight.exp_avg"].any()
+        losses = []
+        for s in range(4):
+            idx = batch_rows(s, BATCH, 32, False, 0)
+            loss, count, lr = model.train_step({k: v[idx] for k, v in data.items()})
+            losses.append(loss)
+            assert count == BATCH and lr == pytest.approx(0.003)
+        after = model.read_state()
+        assert int(after["train/step"]) == 4
+        assert not np.array_equal(after["m.0.weight"], first["m.0.weight"])
+        # run() is the same step: from the first state again, the same losses bit for bit.
+        model.write_state(first)
+        again = []
+        for s in range(4):
+            idx = batch_rows(s, BATCH, 32, False, 0)
+            out = model.run({k: v[idx] for k, v in data.items()})
+            again.append(float(out["train/loss"]))
+        assert again == losses
+        for name, a in model.read_state().items():
+            np.testing.assert_array_equal(a, after[name], err_msg=name)
+        # The base rate is the model's: a step after set_lr uses the new one.
+        model.lr = 0.0
+        frozen = model.read_state(["m.0.weight"])["m.0.weight"]
+        _, _, used = model.train_step({k: v[:BATCH] for k, v in data.items()})
+        assert used == 0.0
+        np.testing.assert_array_equal(model.read_state(["m.0.weight"])["m.0.weight"], frozen)
+        with pytest.raises(FlowcError, match="not a learning rate"):
+            model.lr = float("nan")
+
+
+def test_save_and_load_a_checkpoint(adam_step: tuple[Any, Any], tmp_path: Path) -> None:
+    _, project = adam_step
+    data = _data()
+    ckpt = tmp_path / "state.ckpt"
+    with project.load("host") as model:
+        for s in range(3):
+            model.train_step({k: v[s * BATCH : (s + 1) * BATCH] for k, v in data.items()})
+        model.save_checkpoint(ckpt)
+        assert not list(tmp_path.glob("*.tmp*"))  # written whole, then renamed
+        saved = model.read_state()
+        tail = [model.train_step({k: v[BATCH : 2 * BATCH] for k, v in data.items()})[0]]
+        model.load_checkpoint(ckpt)
+        for name, a in model.read_state().items():
+            np.testing.assert_array_equal(a, saved[name], err_msg=name)
+        assert [model.train_step({k: v[BATCH : 2 * BATCH] for k, v in data.items()})[0]] == tail
+        # A damaged checkpoint changes nothing and says what is wrong.
+        before = model.read_state()
+        raw = bytearray(ckpt.read_bytes())
+        raw[-5] ^= 0xFF
+        (tmp_path / "bad.ckpt").write_bytes(bytes(raw))
+        with pytest.raises(FlowcError, match=r"checkpoint .*bad\.ckpt is corrupt"):
+            model.load_checkpoint(tmp_path / "bad.ckpt")
+        (tmp_path / "short.ckpt").write_bytes(bytes(raw[:100]))
+        with pytest.raises(FlowcError, match="truncated"):
+            model.load_checkpoint(tmp_path / "short.ckpt")
+        with pytest.raises(FlowcError, match="not a flowc checkpoint"):
+            model.load_checkpoint(project.path / "model.cu")
+        for name, a in model.read_state().items():
+            np.testing.assert_array_equal(a, before[name], err_msg=name)
+
+
+def test_a_checkpoint_of_another_setup_is_refused(
+    adam_step: tuple[Any, Any], tmp_path: Path
+) -> None:
+    _, project = adam_step
+    spec = spec_from("cross_entropy:y,labels", "sgd:lr=0.1,momentum=0.9")
+    _, other = compile_step(MODEL, spec, tmp_path / "sgd", batch=BATCH, target="host")
+    other.build("host", quick=True)
+    with other.load("host") as sgd:
+        sgd.save_checkpoint(tmp_path / "sgd.ckpt")
+    with (
+        project.load("host") as model,
+        pytest.raises(FlowcError, match="compiled for another model or layout"),
+    ):
+        model.load_checkpoint(tmp_path / "sgd.ckpt")
+
+
+def test_training_steps_build_for_cuda_without_a_warning(tmp_path: Path) -> None:
+    """gpt2_tiny's step (embeddings' scatter-add, attention's and LayerNorm's backward, AdamW
+    with clipping and a warm-up schedule: every training kernel flowc has) built with nvcc
+    against cuBLASLt: compiled and linked warning-free (it runs where a GPU is)."""
+    from conftest import require_cuda_build_toolchain
+
+    from flowc.harness.build import build
+
+    require_cuda_build_toolchain()
+    spec = spec_from(
+        "cross_entropy:logits,labels",
+        "adamw:lr=0.001,weight_decay=0.01",
+        lr_schedule="cosine:warmup=2,total=10",
+        clip_norm=1.0,
+        ignore_index=-100,
+    )
+    _, project = compile_step(
+        SHARED_MODELS / "gpt2_tiny.onnx", spec, tmp_path / "step", batch=1, target="cuda"
+    )
+    bdir = build(project.path, "cuda", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+    # The training API is exported from the library.
+    import subprocess
+
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(bdir / f"lib{project.prefix}model.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for fn in ("train_step", "train_result", "save", "load", "get_lr", "set_lr", "state_read"):
+        assert f" {project.prefix}{fn}\n" in symbols, fn
