@@ -230,3 +230,63 @@ def test_training_steps_build_for_cuda_without_a_warning(tmp_path: Path) -> None
     ).stdout
     for fn in ("train_step", "train_result", "save", "load", "get_lr", "set_lr", "state_read"):
         assert f" {project.prefix}{fn}\n" in symbols, fn
+
+
+def test_the_driver_trains_as_the_library_does(adam_step: tuple[Any, Any], tmp_path: Path) -> None:
+    """`model_main train`: rows in order from .npy files, the same losses and final state as
+    train_step() from Python, a checkpoint that resumes where it stopped."""
+    import json
+    import subprocess
+
+    from flowc.harness.build import build_dir
+
+    _, project = adam_step
+    data = _data()
+    args = []
+    for name, a in data.items():
+        np.save(tmp_path / f"{name}.npy", a)
+        args += ["--data", f"{name}={tmp_path / f'{name}.npy'}"]
+    exe = build_dir(project.path, "host") / "model_main"
+    weights = str(project.path / "weights.bin")
+    ckpt, log = tmp_path / "run.ckpt", tmp_path / "log.jsonl"
+    cmd = [str(exe), "train", "--weights", weights, *args, "--batch", str(BATCH)]
+    r = subprocess.run(
+        [*cmd, "--steps", "6", "--save", str(ckpt), "--log", str(log)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "step 6/6: loss" in r.stderr and "examples/s" in r.stderr
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6]
+    r = subprocess.run(
+        [*cmd, "--steps", "2", "--resume", str(ckpt), "--log", str(log)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    lines += [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6, 7, 8]
+    with project.load("host") as model:
+        want = []
+        for s in range(8):
+            rows = np.arange(s * BATCH, (s + 1) * BATCH) % 32
+            want.append(model.train_step({k: v[rows] for k, v in data.items()})[0])
+            if s == 5:
+                six = model.read_state()
+        # Printed with 9 digits: float32's values exactly.
+        assert [np.float32(x["loss"]) for x in lines] == [np.float32(w) for w in want]
+        model.load_checkpoint(ckpt)
+        for name, a in model.read_state().items():
+            np.testing.assert_array_equal(a, six[name], err_msg=name)
+    # Bad data: a clear error, exit 2.
+    np.save(tmp_path / "short.npy", data["labels"][:5])
+    short = ["--data", f"x={tmp_path / 'x.npy'}", "--data", f"labels={tmp_path / 'short.npy'}"]
+    r = subprocess.run(
+        [str(exe), "train", "--weights", weights, *short, "--batch", "8", "--steps", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "one row count for all" in r.stderr, r.stderr
+    r = subprocess.run([*cmd, *short, "--steps", "1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "is given twice" in r.stderr, r.stderr
