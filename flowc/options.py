@@ -159,6 +159,7 @@ class TrainArgs:
     untie: str | None = None
     ignore_index: int | None = None
     label_smoothing: float = 0.0
+    accumulate: int = 1
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,7 @@ def run_steps(
     if state is not None:
         model.write_state(state)
     rows = next(iter(data.values())).shape[0]
+    batch *= step.micro_batches  # a step takes K micro-batches' rows
     result = TrainResult()
     t0 = time.perf_counter()
     last_print = 0.0
@@ -312,9 +313,12 @@ def spec_from(
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
     untie: str | None = None,
+    accumulate: int = 1,
 ) -> TrainSpec:
     if clip_norm is not None and not clip_norm > 0:
         raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
+    if not 1 <= accumulate <= 4096:
+        raise InputError(f"--accumulate {accumulate}: expected 1 to 4096 micro-batches")
     return TrainSpec(
         parse_loss(loss, ignore_index, label_smoothing),
         parse_optimizer(optimizer),
@@ -323,6 +327,7 @@ def spec_from(
         freeze,
         no_decay,
         untie,
+        accumulate,
     )
 
 
@@ -343,6 +348,7 @@ def spec_of(args: TrainArgs, command: str) -> TrainSpec:
         ignore_index=args.ignore_index,
         label_smoothing=args.label_smoothing,
         untie=args.untie,
+        accumulate=args.accumulate,
     )
 
 
@@ -365,6 +371,9 @@ def compile_step(
     progress(f"building the training step of {Path(model_path).name}")
     step = load_training(opts.model, spec, batch=batch)
     progress(f"generating {out}/ ({len(step.graph.nodes)} nodes, {len(step.params)} parameters)")
+    # Accumulation is for memory: the order of least peak memory runs each micro-batch's
+    # backward before the next one's forward.
+    schedule_for = "memory" if step.micro_batches > 1 else opts.schedule.schedule_for
     compile_graph(
         step.graph,
         out,
@@ -373,6 +382,8 @@ def compile_step(
         build_target=target,
         force=opts.force,
         cuda_graph=not opts.schedule.no_cuda_graph,
+        streams=opts.schedule.streams,
+        schedule_for=schedule_for,
     )
     return step, Project(out)
 
@@ -398,6 +409,7 @@ def train(
     untie: str | None = None,
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
+    accumulate: int = 1,
     skip_nonfinite: bool = False,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     save_every: int | None = None,
@@ -422,16 +434,23 @@ def train(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         untie=untie,
+        accumulate=accumulate,
     )
     if resume is not None:
         # The data position only means the same rows with the same batch and shuffle:
         # checked before the (slow) compile.
         info = checkpoint_info(Path(resume))
-        if info.get("batch") != batch or info.get("shuffle") != shuffle or info.get("seed") != seed:
+        if (
+            info.get("batch") != batch
+            or info.get("accumulate", 1) != accumulate
+            or info.get("shuffle") != shuffle
+            or info.get("seed") != seed
+        ):
             raise InputError(
                 f"--resume {resume}: the checkpoint was made with --batch {info.get('batch')}, "
+                f"--accumulate {info.get('accumulate', 1)}, "
                 f"{'shuffled' if info.get('shuffle') else '--no-shuffle'}, --seed {info.get('seed')}",
-                hint="resume with the same --batch, --seed and shuffling",
+                hint="resume with the same --batch, --accumulate, --seed and shuffling",
             )
     chosen, why = resolve_target(target)
     say(f"target {chosen} ({why})")
@@ -451,7 +470,13 @@ def train(
             state, info = load_checkpoint(Path(resume), step)
             first = int(info["step"])
             say(f"resuming after step {first}")
-        meta = {"batch": batch, "shuffle": shuffle, "seed": seed, "model": Path(model).name}
+        meta = {
+            "batch": batch,
+            "accumulate": accumulate,
+            "shuffle": shuffle,
+            "seed": seed,
+            "model": Path(model).name,
+        }
         folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
 
         def saver(done: int, current: Model) -> None:

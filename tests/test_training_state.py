@@ -15,6 +15,7 @@ from conftest import SHARED_MODELS
 
 from flowc.compiler import generate_program
 from flowc.errors import FlowcError
+from flowc.harness.compare import max_rel_error
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph
 from flowc.ir.types import TensorType
@@ -290,3 +291,54 @@ def test_the_driver_trains_as_the_library_does(adam_step: tuple[Any, Any], tmp_p
     assert r.returncode == 2 and "one row count for all" in r.stderr, r.stderr
     r = subprocess.run([*cmd, *short, "--steps", "1"], capture_output=True, text=True)
     assert r.returncode == 2 and "is given twice" in r.stderr, r.stderr
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path: Path) -> None:
+    """--accumulate 4 of 4 rows against one step of 16 rows: the same update (the loss
+    normalized by all the step's counted labels, not a mean of the micro-batches' means: the
+    ignored labels are spread unevenly), its first loss that of NumPy over onnxruntime's
+    logits; and a smaller arena for a large batch."""
+    import onnxruntime as ort
+
+    from flowc.trainer import load_data, run_steps
+
+    rows = 32
+    data = _data(rows)
+    data["labels"][[0, 1, 2, 5, 17]] = -100  # 3 of micro-batch 0's 4 labels, none of some
+    np.savez(tmp_path / "d.npz", **data)
+    results = {}
+    for k, b in [(1, 16), (4, 4)]:
+        spec = spec_from(
+            "cross_entropy:y,labels", "sgd:lr=0.05,momentum=0.9", ignore_index=-100, accumulate=k
+        )
+        step, project = compile_step(MODEL, spec, tmp_path / f"k{k}", batch=b, target="host")
+        assert step.micro_batches == k
+        project.build("host", quick=True)
+        arrays = load_data(tmp_path / "d.npz", step)
+        with project.load("host") as model:
+            assert [s.shape for s in model.inputs] == [(16, 64), (16,)]
+            results[k] = run_steps(model, step, arrays, steps=6, batch=b, shuffle=False)
+    one, acc = results[1], results[4]
+    assert one.counts[0] == acc.counts[0] == 16 - 4  # the first 16 rows hold 4 ignored labels
+    for a, c in zip(acc.losses, one.losses, strict=True):
+        assert abs(a - c) <= 1e-6 * abs(c), (a, c)
+    # SGD: the update is linear in the gradient, so the sums' rounding stays that small
+    # (Adam's division by sqrt(v) would turn a near-zero gradient's last bit into lr).
+    for name, p in one.params.items():
+        assert max_rel_error(acc.params[name], p) < 1e-5, name
+    sess = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    logits = np.concatenate([sess.run(None, {"x": data["x"][r : r + 8]})[0] for r in (0, 8)])
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    logp -= logits.max(-1, keepdims=True)
+    labels = data["labels"][:16]
+    kept = labels != -100
+    want = -logp[kept, labels[kept]].sum() / kept.sum()
+    assert abs(acc.losses[0] - want) <= 1e-5 * abs(want)
+    # Memory: 256 examples a step as 4 micro-batches of 64 need a smaller arena (the
+    # activations of one micro-batch at a time) than one batch of 256.
+    arenas = {}
+    for k, b in [(1, 256), (4, 64)]:
+        spec = spec_from("cross_entropy:y,labels", "sgd:lr=0.05", accumulate=k)
+        _, project = compile_step(MODEL, spec, tmp_path / f"big{k}", batch=b, target="host")
+        arenas[k] = project.info["arena_bytes"]
+    assert arenas[4] < 0.7 * arenas[1], arenas

@@ -179,6 +179,8 @@ def _compile_training(
         arch=arch,
         force=force,
         no_cuda_graph=schedule.no_cuda_graph,
+        streams=schedule.streams,
+        schedule_for=schedule.schedule_for,
     )
     shown = shlex.quote(str(project))
     out.print(

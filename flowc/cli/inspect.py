@@ -274,6 +274,11 @@ def _inspect_training(
         f"[bold]{escape(model.path.name)}[/]: training step, {len(graph.nodes)} nodes, "
         f"{spec.optimizer.kind} on {escape(spec.loss.kind)} "
         f"(batch inputs: {escape(', '.join(step.batch))})"
+        + (
+            f", {step.micro_batches} micro-batches a step (their gradients accumulated)"
+            if step.micro_batches > 1
+            else ""
+        )
     )
     table = Table(title="what the step holds", title_justify="left", show_edge=False)
     table.add_column("kind")
@@ -299,11 +304,14 @@ def _inspect_training(
             "no gradient reaches (kept as they are): " + ", ".join(map(escape, step.no_gradient))
         )
     if memory:
-        sched = schedule_graph(graph, schedule_for=schedule_for)
+        # As compile_step schedules it: accumulation in the order of least peak memory.
+        sched = schedule_graph(
+            graph, schedule_for="memory" if step.micro_batches > 1 else schedule_for
+        )
         plan = plan_schedule(sched)
         console.print(
             f"memory plan of the step: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
             f"lower bound {plan.lower_bound} B ({plan.arena_bytes / max(plan.lower_bound, 1):.3f}x), "
-            f"naive sum {plan.naive_bytes} B; parameters and optimizer state are the step's "
-            "inputs, outside the arena"
+            f"naive sum {plan.naive_bytes} B; parameters and optimizer state are the model's "
+            "state, outside the arena, updated in place"
         )

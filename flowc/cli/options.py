@@ -349,7 +349,7 @@ def parallel_options(fn: F) -> F:
 
 
 def training_options(fn: F) -> F:
-    """--loss, --optimizer, --batch, --lr-schedule, --clip-norm, --freeze, --no-decay,
+    """--loss, --optimizer, --batch, --accumulate, --lr-schedule, --clip-norm, --freeze, --no-decay,
     --ignore-index, --label-smoothing -> ``training`` (`flowc train`, `flowc compile
     --train`)."""
     return _with_options(
@@ -374,6 +374,15 @@ def training_options(fn: F) -> F:
             ),
             count_option(
                 "--batch", "B", "Examples per step (binds axis 0 of every model input).", low=1
+            ),
+            click.option(
+                "--accumulate",
+                type=click.IntRange(1, 4096),
+                default=1,
+                metavar="K",
+                help="Accumulate the gradients of K micro-batches of B examples (each forward "
+                "and backward in turn) into one update; the loss is normalized by all their "
+                "labels. A step takes K*B rows.",
             ),
             text_option(
                 "--lr-schedule",

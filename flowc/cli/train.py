@@ -121,6 +121,7 @@ def train_cmd(
         untie=training.untie,
         ignore_index=training.ignore_index,
         label_smoothing=training.label_smoothing,
+        accumulate=training.accumulate,
         skip_nonfinite=skip_nonfinite,
         checkpoint_dir=checkpoint_dir,
         save_every=save_every,

@@ -74,6 +74,9 @@ class TrainSpec:
     freeze: str | None = None
     no_decay: str | None = None
     untie: str | None = None
+    # Gradient accumulation: the step runs this many micro-batches of --batch examples (each
+    # forward and backward in turn) and updates once, the loss normalized by all their labels.
+    accumulate: int = 1
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

@@ -52,6 +52,8 @@ class TrainingStep:
     ignore_index: int | None = None
     # The loss's target input (the labels), if the loss has one.
     target: str | None = None
+    # Micro-batches per step (--accumulate): a step takes this many times --batch rows.
+    micro_batches: int = 1
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the forward's values the backward reads: the activations kept for it."""
@@ -98,17 +100,11 @@ def _scalar(b: GraphBuilder, value: float, dtype: DType) -> Value:
     return b.constant("train/c", np.asarray(value, dtype.np))
 
 
-def _loss(graph: Graph, b: GraphBuilder, spec: LossSpec, batch: list[str]) -> tuple[Value, Value]:
-    """The loss (a scalar: the mean over the counted examples) and the count, as values."""
-    pred = _find_value(graph, spec.prediction, "--loss")
-    if not pred.type.dtype.is_float:
-        raise InputError(f"--loss: {spec.prediction!r} is {pred.type.dtype}, not a float value")
-    dt = pred.type.dtype
+def _target_input(graph: Graph, spec: LossSpec, pred: Value, rows: int) -> Value | None:
+    """The loss's target as a new input, ``rows`` examples on axis 0 (all micro-batches'),
+    or None for a loss that is an output of the model."""
     if spec.kind == "output":
-        loss = pred if pred.type.numel == 1 else b.emit("ReduceMean", [pred], {"keepdims": 0})[0]
-        if loss.type.rank:
-            loss = b.emit("Reshape", [loss, b.constant("train/shape", np.zeros(0, np.int64))])[0]
-        return loss, _scalar(b, 1.0, dt)
+        return None
     assert spec.target is not None
     if graph.has_name(spec.target):
         raise InputError(
@@ -118,43 +114,67 @@ def _loss(graph: Graph, b: GraphBuilder, spec: LossSpec, batch: list[str]) -> tu
     if spec.kind == "cross_entropy":
         if pred.type.rank < 1:
             raise InputError(f"--loss cross_entropy: {spec.prediction!r} is a scalar, not logits")
+        shape, dtype = pred.type.shape[:-1], DType.I64
+    else:
+        shape, dtype = pred.type.shape, pred.type.dtype
+    if shape and rows != shape[0]:
+        shape = (rows, *shape[1:])  # K micro-batches' labels
+    return graph.add_input(spec.target, TensorType(shape, dtype))
+
+
+def _label_count(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None) -> Value:
+    """How many labels the loss averages over: cross_entropy's labels but the ignored ones
+    (counted over all the step's rows), else the elements of the prediction (or 1 for a
+    model's own loss), times the micro-batches ``target`` holds."""
+    dt = pred.type.dtype
+    if spec.kind == "output":
+        return _scalar(b, 1.0, dt)
+    assert target is not None
+    if spec.kind == "cross_entropy" and spec.ignore_index is not None:
+        ignored = b.emit(
+            "Equal", [target, b.constant("train/ignore", np.asarray(spec.ignore_index, np.int64))]
+        )[0]
+        return _sum_all(b, b.emit("Cast", [b.emit("Not", [ignored])[0]], {"to": dt.onnx})[0])
+    return _scalar(b, float(max(1, target.type.numel)), dt)
+
+
+def _loss_sum(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None) -> Value:
+    """The sum of the per-label losses of one micro-batch (a model's own loss: its mean)."""
+    dt = pred.type.dtype
+    if spec.kind == "output":
+        loss = pred if pred.type.numel == 1 else b.emit("ReduceMean", [pred], {"keepdims": 0})[0]
+        if loss.type.rank:
+            loss = b.emit("Reshape", [loss, b.constant("train/shape", np.zeros(0, np.int64))])[0]
+        return loss
+    assert target is not None
+    if spec.kind == "cross_entropy":
         classes = pred.type.shape[-1]
-        labels = graph.add_input(spec.target, TensorType(pred.type.shape[:-1], DType.I64))
-        batch.append(labels.name)
         logp = b.emit("LogSoftmax", [pred], {"axis": -1}, name="train/log_softmax")[0]
-        expanded = b.emit("Unsqueeze", [labels, b.constant("train/axes", np.asarray([-1]))])[0]
+        expanded = b.emit("Unsqueeze", [target, b.constant("train/axes", np.asarray([-1]))])[0]
         classes_c = b.constant("train/classes", np.arange(classes, dtype=np.int64))
         onehot = b.emit("Cast", [b.emit("Equal", [expanded, classes_c])[0]], {"to": dt.onnx})[0]
-        target = onehot
+        weights = onehot
         eps = spec.label_smoothing
         if eps:
-            target = b.emit(
+            weights = b.emit(
                 "Add",
                 [
                     b.emit("Mul", [onehot, _scalar(b, 1 - eps, dt)])[0],
                     _scalar(b, eps / classes, dt),
                 ],
             )[0]
-        picked = b.emit("Mul", [target, logp])[0]
+        picked = b.emit("Mul", [weights, logp])[0]
         per = b.emit(
             "ReduceSum", [picked, b.constant("train/axes", np.asarray([-1]))], {"keepdims": 0}
         )[0]
         if spec.ignore_index is not None:
             ignored = b.emit(
                 "Equal",
-                [labels, b.constant("train/ignore", np.asarray(spec.ignore_index, np.int64))],
+                [target, b.constant("train/ignore", np.asarray(spec.ignore_index, np.int64))],
             )[0]
             mask = b.emit("Cast", [b.emit("Not", [ignored])[0]], {"to": dt.onnx})[0]
             per = b.emit("Mul", [per, mask])[0]
-            count = _sum_all(b, mask)
-        else:
-            count = _scalar(b, float(max(1, math.prod(pred.type.shape[:-1]))), dt)
-        total = _sum_all(b, per)
-        denom = b.emit("Max", [count, _scalar(b, 1.0, dt)])[0]
-        loss = b.emit("Neg", [b.emit("Div", [total, denom])[0]])[0]
-        return loss, count
-    target = graph.add_input(spec.target, pred.type)
-    batch.append(target.name)
+        return b.emit("Neg", [_sum_all(b, per)])[0]
     if spec.kind == "mse":
         d = b.emit("Sub", [pred, target])[0]
         per = b.emit("Mul", [d, d])[0]
@@ -165,8 +185,110 @@ def _loss(graph: Graph, b: GraphBuilder, spec: LossSpec, batch: list[str]) -> tu
         xt = b.emit("Mul", [pred, target])[0]
         soft = b.emit("Softplus", [b.emit("Neg", [b.emit("Abs", [pred])[0]])[0]])[0]
         per = b.emit("Add", [b.emit("Sub", [pos, xt])[0], soft])[0]
-    count = _scalar(b, float(max(1, pred.type.numel)), dt)
-    return b.emit("Div", [_sum_all(b, per), count])[0], count
+    return _sum_all(b, per)
+
+
+def _rows(b: GraphBuilder, v: Value, k: int, per: int) -> Value:
+    """Rows [k per, (k+1) per) of ``v`` (axis 0): micro-batch k."""
+    return b.emit(
+        "Slice",
+        [
+            v,
+            b.constant("train/starts", np.asarray([k * per], np.int64)),
+            b.constant("train/ends", np.asarray([(k + 1) * per], np.int64)),
+            b.constant("train/axes", np.asarray([0], np.int64)),
+        ],
+    )[0]
+
+
+def _loss_and_gradients(
+    graph: Graph, b: GraphBuilder, spec: TrainSpec, step: TrainingStep, params: list[Value]
+) -> tuple[Value, Value, dict[Value, Value | None]]:
+    """The step's loss (the sum of the per-label losses over the count of labels), that
+    count, and each parameter's gradient. With K micro-batches the batch inputs take K times
+    the rows; each micro-batch's forward (micro-batch 0: the model's own nodes, the others
+    copies of them) is followed by its backward, whose seed 1/count needs only the labels, so
+    a micro-batch's activations can die before the next one's forward; the gradients add up
+    in micro-batch order."""
+    k_count = spec.accumulate
+    pred = _find_value(graph, spec.loss.prediction, "--loss")
+    if not pred.type.dtype.is_float:
+        raise InputError(
+            f"--loss: {spec.loss.prediction!r} is {pred.type.dtype}, not a float value"
+        )
+    batch_inputs = [v for v in graph.inputs if v.name in step.batch]
+    rows = pred.type.shape[0] if pred.type.rank else 1
+    if k_count > 1:
+        for v in batch_inputs:
+            if v.type.rank == 0 or (pred.type.rank and v.type.shape[0] != rows):
+                raise InputError(
+                    f"--accumulate: input {v.name!r} {list(v.type.shape)} has no batch axis 0 "
+                    f"of {rows} examples, as {spec.loss.prediction!r} has",
+                    hint="micro-batches split axis 0 of every input and of the prediction",
+                )
+    forward = list(graph.nodes)
+    # The batch inputs, K micro-batches each: a new input under the input's name; the
+    # model's own reads micro-batch 0's rows.
+    micro: list[dict[Value, Value]] = [{} for _ in range(k_count)]
+    if k_count > 1:
+        first_new = len(graph.nodes)
+        for v in batch_inputs:
+            name = v.name
+            graph.rename(v, graph.unique_name(name + "@mb0"))
+            big = graph.add_input(
+                name, TensorType((rows * k_count, *v.type.shape[1:]), v.type.dtype)
+            )
+            graph.inputs.remove(big)
+            graph.inputs[graph.inputs.index(v)] = big
+            first = _rows(b, big, 0, rows)
+            graph.replace_uses(v, first)
+            for k in range(1, k_count):
+                micro[k][first] = _rows(b, big, k, rows)
+        # The slices run before the model's nodes that read them.
+        graph.nodes = graph.nodes[first_new:] + graph.nodes[:first_new]
+    target = _target_input(graph, spec.loss, pred, rows * k_count)
+    if target is not None:
+        step.batch.append(target.name)
+    count = _label_count(b, spec.loss, pred, target)
+    if spec.loss.kind == "output":
+        count = b.emit("Mul", [count, _scalar(b, float(k_count), pred.type.dtype)])[0]
+    denom = b.emit("Max", [count, _scalar(b, 1.0, pred.type.dtype)])[0]
+    grads: dict[Value, Value | None] = {p: None for p in params}
+    total: Value | None = None
+    for k in range(k_count):
+        pred_k = pred if k == 0 else _copy_forward(graph, forward, micro[k], k)[pred]
+        target_k = target if target is None or k_count == 1 else _rows(b, target, k, rows)
+        s_k = _loss_sum(b, spec.loss, pred_k, target_k)
+        total = s_k if total is None else b.emit("Add", [total, s_k])[0]
+        g_k = gradients(graph, b.emit("Div", [s_k, denom])[0], params)
+        for p in params:
+            gk = g_k[p]
+            if gk is not None:
+                prev = grads[p]
+                grads[p] = gk if prev is None else b.emit("Add", [prev, gk])[0]
+    assert total is not None
+    loss = b.emit("Div", [total, denom])[0]
+    return loss, count, grads
+
+
+def _copy_forward(
+    graph: Graph, forward: list[Node], inputs: dict[Value, Value], k: int
+) -> dict[Value, Value]:
+    """The nodes ``forward`` once more for micro-batch ``k``, reading ``inputs`` in place of
+    the batch inputs (parameters and constants shared): original value -> its copy."""
+    copies = dict(inputs)
+    for n in forward:
+        node = graph.add_node(
+            n.op,
+            [None if i is None else copies.get(i, i) for i in n.inputs],
+            [o.type for o in n.outputs],
+            n.attrs,
+            name=f"{n.name}@mb{k}" if n.name else "",
+            output_names=[f"{o.name}@mb{k}" for o in n.outputs],
+        )
+        for o, c in zip(n.outputs, node.outputs, strict=True):
+            copies[o] = c
+    return copies
 
 
 def _lr(b: GraphBuilder, base: Value, t: Value, s: ScheduleSpec) -> Value:
@@ -228,8 +350,8 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         for v in frozen:
             _to_constant(graph, b, v)
         params = [v for v in params if v not in frozen]
-    loss, count = _loss(graph, b, spec.loss, step.batch)
-    grads = gradients(graph, loss, params)
+    step.micro_batches = spec.accumulate
+    loss, count, grads = _loss_and_gradients(graph, b, spec, step, params)
     trained = []
     for v in params:
         if grads[v] is None:
