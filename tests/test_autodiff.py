@@ -133,6 +133,23 @@ UNARY: list[tuple[str, dict[str, Any], Callable[[], np.ndarray]]] = [
     ("Softplus", {}, lambda: r(3, 4)),
     ("Sin", {}, lambda: r(3, 4)),
     ("Cos", {}, lambda: r(3, 4)),
+    ("Elu", {"alpha": 0.7}, lambda: r(3, 4, away=0.1)),
+    ("Selu", {}, lambda: r(3, 4, away=0.1)),
+    ("Celu", {"alpha": 1.5}, lambda: r(3, 4, away=0.1)),
+    ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, lambda: r(3, 4) * 2),
+    ("HardSwish", {}, lambda: r(4, 5) * 3),
+    ("Softsign", {}, lambda: r(3, 4, away=0.1)),
+    ("Mish", {}, lambda: r(3, 4)),
+    ("ThresholdedRelu", {"alpha": 0.5}, lambda: r(3, 4) + 0.03),
+    ("Tan", {}, lambda: r(3, 4) * 0.5),
+    ("Asin", {}, lambda: np.tanh(r(3, 4)) * 0.9),
+    ("Acos", {}, lambda: np.tanh(r(3, 4)) * 0.9),
+    ("Atan", {}, lambda: r(3, 4)),
+    ("Sinh", {}, lambda: r(3, 4)),
+    ("Cosh", {}, lambda: r(3, 4)),
+    ("Asinh", {}, lambda: r(3, 4)),
+    ("Acosh", {}, lambda: r(3, 4, positive=True) + 1.0),
+    ("Atanh", {}, lambda: np.tanh(r(3, 4)) * 0.9),
 ]
 
 
@@ -152,6 +169,40 @@ def test_binary_vjp_sums_broadcast_axes(op: str, sa: tuple[int, ...], sb: tuple[
     a = r(*sa, positive=op == "Pow")
     b_ = r(*sb, positive=op in ("Div",)) if op != "Pow" else r(*sb)
     check_vjp(op, [np.asarray(a), np.asarray(b_)])
+
+
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
+def test_variadic_vjp(op: str) -> None:
+    check_vjp(op, [r(3, 4), r(4), r(3, 1)])
+
+
+@pytest.mark.parametrize("bounds", ["both", "min", "arrays"])
+def test_clip_vjp_sends_the_gradient_to_what_the_output_came_from(bounds: str) -> None:
+    x = r(3, 4, away=0.05)
+    if bounds == "arrays":
+        # Bounds as inputs of their own: each gets the gradient where it clipped.
+        lo, hi = np.full((), -0.5) + 0.013, np.full((), 0.6) + 0.017
+        check_vjp("Clip", [x, lo, hi])
+    elif bounds == "min":
+        check_vjp("Clip", [x, np.asarray(-0.3)], consts={1: np.asarray(-0.3)})
+    else:
+        check_vjp(
+            "Clip", [x, np.asarray(-0.4), np.asarray(0.5)],
+            consts={1: np.asarray(-0.4), 2: np.asarray(0.5)},
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["Floor", "Sign"])
+def test_piecewise_constant_ops_pass_no_gradient(op: str) -> None:
+    g = Graph("t")
+    b = GraphBuilder(g, fold=False)
+    x = g.add_input("x", TensorType((3,), DType.F64))
+    y = b.emit("Add", [b.emit(op, [x])[0], x])[0]
+    loss = b.emit("ReduceSum", [y], {"keepdims": 0})[0]
+    grads = gradients(g, loss, [x])
+    g.outputs = [grads[x]]  # type: ignore[list-item]
+    got = evaluate(g, {"x": np.asarray([0.3, -1.7, 2.2])})
+    np.testing.assert_array_equal(got[g.outputs[0].name], np.ones(3))  # only the Add's
 
 
 def test_where_passes_the_gradient_to_the_chosen_branch() -> None:
@@ -230,6 +281,18 @@ def test_concat_split_slice_vjp() -> None:
     axes = np.asarray([0, 2], np.int64)
     check_vjp("Slice", [r(4, 3, 5), starts, ends, axes],
               consts={1: starts, 2: ends, 3: axes})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("starts", "ends", "axes", "steps"),
+    [([0], [7], [1], [2]), ([1, 6], [100, 0], [0, 1], [3, -2]), ([-1], [-100], [2], [-1]),
+     ([2, 0], [9, 4], [1, 2], [4, 5]), ([0, -2], [5, -9], [0, 1], [1, -3])],
+)  # fmt: skip
+def test_strided_slice_vjp(
+    starts: list[int], ends: list[int], axes: list[int], steps: list[int]
+) -> None:
+    ins = [np.asarray(v, np.int64) for v in (starts, ends, axes, steps)]
+    check_vjp("Slice", [r(5, 9, 4), *ins], consts={k + 1: a for k, a in enumerate(ins)})
 
 
 def test_integer_paths_and_missing_rules() -> None:

@@ -571,6 +571,177 @@ for _name, _fn in [
     unary(_name, _f(_fn), float_only=True, cost=4)
 
 
+def _with_attrs(
+    derivative: Callable[[GradBuilder, Value, Value, Callable[[str, float], float]], Value],
+) -> VjpFn:
+    """grad.elementwise for a derivative that reads the node's float attributes (``at(name,
+    default)``)."""
+
+    def vjp(
+        b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+    ) -> list[Value | None]:
+        def at(key: str, default: float) -> float:
+            return float(node.attrs.get(key, default))
+
+        return grad.elementwise(lambda b_, x, y: derivative(b_, x, y, at))(b, node, gouts, need)
+
+    return vjp
+
+
+def _where(b: GradBuilder, cond: Value, a: Value, c: Value) -> Value:
+    return op1(b, "Where", cond, a, c)
+
+
+def _positive(b: GradBuilder, x: Value) -> Value:
+    return op1(b, "Greater", x, scalar(b, 0.0, x))
+
+
+def _recip_sqrt(b: GradBuilder, v: Value) -> Value:
+    return op1(b, "Reciprocal", op1(b, "Sqrt", v))
+
+
+def _square(b: GradBuilder, x: Value) -> Value:
+    return op1(b, "Mul", x, x)
+
+
+def _one_minus_x2(b: GradBuilder, x: Value) -> Value:
+    return op1(b, "Sub", scalar(b, 1.0, x), _square(b, x))
+
+
+def _between(b: GradBuilder, x: Value, lo: float, hi: float) -> Value:
+    """1 where lo < x < hi, else 0 (a clamp's slope)."""
+    inside = op1(
+        b,
+        "And",
+        op1(b, "Greater", x, scalar(b, lo, x)),
+        op1(b, "Less", x, scalar(b, hi, x)),
+    )
+    return op1(b, "Cast", inside, to=x.type.dtype.onnx)
+
+
+def _mish_grad(b: GradBuilder, x: Value, y: Value) -> Value:
+    # y = x tanh(sp(x)): tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x)
+    t = op1(b, "Tanh", op1(b, "Softplus", x))
+    return op1(
+        b, "Add", t, op1(b, "Mul", op1(b, "Mul", x, _one_minus_x2(b, t)), op1(b, "Sigmoid", x))
+    )
+
+
+_UNARY_VJP.update(
+    {
+        "Elu": _with_attrs(
+            lambda b, x, y, at: _where(
+                b,
+                _positive(b, x),
+                scalar(b, 1.0, x),
+                op1(b, "Add", y, scalar(b, at("alpha", 1.0), y)),
+            )
+        ),
+        "Selu": _with_attrs(
+            lambda b, x, y, at: _where(
+                b,
+                _positive(b, x),
+                scalar(b, at("gamma", 1.05070102214813232421875), x),
+                op1(
+                    b,
+                    "Mul",
+                    op1(b, "Exp", x),
+                    scalar(
+                        b,
+                        at("gamma", 1.05070102214813232421875)
+                        * at("alpha", 1.67326319217681884765625),
+                        x,
+                    ),
+                ),
+            )
+        ),
+        "Celu": _with_attrs(
+            lambda b, x, y, at: _where(
+                b,
+                _positive(b, x),
+                scalar(b, 1.0, x),
+                op1(b, "Exp", op1(b, "Div", x, scalar(b, at("alpha", 1.0), x))),
+            )
+        ),
+        "HardSigmoid": _with_attrs(
+            lambda b, x, y, at: op1(
+                b,
+                "Mul",
+                _between(
+                    b,
+                    op1(
+                        b,
+                        "Add",
+                        op1(b, "Mul", x, scalar(b, at("alpha", 0.2), x)),
+                        scalar(b, at("beta", 0.5), x),
+                    ),
+                    0.0,
+                    1.0,
+                ),
+                scalar(b, at("alpha", 0.2), x),
+            )
+        ),
+        # x (x/6 + 1/2) inside (-3, 3): x/3 + 1/2; 1 above 3; 0 below -3
+        "HardSwish": grad.elementwise(
+            lambda b, x, y: op1(
+                b,
+                "Add",
+                op1(
+                    b,
+                    "Mul",
+                    _between(b, x, -3.0, 3.0),
+                    op1(b, "Add", op1(b, "Div", x, scalar(b, 3.0, x)), scalar(b, 0.5, x)),
+                ),
+                op1(
+                    b, "Cast", op1(b, "GreaterOrEqual", x, scalar(b, 3.0, x)), to=x.type.dtype.onnx
+                ),
+            )
+        ),
+        "Softsign": grad.elementwise(
+            lambda b, x, y: op1(
+                b, "Reciprocal", _square(b, op1(b, "Add", scalar(b, 1.0, x), op1(b, "Abs", x)))
+            )
+        ),
+        "Mish": grad.elementwise(_mish_grad),
+        "ThresholdedRelu": _with_attrs(
+            lambda b, x, y, at: op1(
+                b,
+                "Cast",
+                op1(b, "Greater", x, scalar(b, at("alpha", 1.0), x)),
+                to=x.type.dtype.onnx,
+            )
+        ),
+        "Tan": grad.elementwise(lambda b, x, y: op1(b, "Add", scalar(b, 1.0, y), _square(b, y))),
+        "Asin": grad.elementwise(lambda b, x, y: _recip_sqrt(b, _one_minus_x2(b, x))),
+        "Acos": grad.elementwise(
+            lambda b, x, y: op1(b, "Neg", _recip_sqrt(b, _one_minus_x2(b, x)))
+        ),
+        "Atan": grad.elementwise(
+            lambda b, x, y: op1(b, "Reciprocal", op1(b, "Add", scalar(b, 1.0, x), _square(b, x)))
+        ),
+        "Sinh": grad.elementwise(lambda b, x, y: op1(b, "Cosh", x)),
+        "Cosh": grad.elementwise(lambda b, x, y: op1(b, "Sinh", x)),
+        "Asinh": grad.elementwise(
+            lambda b, x, y: _recip_sqrt(b, op1(b, "Add", _square(b, x), scalar(b, 1.0, x)))
+        ),
+        "Acosh": grad.elementwise(
+            lambda b, x, y: _recip_sqrt(b, op1(b, "Sub", _square(b, x), scalar(b, 1.0, x)))
+        ),
+        "Atanh": grad.elementwise(lambda b, x, y: op1(b, "Reciprocal", _one_minus_x2(b, x))),
+    }
+)
+
+
+def _no_gradient(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Piecewise constant ops: their derivative is zero wherever it exists."""
+    return [None] * len(node.inputs)
+
+
+for _name in ("Floor", "Ceil", "Round", "Sign"):
+    _UNARY_VJP[_name] = _no_gradient
+
 for _name, _rule in _UNARY_VJP.items():
     set_vjp(_name, _rule)
 
@@ -870,6 +1041,67 @@ defop(
     onnx_import=_clip_import,
     **codegen("Clip"),
 )
+
+
+def _clip_vjp(
+    b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The gradient goes to x where the output is x (within [min, max]), else to the bound
+    the output equals (the one that clipped it), summed back to the bound's shape."""
+    g, y = gouts[0], node.outputs[0]
+    x = node.inputs[0]
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None:
+        return grads
+    zero = scalar(b, 0.0, g)
+    # The output came from whichever input it equals; x first (a bound equal to x is x).
+    from_x = op1(b, "Equal", y, x)
+    if need[0]:
+        grads[0] = _where(b, from_x, g, zero)
+    for k in (1, 2):
+        bound = node.inputs[k] if k < len(node.inputs) else None
+        if bound is not None and need[k]:
+            took = op1(b, "And", op1(b, "Not", from_x), op1(b, "Equal", y, bound))
+            grads[k] = grad.unbroadcast(b, _where(b, took, g, zero), bound.type.shape)
+    return grads
+
+
+set_vjp("Clip", _clip_vjp)
+
+
+def _variadic_vjp(kind: str) -> VjpFn:
+    """Sum: the gradient to every operand; Mean: divided by their count; Max and Min: to the
+    operand the result came from (the first of equal ones), each summed back to its shape."""
+
+    def vjp(
+        b: GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+    ) -> list[Value | None]:
+        g, y = gouts[0], node.outputs[0]
+        grads: list[Value | None] = [None] * len(node.inputs)
+        if g is None:
+            return grads
+        if kind == "Mean":
+            g = op1(b, "Div", g, scalar(b, float(len(node.inputs)), g))
+        taken: Value | None = None  # Max/Min: an earlier operand already gave the result
+        for k, x in enumerate(node.inputs):
+            if x is None:
+                continue
+            gk = g
+            if kind in ("Max", "Min"):
+                mine = op1(b, "Equal", y, x)
+                if taken is not None:
+                    mine = op1(b, "And", mine, op1(b, "Not", taken))
+                taken = mine if taken is None else op1(b, "Or", taken, mine)
+                gk = _where(b, mine, g, scalar(b, 0.0, g))
+            if need[k]:
+                grads[k] = grad.unbroadcast(b, gk, x.type.shape)
+        return grads
+
+    return vjp
+
+
+for _name in ("Sum", "Mean", "Max", "Min"):
+    set_vjp(_name, _variadic_vjp(_name))
 
 
 # -- Cast ---------------------------------------------------------------------------------------

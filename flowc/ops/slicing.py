@@ -655,7 +655,9 @@ def _split_vjp(
 def _slice_vjp(
     b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
 ) -> list[Value | None]:
-    """The gradient padded with zeros back to the input's shape (steps of 1)."""
+    """The gradient put back where the slice took it from, zeros elsewhere: along an axis
+    of step s > 1, each element followed by s - 1 zeros (an axis padded after it and merged),
+    a negative step's gradient reversed first; then padded to the input's shape."""
     g, x = gouts[0], node.inputs[0]
     grads: list[Value | None] = [None] * len(node.inputs)
     if g is None or x is None or not need[0]:
@@ -668,13 +670,44 @@ def _slice_vjp(
     starts, ends = consts[1], consts[2]
     assert starts is not None and ends is not None
     slices, _ = _array_plan(ShapeError, x.type.shape, starts, ends, consts[3], consts[4])
-    if any((sl.step or 1) != 1 for sl in slices):
-        raise ShapeError(
-            f"Slice node {node.name!r}: no gradient rule for a slice with steps other than 1"
-        )
-    begins = [sl.start or 0 for sl in slices]
-    stops = [d if sl.stop is None else sl.stop for sl, d in zip(slices, x.type.shape, strict=True)]
-    pads = begins + [d - e for d, e in zip(x.type.shape, stops, strict=True)]
+    pads_before, pads_after = [], []
+    for axis, (sl, dim) in enumerate(zip(slices, x.type.shape, strict=True)):
+        n = g.type.shape[axis]
+        step = sl.step or 1
+        if n == 0:
+            pads_before.append(0)
+            pads_after.append(dim)
+            continue
+        first = sl.start or 0
+        if step < 0:
+            # The elements first, first - |s|, ...: reversed, they run upwards from the last.
+            first += (n - 1) * step
+            step = -step
+            g = grad.op1(
+                b,
+                "Slice",
+                g,
+                grad.ints(b, [n - 1]),
+                grad.ints(b, [-(2**63)]),
+                grad.ints(b, [axis]),
+                grad.ints(b, [-1]),
+            )
+        if step > 1:
+            rank = g.type.rank
+            shape = list(g.type.shape)
+            g = grad.op1(b, "Unsqueeze", g, grad.ints(b, [axis + 1]))
+            widen = [0] * (rank + 1) * 2
+            widen[rank + 1 + axis + 1] = step - 1
+            g = grad.op1(b, "Pad", g, grad.ints(b, widen), mode="constant")
+            shape[axis] = n * step
+            g = grad.reshape(b, g, shape)
+            span = (n - 1) * step + 1
+            g = grad.op1(
+                b, "Slice", g, grad.ints(b, [0]), grad.ints(b, [span]), grad.ints(b, [axis])
+            )
+        pads_before.append(first)
+        pads_after.append(dim - first - g.type.shape[axis])
+    pads = pads_before + pads_after
     grads[0] = g if not any(pads) else grad.op1(b, "Pad", g, grad.ints(b, pads), mode="constant")
     return grads
 
