@@ -518,6 +518,13 @@ def load_model(
         shapes=parse_shapes(model.shapes), dims=parse_dim_values(model.dims), weights=model.weights
     )
     graph = times.run("import", lambda: load_graph(model.path, opts))
+    if graph.state and (placed or precision != "fp32"):
+        # A training step (a printed step's `state` declarations) runs on one device in fp32.
+        raise InputError(
+            f"{model.path.name} is a training step (it declares state): it compiles for one "
+            "device in fp32 for now",
+            hint="leave out --mesh, --pipeline and --precision",
+        )
     if not placed:
         for v in graph.values():
             v.sbp = None
@@ -797,7 +804,8 @@ def simulate_pipeline_order(
 # Before the loss and its backward: the import clean-up and the lowerings, none of the fusions
 # (a fused op has no VJP rule yet); after: the element-wise fusion of the whole step.
 TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
-TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "fuse_elementwise", "order_state_writes")
+# lower_ops again: the loss's SoftmaxCrossEntropy, which build_step adds, has no kernel.
+TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "lower_ops", "fuse_elementwise", "order_state_writes")
 
 
 def load_training(
@@ -820,6 +828,11 @@ def load_training(
         batch=batch,
     )
     graph = times.run("import", lambda: load_graph(model.path, opts))
+    if graph.state:
+        raise InputError(
+            f"{model.path.name} is a training step already (it declares state)",
+            hint=f"compile it as it is: flowc compile {model.path.name} -o OUT",
+        )
     for v in graph.values():
         v.sbp = None
     if model.path.suffix.lower() == ".flow":

@@ -331,6 +331,48 @@ def spec_from(
     )
 
 
+# Train block setting -> (TrainArgs field, how its text reads).
+_BLOCK_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "loss": ("loss", str),
+    "optimizer": ("optimizer", str),
+    "lr_schedule": ("lr_schedule", str),
+    "clip_norm": ("clip_norm", float),
+    "freeze": ("freeze", str),
+    "no_decay": ("no_decay", str),
+    "untie": ("untie", str),
+    "ignore_index": ("ignore_index", int),
+    "label_smoothing": ("label_smoothing", float),
+    "accumulate": ("accumulate", int),
+    "batch": ("batch", int),
+}
+
+
+def with_train_block(model: str | os.PathLike[str], args: TrainArgs) -> TrainArgs:
+    """The training options: the command line's, and for what it leaves out, a .flow
+    program's train block's."""
+    import dataclasses
+
+    from flowc.frontend.dsl import read_train_block
+
+    path = Path(model)
+    if path.suffix.lower() != ".flow" or not path.is_file():
+        return args
+    block = read_train_block(path)
+    defaults = TrainArgs()
+    given: dict[str, Any] = {}
+    for key, text in block.items():
+        field_name, read = _BLOCK_FIELDS[key]
+        if getattr(args, field_name) != getattr(defaults, field_name):
+            continue  # the command line's wins
+        try:
+            given[field_name] = read(text)
+        except ValueError:
+            raise InputError(
+                f"{path.name}: train block: {key} = {text} is not a {read.__name__}"
+            ) from None
+    return dataclasses.replace(args, **given)
+
+
 def spec_of(args: TrainArgs, command: str) -> TrainSpec:
     """The training specification the command line's training options spell."""
     if args.loss is None or args.optimizer is None:

@@ -394,3 +394,39 @@ def test_backward_kernels_compiled_for_the_host_match_float64(tmp_path: Path) ->
 def test_gather_vjp_adds_repeated_rows(shape: tuple[int, ...], axis: int, indices: Any) -> None:
     idx = np.asarray(indices, np.int64)
     check_vjp("Gather", [r(*shape), idx], {"axis": axis}, consts={1: idx})
+
+
+@pytest.mark.parametrize(
+    ("attrs", "shape"),
+    [({}, (6, 5)), ({"has_ignore": 1, "ignore_index": -1}, (2, 3, 7)),
+     ({"label_smoothing": 0.1}, (4, 3)), ({"has_ignore": 1, "ignore_index": 2, "label_smoothing": 0.2}, (5, 4))],
+)  # fmt: skip
+def test_softmax_cross_entropy_vjp_and_its_lowering(
+    attrs: dict[str, Any], shape: tuple[int, ...]
+) -> None:
+    """The fused loss: its gradient against finite differences of its reference; and the
+    ops lower_ops turns it into against that reference (NumPy: log-softmax, picked)."""
+    from flowc.passes.lower_ops import lower_ops
+
+    labels = R.integers(0, shape[-1], shape[:-1])
+    if attrs.get("has_ignore"):
+        labels.flat[::3] = attrs["ignore_index"]
+    x = r(*shape) * 3
+    check_vjp("SoftmaxCrossEntropy", [x, labels], attrs, num_outputs=2)
+    g = Graph("t")
+    b = GraphBuilder(g, fold=False)
+    xv = g.add_input("x", TensorType(shape, DType.F64))
+    lv = g.add_input("labels", TensorType(shape[:-1], DType.I64))
+    g.outputs = b.emit("SoftmaxCrossEntropy", [xv, lv], attrs, num_outputs=2)
+    lower_ops(g)
+    assert "SoftmaxCrossEntropy" not in g.op_counts()
+    got = evaluate(g, {"x": x, "labels": labels})
+    logp = x - x.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    eps = attrs.get("label_smoothing", 0.0)
+    safe = np.where(labels < 0, 0, labels) if attrs.get("has_ignore") else labels
+    want = -(1 - eps) * np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    want -= eps * logp.mean(-1)
+    if attrs.get("has_ignore"):
+        want = np.where(labels == attrs["ignore_index"], 0.0, want)
+    np.testing.assert_allclose(got[g.outputs[0].name], want, rtol=1e-12, atol=1e-12)

@@ -151,7 +151,7 @@ def _compile_training(
     import shlex
 
     from flowc.errors import InputError
-    from flowc.trainer import compile_step, spec_of
+    from flowc.trainer import compile_step, spec_of, with_train_block
 
     if not train:
         raise InputError(
@@ -163,6 +163,7 @@ def _compile_training(
             f"--train with --precision {schedule.precision}: training compiles in fp32 for now",
             hint="leave out --precision",
         )
+    training = with_train_block(model.path, training)
     spec = spec_of(training, "flowc compile --train")
     chosen = choose_target(target)
     step, _ = compile_step(

@@ -254,12 +254,13 @@ def _inspect_training(
 ) -> None:
     """`flowc inspect --train`: what the training step holds and keeps."""
     from flowc.compiler import load_training, plan_schedule, schedule_graph
-    from flowc.trainer import spec_of
+    from flowc.trainer import spec_of, with_train_block
 
     if not train:
         raise InputError(
             "the training options need --train", hint="flowc inspect MODEL --train ..."
         )
+    training = with_train_block(model.path, training)
     spec = spec_of(training, "flowc inspect --train")
     step = load_training(model, spec, batch=training.batch)
     graph = step.graph

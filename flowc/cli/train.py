@@ -80,8 +80,9 @@ def train_cmd(
     """Train MODEL (ONNX or .flow): its forward, the loss, the backward and the optimizer's
     update compile into one step program, built and run over the rows of --data."""
     from flowc.errors import InputError
-    from flowc.trainer import train
+    from flowc.trainer import train, with_train_block
 
+    training = with_train_block(model.path, training)
     missing = [
         name
         for name, value in (
@@ -97,7 +98,8 @@ def train_cmd(
         raise InputError(
             f"flowc train needs {', '.join(missing)}",
             hint="e.g. flowc train model.onnx --loss cross_entropy:logits,labels "
-            "--optimizer adamw:lr=0.001 --data train.npz --steps 100 --batch 32",
+            "--optimizer adamw:lr=0.001 --data train.npz --steps 100 --batch 32 (a .flow "
+            "program's train block may give the training options)",
         )
     loss, optimizer, batch = training.loss, training.optimizer, training.batch
     assert loss and optimizer and data and steps and batch

@@ -840,10 +840,77 @@ class _Reader:
                 v.sbp = self.placement(place_t, v.type, repr(name))
             self.define(name, v, name_t)
 
+    def state(self, t: Tree) -> None:
+        """``state NAME = INIT [-> NEXT]``: input NAME is state the program keeps (Graph.state),
+        its first value INIT, NEXT the output that is its next value (checked once the
+        outputs are known)."""
+        name_t, init, next_t = t.children
+        name = self.name(name_t)
+        v = self.scope.get(name)
+        if v is None or v not in self.graph.inputs:
+            raise self.fail(name_t, f"state {name!r} is not an input of the graph")
+        if name in self.graph.state:
+            raise self.fail(name_t, f"state {name!r} is declared twice")
+        self.graph.params[name] = self.initializer(init, name, v.type)
+        self.graph.state[name] = None if next_t is None else self.name(next_t)
+
+    def train_block(self, t: Tree) -> dict[str, str]:
+        """The train block as the command line's training options (Graph.train)."""
+        out: dict[str, str] = {}
+        for item in t.children:
+            if not isinstance(item, Tree):
+                continue
+            key_t, value_t = item.children
+            key = str(key_t)
+            if key in out or (key == "schedule" and "lr_schedule" in out):
+                raise self.fail(item, f"train: {key} is given twice")
+            if key in ("loss", "optimizer", "schedule"):
+                if not (isinstance(value_t, Tree) and value_t.data == "call"):
+                    raise self.fail(item, f"train: {key} takes a call, e.g. {_TRAIN_EXAMPLES[key]}")
+                fn = str(value_t.children[0])
+                names, settings = [], []
+                for a in value_t.children[1:]:
+                    if a is None:
+                        continue
+                    if a.data == "kwarg":
+                        k, v = str(a.children[0]), self.attr_value(a.children[1])
+                        if key == "loss" and k in ("ignore_index", "label_smoothing"):
+                            out[k] = _option_text(v)
+                        else:
+                            settings.append(f"{k}={_option_text(v)}")
+                    elif key == "loss" and a.data == "ref":
+                        names.append(self.name(a.children[0]))
+                    else:
+                        raise self.fail(
+                            a,
+                            f"train: {key}'s arguments are "
+                            + ("value names" if key == "loss" else "name=value settings"),
+                            hint=f"e.g. {_TRAIN_EXAMPLES[key]}",
+                        )
+                if key == "loss":
+                    out[key] = f"{fn}:{','.join(names)}"
+                else:
+                    out["lr_schedule" if key == "schedule" else key] = (
+                        f"{fn}:{','.join(settings)}" if settings else fn
+                    )
+            elif key in _TRAIN_SETTINGS:
+                if isinstance(value_t, Tree) and value_t.data == "call":
+                    raise self.fail(item, f"train: {key} takes a value, not a call")
+                out[key] = _option_text(self.attr_value(value_t))
+            else:
+                raise self.fail(
+                    item,
+                    f"train: no setting {key!r}",
+                    hint="loss, optimizer, schedule, " + ", ".join(sorted(_TRAIN_SETTINGS)),
+                )
+        return out
+
     def statement(self, t: Tree) -> None:
         kind = t.data
         if kind == "param_decl":
             self.param(t)
+        elif kind == "state_decl":
+            self.state(t)
         elif kind == "const_decl":
             self.const(t)
         elif kind == "binding":
@@ -869,9 +936,12 @@ class _Reader:
 
     def program(self, tree: Tree) -> Graph:
         items = [c for c in tree.children if isinstance(c, Tree)]
-        for h in items[:-1]:
+        at = next(k for k, c in enumerate(items) if c.data == "graph_def")
+        for h in items[:at]:
             self.header(h)
-        g_t = items[-1]
+        for extra in items[at + 1 :]:  # the train block
+            self.graph.train = self.train_block(extra)
+        g_t = items[at]
         name_t, ins_t, outs_t, *body = g_t.children
         self.graph.name = self.new_name(name_t)
         self.graph.mesh = self.mesh
@@ -941,6 +1011,39 @@ class _Reader:
         except FlowcError as e:
             raise DslError(f"{self.src.path}: {e.message}", e.hint) from None
         return self.graph
+
+
+# The train block's plain settings, as the command line's options spell them (--clip-norm ...).
+_TRAIN_SETTINGS = frozenset({"clip_norm", "accumulate", "freeze", "no_decay", "untie", "batch"})
+_TRAIN_EXAMPLES = {
+    "loss": "loss = cross_entropy(logits, labels, ignore_index=-100)",
+    "optimizer": "optimizer = adamw(lr=0.001, weight_decay=0.01)",
+    "schedule": "schedule = cosine(warmup=100, total=10000)",
+}
+
+
+def _option_text(v: Any) -> str:
+    """A train block value as the command line writes it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def read_train_block(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A .flow program's train block (Graph.train), read without its weights."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise FlowcError(f"{p}: cannot read it ({e})") from None
+    src = Source(str(p), text)
+    tree = parse_tree(src)
+    blocks = [c for c in tree.children if isinstance(c, Tree) and c.data == "train_def"]
+    if not blocks:
+        return {}
+    return _Reader(src, None, p.parent).train_block(blocks[0])
 
 
 @functools.cache

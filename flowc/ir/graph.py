@@ -180,6 +180,9 @@ class Graph:
         # learning rate). State inputs live in the model's memory, not the caller's (their
         # first value in ``params``), and state outputs are not returned; see state_pairs().
         self.state: dict[str, str | None] = {}
+        # A .flow program's train block: how to train it, as the command line spells the
+        # training options (--loss "cross_entropy:z,labels", --optimizer "adamw:lr=0.01").
+        self.train: dict[str, str] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------

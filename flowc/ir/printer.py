@@ -27,7 +27,7 @@ from flowc.ir.graph import Graph, Value, is_splat
 
 KEYWORDS = frozenset(
     {"graph", "param", "const", "return", "mesh", "stage", "load", "fill", "tensor", "complex"}
-    | {"weights"}
+    | {"weights", "state", "train"}
     | {"inf", "nan", "true", "false", "S", "B", "P", "_"}
 )
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -123,6 +123,8 @@ def print_graph(g: Graph, weights: str | None = None) -> str:
     lines.append(f"graph {ident(g.name)}({ins}) -> ({outs}) {{")
     for c in g.constants:
         lines.append("    " + constant_decl(c))
+    for name, nxt in g.state.items():
+        lines.append("    " + state_decl(name, np.asarray(g.params[name]), nxt))
     stage: int | None = None
     for n in g.nodes:
         if n.stage != stage:
@@ -141,4 +143,50 @@ def print_graph(g: Graph, weights: str | None = None) -> str:
     ret = ", ".join(ident(v.name) for v in g.outputs)
     lines.append(f"    return {ret}" if ret else "    return")  # a graph may have no outputs
     lines.append("}")
+    if g.train:
+        lines += ["", "train {", *(f"    {line}" for line in train_lines(g.train)), "}"]
     return "\n".join(lines) + "\n"
+
+
+def state_decl(name: str, first: np.ndarray, nxt: str | None) -> str:
+    """``state NAME = INIT [-> NEXT]``: a splat (or a scalar) as fill(v), else load("NAME")."""
+    if first.ndim == 0 or is_splat(first):
+        init = f"fill({scalar(first.reshape(-1)[0])})"
+    else:
+        init = f"load({scalar(name)})"
+    return f"state {ident(name)} = {init}" + (f" -> {ident(nxt)}" if nxt is not None else "")
+
+
+def train_lines(train: dict[str, str]) -> list[str]:
+    """A train block's lines from its options (Graph.train), as the reader takes them."""
+
+    def value(text: str) -> str:
+        try:
+            float(text)
+            return text
+        except ValueError:
+            return "true" if text == "true" else "false" if text == "false" else scalar(text)
+
+    def call(text: str, names: bool, extra: dict[str, str] | None = None) -> str:
+        fn, _, rest = text.partition(":")
+        parts = [p for p in rest.split(",") if p]
+        args = [ident(p) for p in parts] if names else []
+        if not names:
+            args = [f"{k}={value(v)}" for k, _, v in (p.partition("=") for p in parts)]
+        args += [f"{k}={value(v)}" for k, v in (extra or {}).items()]
+        return f"{fn}({', '.join(args)})"
+
+    lines = []
+    if "loss" in train:
+        kw: dict[str, str] = {
+            k: train[k] for k in ("ignore_index", "label_smoothing") if k in train
+        }
+        lines.append(f"loss = {call(train['loss'], True, kw)}")
+    if "optimizer" in train:
+        lines.append(f"optimizer = {call(train['optimizer'], False)}")
+    if "lr_schedule" in train:
+        lines.append(f"schedule = {call(train['lr_schedule'], False)}")
+    for k, v in train.items():
+        if k not in ("loss", "optimizer", "lr_schedule", "ignore_index", "label_smoothing"):
+            lines.append(f"{k} = {value(v)}")
+    return lines

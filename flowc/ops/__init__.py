@@ -10,6 +10,7 @@ from flowc.ops import (  # noqa: F401
     index,
     layout,
     linalg,
+    loss,
     masks,
     matmul,
     ml,

@@ -82,6 +82,8 @@ COMPILE_PIPELINE = (
     "fuse_attention",
     "fuse_gemm",
     "fuse_elementwise",
+    # A training step's state writes after their readers (nothing to do without state).
+    "order_state_writes",
 )
 
 

@@ -140,7 +140,6 @@ def _label_count(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | N
 
 def _loss_sum(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None) -> Value:
     """The sum of the per-label losses of one micro-batch (a model's own loss: its mean)."""
-    dt = pred.type.dtype
     if spec.kind == "output":
         loss = pred if pred.type.numel == 1 else b.emit("ReduceMean", [pred], {"keepdims": 0})[0]
         if loss.type.rank:
@@ -148,33 +147,14 @@ def _loss_sum(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None
         return loss
     assert target is not None
     if spec.kind == "cross_entropy":
-        classes = pred.type.shape[-1]
-        logp = b.emit("LogSoftmax", [pred], {"axis": -1}, name="train/log_softmax")[0]
-        expanded = b.emit("Unsqueeze", [target, b.constant("train/axes", np.asarray([-1]))])[0]
-        classes_c = b.constant("train/classes", np.arange(classes, dtype=np.int64))
-        onehot = b.emit("Cast", [b.emit("Equal", [expanded, classes_c])[0]], {"to": dt.onnx})[0]
-        weights = onehot
-        eps = spec.label_smoothing
-        if eps:
-            weights = b.emit(
-                "Add",
-                [
-                    b.emit("Mul", [onehot, _scalar(b, 1 - eps, dt)])[0],
-                    _scalar(b, eps / classes, dt),
-                ],
-            )[0]
-        picked = b.emit("Mul", [weights, logp])[0]
-        per = b.emit(
-            "ReduceSum", [picked, b.constant("train/axes", np.asarray([-1]))], {"keepdims": 0}
-        )[0]
+        # The fused form (flowc/ops/loss.py): no probability tensor, forward or backward.
+        attrs: dict[str, object] = {"label_smoothing": spec.label_smoothing}
         if spec.ignore_index is not None:
-            ignored = b.emit(
-                "Equal",
-                [target, b.constant("train/ignore", np.asarray(spec.ignore_index, np.int64))],
-            )[0]
-            mask = b.emit("Cast", [b.emit("Not", [ignored])[0]], {"to": dt.onnx})[0]
-            per = b.emit("Mul", [per, mask])[0]
-        return b.emit("Neg", [_sum_all(b, per)])[0]
+            attrs.update(has_ignore=1, ignore_index=spec.ignore_index)
+        per = b.emit(
+            "SoftmaxCrossEntropy", [pred, target], attrs, name="train/cross_entropy", num_outputs=2
+        )[0]
+        return _sum_all(b, per)
     if spec.kind == "mse":
         d = b.emit("Sub", [pred, target])[0]
         per = b.emit("Mul", [d, d])[0]
