@@ -35,8 +35,27 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         cli_main()
+    except SystemExit as e:
+        if e.code == 130:
+            _exit_interrupted()
+        raise
     finally:
         _quit_on_ctrl_c_no_more()
+
+
+def _exit_interrupted() -> None:
+    """The command was interrupted and has cleaned up (its with-blocks and handlers ran as
+    the KeyboardInterrupt unwound them): leave with 130 now. Through the interpreter's normal
+    exit, a KeyboardInterrupt that met an extension's PyRun_String on its way (a lazy import
+    of NumPy or ONNX when Ctrl-C came) would make CPython end the process by SIGINT instead,
+    whatever caught it."""
+    import contextlib
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(130)
 
 
 def _terminate(signum: int, frame: object) -> None:
