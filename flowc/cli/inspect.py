@@ -98,7 +98,7 @@ def inspect(
 
     streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
     if train or training != TrainArgs():
-        _inspect_training(model, train, training, memory, print_ir, schedule_for)
+        _inspect_training(model, train, training, memory, print_ir)
         return
 
     show_schedule = show_schedule or gantt is not None
@@ -250,7 +250,6 @@ def _inspect_training(
     training: TrainArgs,
     memory: bool,
     print_ir: bool,
-    schedule_for: str,
 ) -> None:
     """`flowc inspect --train`: what the training step holds and keeps."""
     from flowc.compiler import load_training, plan_schedule, schedule_graph
@@ -305,10 +304,8 @@ def _inspect_training(
             "no gradient reaches (kept as they are): " + ", ".join(map(escape, step.no_gradient))
         )
     if memory:
-        # As compile_step schedules it: accumulation in the order of least peak memory.
-        sched = schedule_graph(
-            graph, schedule_for="memory" if step.micro_batches > 1 else schedule_for
-        )
+        # As compile_step schedules a step: in the order of least peak memory.
+        sched = schedule_graph(graph, schedule_for="memory")
         plan = plan_schedule(sched)
         console.print(
             f"memory plan of the step: arena {plan.arena_bytes} B ({human_bytes(plan.arena_bytes)}), "
