@@ -409,6 +409,12 @@ def compile_step(
     from flowc.compiler import compile_graph, load_training
 
     opts = compile_options(model_path, target=target, **options)
+    precision = opts.schedule.precision
+    if precision not in ("fp32", "tf32"):
+        raise InputError(
+            f"--precision {precision}: a training step compiles in fp32 or tf32 for now",
+            hint="mixed precision (bf16/fp16 with float32 master weights) is a later step",
+        )
     check_project_dir(out, opts.force)
     progress(f"building the training step of {Path(model_path).name}")
     step = load_training(opts.model, spec, batch=batch)
@@ -429,6 +435,7 @@ def compile_step(
         cuda_graph=not opts.schedule.no_cuda_graph,
         streams=streams,
         schedule_for=schedule_for,
+        precision=precision,
     )
     return step, Project(out)
 

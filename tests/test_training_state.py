@@ -342,3 +342,32 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path: Path) -> None
         _, project = compile_step(MODEL, spec, tmp_path / f"big{k}", batch=b, target="host")
         arenas[k] = project.info["arena_bytes"]
     assert arenas[4] < 0.7 * arenas[1], arenas
+
+
+def test_a_tf32_step_trains_close_to_fp32(tmp_path: Path) -> None:
+    """--precision tf32: every GEMM of the step (forward and backward) is planned with TF32
+    inputs, the parameters and optimizer state stay float32. The host's GEMMs compute exact
+    float32 either way (TF32's rounding shows on a GPU: make gpu-check), so the host run
+    matches fp32."""
+    from flowc.trainer import load_data, run_steps
+
+    data = _data()
+    np.savez(tmp_path / "d.npz", **data)
+    losses = {}
+    for precision in ("fp32", "tf32"):
+        spec = spec_from("cross_entropy:y,labels", "sgd:lr=0.05,momentum=0.9")
+        step, project = compile_step(
+            MODEL, spec, tmp_path / precision, batch=BATCH, target="host", precision=precision
+        )
+        assert project.info["precision"] == precision
+        project.build("host", quick=True)
+        with project.load("host") as model:
+            arrays = load_data(tmp_path / "d.npz", step)
+            losses[precision] = run_steps(model, step, arrays, steps=4, batch=BATCH).losses
+    plans = {p: (tmp_path / p / "model.cu").read_text().count("flowc::plan_gemm(") for p in losses}
+    assert plans["fp32"] == plans["tf32"] == 5  # 2 forward, 3 backward (no input gradient)
+    assert (tmp_path / "tf32" / "model.cu").read_text().count("d.tf32 = true;") == 5
+    assert "d.tf32 = true;" not in (tmp_path / "fp32" / "model.cu").read_text()
+    assert losses["tf32"] == losses["fp32"]
+    with pytest.raises(FlowcError, match="a training step compiles in fp32 or tf32"):
+        compile_step(MODEL, spec, tmp_path / "bf16", batch=BATCH, precision="bf16")

@@ -158,11 +158,6 @@ def _compile_training(
             "--loss, --optimizer and the other training options need --train",
             hint="flowc compile MODEL --train --loss ... --optimizer ... -o OUT",
         )
-    if schedule.precision != "fp32":
-        raise InputError(
-            f"--train with --precision {schedule.precision}: training compiles in fp32 for now",
-            hint="leave out --precision",
-        )
     training = with_train_block(model.path, training)
     spec = spec_of(training, "flowc compile --train")
     chosen = choose_target(target)
@@ -180,6 +175,7 @@ def _compile_training(
         arch=arch,
         force=force,
         no_cuda_graph=schedule.no_cuda_graph,
+        precision=schedule.precision,
         streams=schedule.streams,
         schedule_for=schedule.schedule_for,
     )

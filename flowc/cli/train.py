@@ -13,6 +13,7 @@ from flowc.cli.options import (
     GroupedCommand,
     ModelArgs,
     TrainArgs,
+    choice_option,
     count_option,
     flag_option,
     model_options,
@@ -44,6 +45,13 @@ from flowc.cli.options import (
 @seed_option("Seed of the per-epoch shuffle.")
 @flag_option("--skip-nonfinite", "Skip a step whose loss is NaN or infinite instead of stopping.")
 @target_option(["host", "cuda"], "Default: cuda where a GPU is present, else host.")
+@choice_option(
+    "--precision",
+    ["fp32", "tf32"],
+    "fp32: exact float32 GEMMs; tf32: the step's GEMMs on tensor cores with TF32 inputs "
+    "(parameters, gradients and optimizer state stay float32). Mixed precision comes later.",
+    default="fp32",
+)
 @path_option("--export", help="Write MODEL with its trained initializers (an ONNX model).")
 @path_option("--log", help="LOG.jsonl: one line per step (step, loss, count, lr, examples/s).")
 @path_option(
@@ -70,6 +78,7 @@ def train_cmd(
     seed: int,
     skip_nonfinite: bool,
     target: str | None,
+    precision: str,
     export: Path | None,
     log: Path | None,
     project: Path | None,
@@ -129,6 +138,7 @@ def train_cmd(
         save_every=save_every,
         resume=resume,
         progress=progress,
+        precision=precision,
         shape=list(model.shapes),
         dim=list(model.dims),
         weights=model.weights,
