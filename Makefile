@@ -77,8 +77,13 @@ GPU_DRY = $(if $(DRY),--dry-run --torch-python $(TORCH_PYTHON))
 gpu-prepare:
 	bash bench/gpu/prepare.sh
 
+# The training part (bench/gpu/train_check.py: GPT-2 small's step beside PyTorch eager;
+# DRY=1: gpt2_tiny on the host against JAX) runs whether or not the inference part passed.
+TRAIN_RUN = $(if $(DRY),$(BIN)/python,$(GPU_PYTHON)) bench/gpu/train_check.py $(if $(DRY),--dry-run)
+TRAIN_ARGS ?=
+
 gpu-check:
-	$(GPU_RUN) check $(GPU_DRY) $(GPU_ARGS)
+	$(GPU_RUN) check $(GPU_DRY) $(GPU_ARGS); rc=$$?; $(TRAIN_RUN) $(TRAIN_ARGS) || rc=1; exit $$rc
 
 gpu-anchors:
 	$(GPU_RUN) anchors $(GPU_DRY) $(GPU_ARGS)
