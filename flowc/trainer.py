@@ -443,11 +443,11 @@ def compile_step(
 def train(
     model: str | os.PathLike[str],
     *,
-    loss: str,
-    optimizer: str,
     data: str | os.PathLike[str],
     steps: int,
-    batch: int,
+    loss: str | None = None,
+    optimizer: str | None = None,
+    batch: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
     target: str | None = None,
@@ -474,7 +474,33 @@ def train(
     at the end (and every ``save_every`` steps); with ``export``, write MODEL with its
     trained initializers."""
     say = progress or _quiet
-    if steps < 1 or batch < 1:
+    # What is not given, a .flow program's train block may give (the arguments win).
+    given = with_train_block(
+        model,
+        TrainArgs(
+            loss=loss,
+            optimizer=optimizer,
+            batch=batch,
+            lr_schedule=lr_schedule,
+            clip_norm=clip_norm,
+            freeze=freeze,
+            no_decay=no_decay,
+            untie=untie,
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+            accumulate=accumulate,
+        ),
+    )
+    loss, optimizer, batch = given.loss, given.optimizer, given.batch
+    lr_schedule, clip_norm, freeze = given.lr_schedule, given.clip_norm, given.freeze
+    no_decay, untie, ignore_index = given.no_decay, given.untie, given.ignore_index
+    label_smoothing, accumulate = given.label_smoothing, given.accumulate
+    flow = Path(model).suffix.lower() == ".flow"
+    if loss is None or optimizer is None or (batch is None and not flow):
+        raise InputError(
+            "train() needs loss, optimizer and batch (or a .flow program's train block)"
+        )
+    if steps < 1 or (batch is not None and batch < 1):
         raise InputError("--steps and --batch must be at least 1")
     spec = spec_from(
         loss,
@@ -488,12 +514,13 @@ def train(
         untie=untie,
         accumulate=accumulate,
     )
-    if resume is not None:
-        # The data position only means the same rows with the same batch and shuffle:
-        # checked before the (slow) compile.
+
+    def check_resume(rows: int) -> None:
+        # The data position only means the same rows with the same batch and shuffle.
+        assert resume is not None
         info = checkpoint_info(Path(resume))
         if (
-            info.get("batch") != batch
+            info.get("batch") != rows
             or info.get("accumulate", 1) != accumulate
             or info.get("shuffle") != shuffle
             or info.get("seed") != seed
@@ -504,6 +531,9 @@ def train(
                 f"{'shuffled' if info.get('shuffle') else '--no-shuffle'}, --seed {info.get('seed')}",
                 hint="resume with the same --batch, --accumulate, --seed and shuffling",
             )
+
+    if resume is not None and batch is not None:
+        check_resume(batch)  # before the (slow) compile
     chosen, why = resolve_target(target)
     say(f"target {chosen} ({why})")
     with tempfile.TemporaryDirectory(prefix="flowc-train-") as tmp:
@@ -511,6 +541,12 @@ def train(
         step, proj = compile_step(
             model, spec, out, batch=batch, target=target, progress=say, **options
         )
+        if batch is None:
+            # A .flow program's types are static: its batch is its inputs' axis 0.
+            first_input = next(v for v in step.graph.inputs if v.name in step.batch)
+            batch = first_input.type.shape[0] // step.micro_batches if first_input.type.rank else 1
+            if resume is not None:
+                check_resume(batch)
         arrays = load_data(Path(data), step)
         proj.build(chosen, progress=say)
         logits = next((v for v in step.graph.values() if v.name == spec.loss.prediction), None)

@@ -133,9 +133,8 @@ def test_a_train_block_gives_the_training_options(tmp_path: Path) -> None:
     ]  # fmt: skip
     plain = tmp_path / "plain.flow"
     plain.write_text(MLP_FLOW)
-    r = _flowc(
-        "train", str(plain), *explicit, "--batch", "8", *run, "--log", str(tmp_path / "b.jsonl")
-    )
+    # Without --batch: a .flow program's batch is its inputs' static axis 0.
+    r = _flowc("train", str(plain), *explicit, *run, "--log", str(tmp_path / "b.jsonl"))
     assert r.returncode == 0, r.stderr
     losses = [
         [json.loads(x)["loss"] for x in (tmp_path / f"{n}.jsonl").read_text().splitlines()]

@@ -99,7 +99,8 @@ def train_cmd(
             ("--optimizer", training.optimizer),
             ("--data", data),
             ("--steps", steps),
-            ("--batch", training.batch),
+            # A .flow program's batch is its inputs' static axis 0.
+            ("--batch", training.batch if model.path.suffix.lower() != ".flow" else 0),
         )
         if value is None
     ]
@@ -111,7 +112,7 @@ def train_cmd(
             "program's train block may give the training options)",
         )
     loss, optimizer, batch = training.loss, training.optimizer, training.batch
-    assert loss and optimizer and data and steps and batch
+    assert loss and optimizer and data and steps
     result = train(
         model.path,
         loss=loss,
