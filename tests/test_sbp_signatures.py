@@ -377,6 +377,17 @@ CASES += [
         lacks=["(S(2), B, B) -> (S(2), S(2), S(2))"],
     ),
     Case(
+        # Rows are independent: logits and labels split alike along a batch axis, never
+        # along the classes (the log-sum-exp needs the whole row).
+        "SoftmaxCrossEntropy",
+        "SoftmaxCrossEntropy",
+        [f32(4, 2, 8), ints(4, 2, lo=0, hi=8, dtype=np.int64)],
+        {"has_ignore": 1, "ignore_index": 3, "label_smoothing": 0.1},
+        outputs=2,
+        has=["(S(0), S(0)) -> (S(0), S(0))", "(S(1), S(1)) -> (S(1), S(1))"],
+        lacks=["(S(2), B) -> (S(2), S(2))", "(P, B) -> (P, P)"],
+    ),
+    Case(
         "LayerNormalization-axis1",
         "LayerNormalization",
         [f32(4, 4, 8), f32(4, 8)],

@@ -49,6 +49,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "data",
         "steps",
         "batch",
+        "accumulate",
         "no_shuffle",
         "lr_schedule",
         "clip_norm",
