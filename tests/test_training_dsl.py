@@ -123,24 +123,28 @@ def test_a_train_block_gives_the_training_options(tmp_path: Path) -> None:
         x=rng.standard_normal((16, 64)).astype(np.float32),
         labels=rng.integers(0, 10, 16),
     )
+    # The block's options are the command line's ones (spelled as it spells them)...
+    from flowc.options import TrainArgs
+    from flowc.trainer import with_train_block
+
+    assert with_train_block(prog, TrainArgs()) == TrainArgs(
+        loss="cross_entropy:z,labels",
+        label_smoothing=0.1,
+        optimizer="sgd:lr=0.005,momentum=0.9",
+        lr_schedule="cosine:warmup=1,total=6",
+        clip_norm=5.0,
+        batch=8,
+    )
+    # ...and `flowc train` needs nothing else (without the block's batch too: a .flow
+    # program's batch is its inputs' static axis 0).
+    prog.write_text(MLP_FLOW + BLOCK.replace("    batch = 8\n", ""))
     run = ["--data", str(tmp_path / "d.npz"), "--steps", "4", "--no-shuffle", "--target", "host"]
     r = _flowc("train", str(prog), *run, "--log", str(tmp_path / "a.jsonl"))
     assert r.returncode == 0, r.stderr
-    explicit = [
-        "--loss", "cross_entropy:z,labels", "--label-smoothing", "0.1",
-        "--optimizer", "sgd:lr=0.005,momentum=0.9", "--lr-schedule", "cosine:warmup=1,total=6",
-        "--clip-norm", "5.0",
-    ]  # fmt: skip
-    plain = tmp_path / "plain.flow"
-    plain.write_text(MLP_FLOW)
-    # Without --batch: a .flow program's batch is its inputs' static axis 0.
-    r = _flowc("train", str(plain), *explicit, *run, "--log", str(tmp_path / "b.jsonl"))
-    assert r.returncode == 0, r.stderr
-    losses = [
-        [json.loads(x)["loss"] for x in (tmp_path / f"{n}.jsonl").read_text().splitlines()]
-        for n in "ab"
-    ]
-    assert losses[0] == losses[1]
+    lines = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert lines[0]["lr"] == pytest.approx(0.005)  # the block's schedule: warm-up of 1 step
+    assert lines[-1]["loss"] < lines[0]["loss"]
     # The command line wins over the block.
     r = _flowc("inspect", str(prog), "--train", "--optimizer", "adam:lr=0.1")
     assert r.returncode == 0 and "adam on cross_entropy" in r.stdout, r.stderr + r.stdout
