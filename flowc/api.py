@@ -420,6 +420,7 @@ class Project:
             outputs=self.outputs,
             target=chosen,
             state=_specs(self.info.get("state", [])),
+            train_inputs=_specs(self.info.get("train_inputs", [])),
         )
 
 
@@ -572,8 +573,12 @@ class Model:
         outputs: list[TensorSpec],
         target: str,
         state: list[TensorSpec] | None = None,
+        train_inputs: list[TensorSpec] | None = None,
     ) -> None:
+        # run()'s inputs and outputs (a training program's: its inference with the current
+        # parameters), and train_step()'s inputs (the batch and the labels).
         self.inputs, self.outputs, self.target = inputs, outputs, target
+        self.train_inputs = list(train_inputs or [])
         # A training step's state, which the model keeps (read_state, save_checkpoint, ...).
         self.state = list(state or [])
         self._handle: ctypes.c_void_p | None = None
@@ -614,8 +619,12 @@ class Model:
         if self.state:
             state_name = fn("state_name")
             state_name.restype = ctypes.c_char_p
+            train_name = fn("train_input_name")
+            train_name.restype = ctypes.c_char_p
             if [state_name(i).decode() for i in range(fn("num_state")())] != [
                 s.name for s in self.state
+            ] or [train_name(i).decode() for i in range(fn("num_train_inputs")())] != [
+                s.name for s in self.train_inputs
             ]:
                 raise FlowcError(
                     f"{library}: its training state is not the project's",
@@ -658,7 +667,9 @@ class Model:
         outputs: Mapping[str, Any] | None = None,
         stream: int | None = None,
     ) -> dict[str, Any]:
-        """Run the model once and wait for it; returns {output name: array}.
+        """Run the model once and wait for it; returns {output name: array}. A training
+        program's run() is the model's inference with the parameters as the latest step (or
+        load_checkpoint, write_state) left them.
 
         ``inputs``: an array per input name: NumPy arrays (copied as needed), or arrays in
         the device's memory exposing ``__cuda_array_interface__`` or ``__dlpack__`` (CuPy,
@@ -755,12 +766,12 @@ class Model:
     def train_step(self, inputs: Mapping[str, Any]) -> tuple[float, float, float]:
         """One training step on a batch (model.h's train_step(), then synchronize()): the
         state is updated in place on the device; returns (loss, label count, learning rate
-        used). ``inputs`` as run()'s."""
+        used). ``inputs``: the batch, as run()'s, and the loss's labels (``train_inputs``)."""
         f = self._train_fn("train_step", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        _check_names(inputs, [{"name": s.name} for s in self.inputs])
+        _check_names(inputs, [{"name": s.name} for s in self.train_inputs])
         keep: list[Any] = []
         try:
-            ptrs = [self._input(spec, inputs, keep) for spec in self.inputs]
+            ptrs = [self._input(spec, inputs, keep) for spec in self.train_inputs]
             array = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
             if f(self._handle, array, None, None) != 0:
                 raise self._error("train_step() refused")
@@ -806,12 +817,17 @@ class Model:
         if f(self._handle, float(value)) != 0:
             raise self._error("setting the learning rate")
 
+    def _inputs_with(self, spec: TensorSpec) -> list[TensorSpec]:
+        """run()'s inputs, or train_step()'s when ``spec`` is only one of those."""
+        return self.inputs if spec in self.inputs else self.train_inputs
+
     def _input(self, spec: TensorSpec, inputs: Mapping[str, Any], keep: list[Any]) -> int:
         what = f"input {spec.name!r}"
         if spec.name not in inputs:
             raise InputError(
                 f"{what} is not given",
-                hint="the model's inputs are: " + ", ".join(repr(s.name) for s in self.inputs),
+                hint="the model's inputs are: "
+                + ", ".join(repr(s.name) for s in self._inputs_with(spec)),
             )
         value = inputs[spec.name]
         if not isinstance(value, np.ndarray):

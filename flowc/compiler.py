@@ -82,7 +82,7 @@ from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
 from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
 from flowc.training.spec import TrainSpec
-from flowc.training.step import TrainingStep, build_step, make_trainable
+from flowc.training.step import TrainingStep, build_step, inference_graph, make_trainable
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -131,6 +131,16 @@ class Compiled:
     files: dict[str, str]
     weights: list[WeightsLayout]
     program: list[StreamOp]  # the emitted stream operations (the memory checker's input)
+    # A training program's inference schedule (run() beside train_step()), when it has one.
+    inference: CompiledInference | None = None
+
+
+@dataclass
+class CompiledInference:
+    graph: Graph
+    schedule: Schedule
+    memory: MemoryPlan
+    program: list[StreamOp]
 
 
 def schedule_graph(
@@ -252,16 +262,24 @@ def generate_program(
     cuda_graph: bool = True,
     precision: str = "fp32",
     schedule_for: str = "latency",
+    inference: Graph | None = None,
 ) -> Compiled:
     """Schedule, plan memory for, and generate the program of ``graph`` (for a multi-rank
     program, its rank graph with ``physical``). ``cuda_graph``: run() replays a CUDA Graph
     of the schedule (False: --no-cuda-graph, direct launches). ``schedule_for``: as in
-    schedule_graph."""
+    schedule_graph. ``inference``: a training step's forward (training.step.inference_graph),
+    scheduled for latency and planned on its own, which run() issues."""
     times = StageTimes() if times is None else times
     profile = load_profile() if profile is None else profile
     sched = times.run("schedule", lambda: schedule_graph(graph, profile, streams, schedule_for))
     memory = times.run("memory plan", lambda: plan_schedule(sched))
-    files, weights, ops = times.run(
+    infer = None
+    if inference is not None:
+        isched = times.run(
+            "inference schedule", lambda: schedule_graph(inference, profile, streams)
+        )
+        infer = (inference, isched, times.run("memory plan", lambda: plan_schedule(isched)))
+    files, weights, ops, infer_ops = times.run(
         "code generation",
         lambda: generate(
             graph,
@@ -275,9 +293,13 @@ def generate_program(
             physical=physical,
             cuda_graph=cuda_graph,
             precision=precision,
+            inference=infer,
         ),
     )
-    return Compiled(graph, physical, sched, memory, files, weights, ops)
+    compiled_inference = None
+    if infer is not None:
+        compiled_inference = CompiledInference(*infer, infer_ops)
+    return Compiled(graph, physical, sched, memory, files, weights, ops, compiled_inference)
 
 
 def compile_graph(
@@ -296,8 +318,9 @@ def compile_graph(
     profile: Profile | None = None,
     precision: str = "fp32",
     schedule_for: str = "latency",
+    inference: Graph | None = None,
 ) -> Compiled:
-    """Write OUT/ for ``graph``. ``poison`` fills dead arena bytes with NaN between uses and
+    """Write OUT/ for ``graph`` (``inference``: as in generate_program). ``poison`` fills dead arena bytes with NaN between uses and
     lets FLOWC_DROP_EVENT drop an event (debugging aids the tests use). OUT/ keeps what
     flowc did not write (see codegen/project.py); ``force`` allows a non-empty OUT/ that is
     no flowc project."""
@@ -319,6 +342,7 @@ def compile_graph(
             profile=profile,
             precision=precision,
             schedule_for=schedule_for,
+            inference=inference,
         )
         times.run("write", lambda: write(compiled.files, compiled.weights))
     return compiled
@@ -848,4 +872,8 @@ def load_training(
     graph = PassManager(TRAIN_PRE_PASSES).run(graph)
     step = times.run("training step", lambda: build_step(graph, spec))
     step.graph = PassManager(TRAIN_POST_PASSES).run(step.graph)
+    # run() of the training program: the forward alone, with the inference fusions.
+    step.inference = times.run(
+        "inference program", lambda: PassManager(compile_passes()).run(inference_graph(step))
+    )
     return step

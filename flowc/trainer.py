@@ -436,6 +436,7 @@ def compile_step(
         streams=streams,
         schedule_for=schedule_for,
         precision=precision,
+        inference=step.inference,
     )
     return step, Project(out)
 

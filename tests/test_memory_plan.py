@@ -276,7 +276,7 @@ def test_concat_split_slice_in_place_match_onnxruntime(tmp_path) -> None:  # typ
     # build runs every in-place path.
     sched = schedule_graph(g, streams=2)
     plan = plan_memory(g, Order.of(sched), sched.workspace_bytes, alias=True)
-    files, weights, program = generate(g, sched, plan, poison=True)
+    files, weights, program, _ = generate(g, sched, plan, poison=True)
     write_project(tmp_path / "project", files, weights)
     check_memory_plan(g, plan, program)
     by_name = {n.name: n for n in g.nodes}

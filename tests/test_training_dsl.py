@@ -106,8 +106,10 @@ def test_flowc_compiles_a_printed_step_as_the_training_program(tmp_path: Path) -
     assert direct.returncode == 0, direct.stderr
     a = json.loads((tmp_path / "a" / "flowc_model.json").read_text())
     b = json.loads((tmp_path / "b" / "flowc_model.json").read_text())
-    for key in ("inputs", "outputs", "state"):
+    for key in ("train_inputs", "train_outputs", "state"):
         assert a[key] == b[key], key
+    # The printed step holds no inference graph: its run() has no inputs (and fails).
+    assert a["inputs"] == [] and [i["name"] for i in b["inputs"]] == ["x"]
     # The printed step is no model to train again.
     r = _flowc("train", str(tmp_path / "step.flow"), "--weights", str(tmp_path / "w.npz"),
                *common, "--data", "x.npz", "--steps", "1")  # fmt: skip

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from conftest import SHARED_MODELS
 
@@ -51,14 +52,25 @@ def test_state_writes_follow_their_readers_in_the_emitted_program(streams: int) 
     spec = spec_from("cross_entropy:y,labels", "adamw:lr=0.003,weight_decay=0.01")
     step = load_training(ModelArgs(MODEL), spec, batch=BATCH)
     graph = step.graph
-    compiled = generate_program(graph, streams=streams)
+    assert step.inference is not None
+    compiled = generate_program(graph, streams=streams, inference=step.inference)
     check_memory_plan(graph, compiled.memory, compiled.program)
-    # The state is the model's: neither run()'s inputs nor its outputs.
+    # run()'s schedule, the inference, only reads the state: checked on its own.
+    assert compiled.inference is not None
+    check_memory_plan(step.inference, compiled.inference.memory, compiled.inference.program)
+    # The state is the model's: neither train_step()'s inputs nor its outputs; run()'s are
+    # the model's own.
     import json
 
     info = json.loads(compiled.files["flowc_model.json"])
-    assert [i["name"] for i in info["inputs"]] == ["x", "labels"]
-    assert [o["name"] for o in info["outputs"]] == ["train/loss", "train/count", "train/lr_used"]
+    assert [i["name"] for i in info["train_inputs"]] == ["x", "labels"]
+    assert [o["name"] for o in info["train_outputs"]] == [
+        "train/loss",
+        "train/count",
+        "train/lr_used",
+    ]
+    assert [i["name"] for i in info["inputs"]] == ["x"]
+    assert [o["name"] for o in info["outputs"]] == ["y"]
     assert {s["name"] for s in info["state"]} == set(graph.state)
     # Each weight's update runs after the weight's every other reader.
     position = {id(op.node): k for k, op in enumerate(compiled.program) if op.kind == "run"}
@@ -132,13 +144,21 @@ def test_train_step_keeps_the_state_on_the_device(adam_step: tuple[Any, Any]) ->
         after = model.read_state()
         assert int(after["train/step"]) == 4
         assert not np.array_equal(after["m.0.weight"], first["m.0.weight"])
-        # run() is the same step: from the first state again, the same losses bit for bit.
+        # run() infers with the parameters the latest step left, read where the step keeps
+        # them: onnxruntime with those parameters gives the same outputs.
+        x = data["x"][:BATCH]
+        np.testing.assert_allclose(
+            model.run({"x": x})["y"], _onnxruntime_with(after, x), rtol=1e-5, atol=1e-5
+        )
+        # From the first state again, the same losses bit for bit.
         model.write_state(first)
+        np.testing.assert_allclose(
+            model.run({"x": x})["y"], _onnxruntime_with(first, x), rtol=1e-5, atol=1e-5
+        )
         again = []
         for s in range(4):
             idx = batch_rows(s, BATCH, 32, False, 0)
-            out = model.run({k: v[idx] for k, v in data.items()})
-            again.append(float(out["train/loss"]))
+            again.append(model.train_step({k: v[idx] for k, v in data.items()})[0])
         assert again == losses
         for name, a in model.read_state().items():
             np.testing.assert_array_equal(a, after[name], err_msg=name)
@@ -150,6 +170,20 @@ def test_train_step_keeps_the_state_on_the_device(adam_step: tuple[Any, Any]) ->
         np.testing.assert_array_equal(model.read_state(["m.0.weight"])["m.0.weight"], frozen)
         with pytest.raises(FlowcError, match="not a learning rate"):
             model.lr = float("nan")
+
+
+def _onnxruntime_with(params: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """onnxruntime's output of MODEL with its initializers replaced by ``params``."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(MODEL))
+    for init in model.graph.initializer:
+        if init.name in params:
+            init.CopyFrom(numpy_helper.from_array(np.asarray(params[init.name]), init.name))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": x})
+    return np.asarray(y)
 
 
 def test_save_and_load_a_checkpoint(adam_step: tuple[Any, Any], tmp_path: Path) -> None:
@@ -311,7 +345,6 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path: Path) -> None
     normalized by all the step's counted labels, not a mean of the micro-batches' means: the
     ignored labels are spread unevenly), its first loss that of NumPy over onnxruntime's
     logits; and a smaller arena for a large batch."""
-    import onnxruntime as ort
 
     from flowc.trainer import load_data, run_steps
 
@@ -329,7 +362,8 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path: Path) -> None
         project.build("host", quick=True)
         arrays = load_data(tmp_path / "d.npz", step)
         with project.load("host") as model:
-            assert [s.shape for s in model.inputs] == [(16, 64), (16,)]
+            assert [s.shape for s in model.train_inputs] == [(16, 64), (16,)]
+            assert [s.shape for s in model.inputs] == [(b, 64)]  # run(): one micro-batch
             results[k] = run_steps(model, step, arrays, steps=6, batch=b, shuffle=False)
     one, acc = results[1], results[4]
     assert one.counts[0] == acc.counts[0] == 16 - 4  # the first 16 rows hold 4 ignored labels
@@ -371,8 +405,9 @@ def test_a_tf32_step_plans_every_gemm_on_tf32(tmp_path: Path) -> None:
         assert project.info["precision"] == precision
         text[precision] = (tmp_path / precision / "model.cu").read_text()
         info[precision] = project.info
-    assert text["fp32"].count("flowc::plan_gemm(") == 5  # 2 forward, 3 backward
-    assert text["tf32"].count("flowc::plan_gemm(") == text["tf32"].count("d.tf32 = true;") == 5
+    # The step's 2 forward and 3 backward, and run()'s inference's 2.
+    assert text["fp32"].count("flowc::plan_gemm(") == 7
+    assert text["tf32"].count("flowc::plan_gemm(") == text["tf32"].count("d.tf32 = true;") == 7
     assert "d.tf32 = true;" not in text["fp32"]
     assert info["tf32"]["state"] == info["fp32"]["state"]
     with pytest.raises(FlowcError, match="a training step compiles in fp32 or tf32"):

@@ -97,12 +97,15 @@ def layout_weights(
     physical: Physical | None = None,
     coords: tuple[int, ...] | None = None,
     identity: str = "",
+    inference: Graph | None = None,
 ) -> WeightsLayout:
     """Stored constants first (256-aligned), then room for splats, which stay fills.
     ``data_of`` gives a constant's bytes when they are not its own. With ``physical`` and
     ``coords``, the layout is rank ``coords``'s of that multi-rank program: its shards are the
     data (unless ``data_of`` says otherwise), and the rank, the mesh and each constant's shard
-    layout enter the layout id, so that a rank refuses another rank's file."""
+    layout enter the layout id, so that a rank refuses another rank's file. ``inference``: a training program's
+    inference graph, whose constants are stored after the step's and whose state inputs (the
+    trained parameters, by name) lie on the step's bytes of them."""
     if physical is not None and coords is not None and data_of is None:
 
         def data_of(v: Value) -> np.ndarray:
@@ -114,7 +117,10 @@ def layout_weights(
     pos = 0
     # The constants, then the state (Graph.state: a training step's parameters, optimizer
     # state, step counter): stored ones first, splats after them, as fills.
-    held = [(c, _const_data(c)) for c in graph.constants] + state_inputs(graph)
+    held = [(c, _const_data(c)) for c in graph.constants]
+    if inference is not None:
+        held += [(c, _const_data(c)) for c in inference.constants]
+    held += state_inputs(graph)
     for c, a in held:
         if is_splat(a):
             continue
@@ -131,6 +137,10 @@ def layout_weights(
     # A state output is written over its input.
     for x, xn in graph.state_pairs():
         offsets[xn] = offsets[x]
+    if inference is not None:
+        step_state = {v.name: offsets[v] for v, _ in state_inputs(graph)}
+        for v, _ in state_inputs(inference):
+            offsets[v] = step_state[v.name]
     desc = ";".join(f"{c.name}:{c.type}:{offsets[c]}" for c, a in held if not is_splat(a))
     if graph.state:
         desc += "|state " + ";".join(f"{c.name}:{c.type}" for c, _ in state_inputs(graph))
@@ -192,8 +202,14 @@ class Program:
         kernels: dict[str, str] | None = None,
         precision: str = "fp32",
         caller_offsets: dict[Value, int] | None = None,
+        inference: bool = False,
     ) -> None:
         self.graph = graph
+        # A training program's inference schedule (run() beside the step): its library
+        # handles and plans are fields of their own (suffix "_infer"), it is not traced, and
+        # its state inputs are the step's parameters, which the step's program fills.
+        self.inference = inference
+        self.suffix = "_infer" if inference else ""
         # Byte offsets of inputs and outputs into the caller's buffers (a pipeline stage's
         # micro-batch slices): what alignment their pointers keep (caller_align).
         self.caller_offsets = caller_offsets or {}
@@ -239,14 +255,14 @@ class Program:
         """The current stream's cuBLAS handle (each stream has its own, and its workspace)."""
         self._needs_workspace()
         self.blas_streams.add(self.current_stream)
-        return f"m->blas[{self.current_stream}]"
+        return f"m->blas{self.suffix}[{self.current_stream}]"
 
     @property
     def conv(self) -> str:
         """The current stream's cuDNN handle (and workspace)."""
         self._needs_workspace()
         self.conv_streams.add(self.current_stream)
-        return f"m->conv[{self.current_stream}]"
+        return f"m->conv{self.suffix}[{self.current_stream}]"
 
     def _needs_workspace(self) -> None:
         node = self.node
@@ -302,16 +318,19 @@ class Program:
         made = self.plans.setdefault(kind, [])
         for k, (existing, _) in enumerate(made):
             if existing == make:
-                return f"m->{kind}_plans[{k}]"
+                return f"m->{kind}_plans{self.suffix}[{k}]"
         what = f"{self.node.op} {self.node.name}" if self.node is not None else "a fill"
         made.append((make, what))
-        return f"m->{kind}_plans[{len(made) - 1}]"
+        return f"m->{kind}_plans{self.suffix}[{len(made) - 1}]"
 
     def plan_inits(self) -> list[dict[str, str]]:
         """The create()-time statements of this program's plans (C++), each with a string
         literal naming the node it is for (create's error message)."""
         return [
-            {"make": make.replace("{plan}", f"&m->{kind}_plans[{i}]"), "what": c_string(what)}
+            {
+                "make": make.replace("{plan}", f"&m->{kind}_plans{self.suffix}[{i}]"),
+                "what": c_string(what),
+            }
             for kind in sorted(self.plans)
             for i, (make, what) in enumerate(self.plans[kind])
         ]
@@ -476,7 +495,9 @@ class Program:
 
 def _fill_statements(prog: Program) -> list[str]:
     fills = []
-    held = [(c, c.const) for c in prog.graph.constants] + state_inputs(prog.graph)
+    held = [(c, c.const) for c in prog.graph.constants]
+    if not prog.inference:  # an inference schedule's state is the step's, filled by it
+        held += state_inputs(prog.graph)
     for c, a in held:
         if a is None or not is_splat(a):
             continue
@@ -548,7 +569,8 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             prog.statements.append(
                 prog._run("poison", offset=at, nbytes=nbytes, stream=prog.stream)
             )
-        prog.statements.append(prog._run("trace", mark="begin", actor=a, stream=prog.stream))
+        if not prog.inference:  # FLOWC_TRACE records the step's actors
+            prog.statements.append(prog._run("trace", mark="begin", actor=a, stream=prog.stream))
         opdef = get_op(node.op)
         if node in plan.elided:
             pass  # its results are aliases of its inputs' bytes (the memory plan's): no code
@@ -564,7 +586,8 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             opdef.emit(prog, node)
             prog.node = None
         prog.ops.append(StreamOp("run", st, node))
-        prog.statements.append(prog._run("trace", mark="end", actor=a, stream=prog.stream))
+        if not prog.inference:
+            prog.statements.append(prog._run("trace", mark="end", actor=a, stream=prog.stream))
         for b in death.get(t, []):
             prog.statements.append(
                 prog._run("poison", offset=b.offset, nbytes=b.size, stream=prog.stream)
@@ -613,9 +636,11 @@ def generate(
     physical: Physical | None = None,
     cuda_graph: bool = True,
     precision: str = "fp32",
-) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp]]:
-    """The project's text files (name -> content), the weights (one per rank) and the
-    emitted program's stream operations, for ``graph`` run by ``schedule`` in the memory of
+    inference: tuple[Graph, Schedule, MemoryPlan] | None = None,
+) -> tuple[dict[str, str], list[WeightsLayout], list[StreamOp], list[StreamOp]]:
+    """The project's text files (name -> content), the weights (one per rank), the
+    emitted program's stream operations and its inference schedule's (``inference``: a
+    training step's forward, which run() issues beside train_step(); else none), for ``graph`` run by ``schedule`` in the memory of
     ``plan`` (both computed before: code generation only writes them down). With
     ``physical`` (a multi-rank program), ``graph`` is its rank graph. ``cuda_graph``: run()
     replays one CUDA Graph of the schedule (not for a mesh; docs/codegen.md). ``precision``:
@@ -624,7 +649,7 @@ def generate(
     prefix = _prefix(prefix, graph)
     mesh = physical.mesh if physical is not None else None
     if physical is None:
-        all_weights = [layout_weights(graph)]
+        all_weights = [layout_weights(graph, inference=inference[0] if inference else None)]
     else:
         from flowc.ir.layout import all_coords
 
@@ -636,6 +661,15 @@ def generate(
     num_events = emit_schedule(prog, poison)
     _output_copies(prog)
     stage = StageCode(0, prog, _fill_statements(prog), num_events)
+    infer = None
+    if inference is not None:
+        # The same kernels table: one model.cu, each kernel once.
+        iprog = Program(
+            *inference, weights, prefix, kernels=prog._kernels, precision=precision, inference=True
+        )
+        n = emit_schedule(iprog, poison)
+        _output_copies(iprog)
+        infer = StageCode(0, iprog, _fill_statements(iprog), n)
     ranks = mesh.size if mesh is not None else 1
     timeline = {"version": 1, "ranks": [schedule.to_json(rank=r) for r in range(ranks)]}
     files = _render(
@@ -650,8 +684,9 @@ def generate(
         mesh=mesh,
         cuda_graph=cuda_graph,
         timeline=timeline,
+        infer=infer,
     )
-    return files, all_weights, prog.ops
+    return files, all_weights, prog.ops, infer.prog.ops if infer is not None else []
 
 
 @dataclass
@@ -679,26 +714,37 @@ def _render(
     cuda_graph: bool,
     timeline: dict[str, Any],
     pipeline: dict[str, Any] | None = None,
+    infer: StageCode | None = None,
 ) -> dict[str, str]:
     """The project's text files: ``graph`` gives the program's inputs and outputs (the
-    whole batch), ``stages`` the code (one per pipeline stage; the rank's stage picks)."""
+    whole batch), ``stages`` the code (one per pipeline stage; the rank's stage picks);
+    ``infer``, a training program's inference schedule, run()'s."""
     prog = stages[0].prog
     schedule, plan, weights = prog.schedule, prog.plan, all_weights[0]
     ag = schedule.actors
     fills = stages[0].fills
-    num_events = max(st.num_events for st in stages)
-    ns = max(st.prog.schedule.num_streams for st in stages)
-    arena_bytes = max(st.prog.plan.arena_bytes for st in stages)
-    host_arena_bytes = max(st.prog.plan.host_arena_bytes for st in stages)
-    all_fills = [f for st in stages for f in st.fills]
-    all_statements = [x for st in stages for x in st.prog.statements]
+    # Every schedule of the model (the step and the inference of a training program) runs in
+    # the same arena, streams and events, one at a time.
+    every = [*stages, *([infer] if infer is not None else [])]
+    num_events = max(st.num_events for st in every)
+    ns = max(st.prog.schedule.num_streams for st in every)
+    arena_bytes = max(st.prog.plan.arena_bytes for st in every)
+    host_arena_bytes = max(st.prog.plan.host_arena_bytes for st in every)
+    all_fills = [f for st in every for f in st.fills]
+    all_statements = [x for st in every for x in st.prog.statements]
 
     inputs, outputs = api_inputs(graph), api_outputs(graph)
     state = state_table(graph, weights)
-    max_rank = max([1, *(v.type.rank for v in [*inputs, *outputs, *graph.inputs])])
+    infer_io = (api_inputs(infer.prog.graph), api_outputs(infer.prog.graph)) if infer else ([], [])
+    max_rank = max(
+        [1, *(v.type.rank for v in [*inputs, *outputs, *graph.inputs, *infer_io[0], *infer_io[1]])]
+    )
     input_bytes = [v.type.nbytes for v in inputs]
     output_bytes = [v.type.nbytes for v in outputs]
     staging = _staging_offsets([*input_bytes, *output_bytes])
+    # run()'s inputs and outputs: a training program's are its inference schedule's (a printed
+    # step, which holds none, has none); the step's are train_step()'s.
+    run_io = infer_io if graph.state else (inputs, outputs)
     ctx = {
         "version": __version__,
         "source": source or graph.name,
@@ -767,6 +813,7 @@ def _render(
             for st in stages
         ],
         "pipeline": pipeline,
+        "infer": _infer_context(infer) if infer is not None else None,
         # Library plan arrays in the model (sized for the stage with the most).
         "plan_types": [
             {
@@ -793,14 +840,15 @@ def _render(
         "flowc_model.json": json.dumps(
             {
                 "prefix": prefix,
-                "inputs": [
-                    {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
-                    for v in inputs
-                ],
-                "outputs": [
-                    {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short}
-                    for v in outputs
-                ],
+                "inputs": _io_json(run_io[0]),
+                "outputs": _io_json(run_io[1]),
+                # A training program's step: train_step()'s inputs (the batch and labels) and
+                # the step's results (loss, label count, learning rate used).
+                **(
+                    {"train_inputs": _io_json(inputs), "train_outputs": _io_json(outputs)}
+                    if graph.state
+                    else {}
+                ),
                 "state": [
                     {
                         "name": t["raw_name"],
@@ -827,6 +875,40 @@ def _render(
     }
     files["schedule.json"] = json.dumps(timeline, indent=1, sort_keys=True) + "\n"
     return files
+
+
+def _io_json(values: list[Value]) -> list[dict[str, Any]]:
+    return [
+        {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short} for v in values
+    ]
+
+
+def _infer_context(infer: StageCode) -> dict[str, Any]:
+    """model.cu's view of a training program's inference schedule (run())."""
+    prog = infer.prog
+    ins, outs = api_inputs(prog.graph), api_outputs(prog.graph)
+    in_bytes = [v.type.nbytes for v in ins]
+    out_bytes = [v.type.nbytes for v in outs]
+    staging = _staging_offsets([*in_bytes, *out_bytes])
+    return {
+        "statements": prog.statements,
+        "fills": infer.fills,
+        "num_streams": prog.schedule.num_streams,
+        "handles": prog.library_handles(),
+        "plans": prog.plan_inits(),
+        "inputs": [_tensor_info(v, v.name) for v in ins],
+        "outputs": [_tensor_info(v, v.name) for v in outs],
+        "input_bytes": in_bytes,
+        "output_bytes": out_bytes,
+        "staging_inputs": staging[: len(in_bytes)],
+        "staging_outputs": staging[len(in_bytes) : -1],
+        "staging_bytes": staging[-1],
+        "plan_types": [
+            {"ctype": ctype_, "field": f"{kind}_plans{prog.suffix}", "count": len(prog.plans[kind])}
+            for kind, ctype_ in sorted(PLAN_TYPES.items())
+            if prog.plans.get(kind)
+        ],
+    }
 
 
 # A training step's results, in the order train_step() reports them (flowc.training.step

@@ -316,3 +316,37 @@ class Graph:
         self.constants = [c for c in self.constants if c in live]
         self._names = {v.name for v in self.values()}
         return removed
+
+    def copy(self) -> Graph:
+        """An independent copy: new values and nodes under the same names (a rewrite of one
+        leaves the other as it is); constants' arrays, immutable, are shared."""
+        g = Graph(self.name)
+        g.mesh = self.mesh
+        g.meta = dict(self.meta)
+        g.params = dict(self.params)
+        g.state = dict(self.state)
+        g.train = dict(self.train)
+        vmap: dict[Value, Value] = {}
+        for v in self.inputs:
+            vmap[v] = g.add_input(v.name, v.type)
+        for c in self.constants:
+            g._claim(c.name)
+            vmap[c] = Value(c.name, c.type, const=c.const)
+            g.constants.append(vmap[c])
+        for n in self.nodes:
+            copy = Node(
+                n.op,
+                [vmap[i] if i is not None else None for i in n.inputs],
+                [Value(o.name, o.type) for o in n.outputs],
+                n.attrs,
+                n.name,
+            )
+            copy.stage = n.stage
+            for o, c in zip(n.outputs, copy.outputs, strict=True):
+                g._claim(o.name)
+                vmap[o] = c
+            g.nodes.append(copy)
+        for v, c in vmap.items():
+            c.sbp = v.sbp
+        g.outputs = [vmap[o] for o in self.outputs]
+        return g

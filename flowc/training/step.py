@@ -54,6 +54,11 @@ class TrainingStep:
     target: str | None = None
     # Micro-batches per step (--accumulate): a step takes this many times --batch rows.
     micro_batches: int = 1
+    # The model's forward as the step starts from it (ties undone by --untie), for the
+    # inference program beside the step (inference_graph).
+    forward: Graph | None = None
+    # That forward as a graph of its own, through the inference passes (the compiler's).
+    inference: Graph | None = None
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the forward's values the backward reads: the activations kept for it."""
@@ -315,6 +320,7 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     }
     if spec.untie is not None:
         _untie(graph, spec.untie, users, step)
+    step.forward = graph.copy()
     freeze = check_regex(spec.freeze, "--freeze")
     no_decay = check_regex(spec.no_decay, "--no-decay")
     params = [v for v in graph.inputs if v.name in graph.params]
@@ -410,6 +416,26 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     graph.state = {**dict(step.state), LR: None}
     graph.params = dict(step.initial)
     return step
+
+
+def inference_graph(step: TrainingStep) -> Graph:
+    """The model's forward for run() of the training program (inference with the current
+    weights): the model's inputs (no labels) and outputs; each trained parameter a read-only
+    state input under its name, which the program places on the step's bytes of it, so run()
+    reads what the latest step wrote; every other parameter a constant, as the step holds it."""
+    assert step.forward is not None, "build_step keeps the forward"
+    g = step.forward.copy()
+    trained = set(step.params)
+    for v in list(g.inputs):
+        if v.name in g.params and v.name not in trained:
+            c = g.add_constant(v.name + ".frozen", g.params[v.name])
+            g.replace_uses(v, c)
+            g.inputs.remove(v)
+    g.params = {v.name: step.initial[v.name] for v in g.inputs if v.name in trained}
+    g.state = dict.fromkeys(g.params)
+    g.train = {}
+    g.remove_unused()
+    return g
 
 
 def _untie(graph: Graph, pattern: str, users: dict[Value, list[Node]], step: TrainingStep) -> None:
