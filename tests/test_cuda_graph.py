@@ -317,13 +317,13 @@ def branches(tmp_path_factory: pytest.TempPathFactory) -> Program:
 def test_the_two_stream_model_uses_two_streams(branches: Program) -> None:
     text = (branches.project / "model.cu").read_text()
     assert "constexpr int kNumStreams = 2;" in text
-    assert "m->graph.run(" in text
+    assert "r.graph.run(" in text
 
 
 def test_graph_and_direct_builds_match_onnxruntime(
     mlp: Program, mlp_direct: Program, branches: Program, tmp_path: Path
 ) -> None:
-    assert "m->graph.run(" in (mlp.project / "model.cu").read_text()
+    assert "r.graph.run(" in (mlp.project / "model.cu").read_text()
     assert "GraphRunner" not in (mlp_direct.project / "model.cu").read_text()
     for prog in (mlp, mlp_direct, branches):
         for mode in ("sync", "queue"):

@@ -327,6 +327,25 @@ def test_the_driver_trains_as_the_library_does(adam_step: tuple[Any, Any], tmp_p
         model.load_checkpoint(ckpt)
         for name, a in model.read_state().items():
             np.testing.assert_array_equal(a, six[name], err_msg=name)
+        predicted = model.run({"x": data["x"][:BATCH]})["y"]
+    # The driver's inference with the checkpoint's parameters: run() after load().
+    np.save(tmp_path / "x8.npy", data["x"][:BATCH])
+    r = subprocess.run(
+        [str(exe), "--weights", weights, "--checkpoint", str(ckpt),
+         "--input", f"x={tmp_path / 'x8.npy'}", "--out-dir", str(tmp_path / "pred")],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "pred" / "y.npy"), predicted)
+    np.testing.assert_allclose(predicted, _onnxruntime_with(six, data["x"][:BATCH]), atol=1e-5)
+    r = subprocess.run(
+        [str(exe), "--weights", weights, "--checkpoint", str(tmp_path / "x8.npy"),
+         "--input", f"x={tmp_path / 'x8.npy'}", "--out-dir", str(tmp_path / "pred2")],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--checkpoint" in r.stderr, r.stderr
     # Bad data: a clear error, exit 2.
     np.save(tmp_path / "short.npy", data["labels"][:5])
     short = ["--data", f"x={tmp_path / 'x.npy'}", "--data", f"labels={tmp_path / 'short.npy'}"]

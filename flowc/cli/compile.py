@@ -184,7 +184,7 @@ def _compile_training(
         f"wrote {shown}/: the training step of {model.path.name} ({len(step.params)} trained "
         f"parameters; batch inputs {', '.join(step.batch)}; the model keeps "
         f"{len(step.graph.state)} state tensors on the device, updated in place: "
-        "model.h's train_step); build it with: flowc build "
+        "model.h's train_step; run() infers with them); build it with: flowc build "
         f"{shown}" + (f" --target {chosen}" if target is None and chosen != "host" else ""),
         markup=False,
     )
