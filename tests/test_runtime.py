@@ -44,7 +44,7 @@ def host_bin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_kernels_on_the_host(host_bin: dict[str, Path]) -> None:
     for order in ("forward", "reverse", "shuffle:11"):
         r = run([str(host_bin["kernels"])], {"FLOWC_SIM_ORDER": order})
-        assert "8 passed, 0 failed" in r.stdout, (order, r.stdout)
+        assert "9 passed, 0 failed" in r.stdout, (order, r.stdout)
 
 
 def test_sim_stats_count_paths_and_barriers(host_bin: dict[str, Path]) -> None:

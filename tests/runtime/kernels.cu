@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "flowc/device.h"
+#include "flowc/philox.h"
 
 static __global__ void vector_add(const float* __restrict__ a, const float* __restrict__ b,
                                   float* __restrict__ c, int n) {
@@ -358,6 +359,49 @@ static std::string test_device_math() {
   return "";
 }
 
+// Philox4x32-10 on the device: Random123's known answers (kat_vectors: counter, key, result),
+// and 4096 blocks equal to the host's computation of the same function.
+static __global__ void philox_blocks(const uint32_t* in, uint32_t* out, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t* c = in + 6 * i;
+  const flowc::philox::Block b = flowc::philox::philox4x32_10(c[0], c[1], c[2], c[3], c[4], c[5]);
+  for (int k = 0; k < 4; ++k) out[4 * i + k] = b.v[k];
+}
+
+static std::string test_philox() {
+  const uint32_t known[3][10] = {
+      {0, 0, 0, 0, 0, 0, 0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+      {~0u, ~0u, ~0u, ~0u, ~0u, ~0u, 0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+      {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u, 0xd16cfe09u, 0x94fdccebu,
+       0x5001e420u, 0x24126ea1u},
+  };
+  const int n = 4096 + 3;
+  std::vector<uint32_t> in(6 * n), want(4 * n);
+  for (int i = 0; i < n; ++i) {
+    uint32_t* c = &in[6 * i];
+    if (i < 3) {
+      for (int k = 0; k < 6; ++k) c[k] = known[i][k];
+      for (int k = 0; k < 4; ++k) want[4 * i + k] = known[i][6 + k];
+      continue;
+    }
+    const uint32_t words[6] = {uint32_t(i), 7u, uint32_t(i) * 2654435761u, 0u, 0x1234u, uint32_t(i >> 3)};
+    for (int k = 0; k < 6; ++k) c[k] = words[k];
+    const flowc::philox::Block b = flowc::philox::philox4x32_10(c[0], c[1], c[2], c[3], c[4], c[5]);
+    for (int k = 0; k < 4; ++k) want[4 * i + k] = b.v[k];
+  }
+  DeviceBuffer<uint32_t> din(6 * n), dout(4 * n);
+  din.upload(in);
+  FLOWC_LAUNCH(philox_blocks, dim3((n + 127) / 128), dim3(128), 0, nullptr, din.p, dout.p, n);
+  const std::vector<uint32_t> got = dout.download();
+  for (int i = 0; i < 4 * n; ++i) {
+    if (got[i] != want[i]) return (i < 12 ? "known answer " : "block ") + std::to_string(i / 4);
+  }
+  if (flowc::philox::to_unit_float(~0u) >= 1.0f || flowc::philox::to_unit_float(0u) != 0.0f)
+    return "to_unit_float";
+  return "";
+}
+
 struct Test {
   const char* name;
   std::string (*fn)();
@@ -365,10 +409,15 @@ struct Test {
 
 int main(int argc, char** argv) {
   const Test tests[] = {
-      {"vector_add", test_vector_add},         {"block_reduction", test_block_reduction},
-      {"warp_reduction", test_warp_reduction}, {"warp_intrinsics", test_warp_intrinsics},
-      {"transpose", test_transpose},           {"softmax", test_softmax},
-      {"histogram", test_histogram},           {"device_math", test_device_math},
+      {"vector_add", test_vector_add},
+      {"block_reduction", test_block_reduction},
+      {"warp_reduction", test_warp_reduction},
+      {"warp_intrinsics", test_warp_intrinsics},
+      {"transpose", test_transpose},
+      {"softmax", test_softmax},
+      {"histogram", test_histogram},
+      {"device_math", test_device_math},
+      {"philox", test_philox},
   };
   int failed = 0, ran = 0;
   for (const Test& t : tests) {
