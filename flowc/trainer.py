@@ -298,7 +298,8 @@ def run_steps(
     elapsed = time.perf_counter() - t0
     result.steps_per_s = steps / elapsed if elapsed > 0 else 0.0
     result.state = model.read_state()
-    result.params = {p: result.state[p] for p in step.params}
+    # What --export writes: the trained parameters and the batch norms' running statistics.
+    result.params = {p: result.state[p] for p in [*step.params, *step.buffers]}
     return result
 
 
@@ -314,6 +315,7 @@ def spec_from(
     label_smoothing: float = 0.0,
     untie: str | None = None,
     accumulate: int = 1,
+    seed: int = 0,
 ) -> TrainSpec:
     if clip_norm is not None and not clip_norm > 0:
         raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
@@ -328,6 +330,7 @@ def spec_from(
         no_decay,
         untie,
         accumulate,
+        seed,
     )
 
 
@@ -514,6 +517,7 @@ def train(
         label_smoothing=label_smoothing,
         untie=untie,
         accumulate=accumulate,
+        seed=seed,
     )
 
     def check_resume(rows: int) -> None:

@@ -14,6 +14,8 @@ import onnx
 from jax.scipy.special import erf
 from onnx import numpy_helper
 
+from flowc.ops.random import dropout_keep
+
 jax.config.update("jax_enable_x64", True)
 
 
@@ -118,10 +120,18 @@ def _reshape_target(x: Any, shape: np.ndarray, allowzero: int) -> list[int]:
     return dims
 
 
-def ir_forward(graph: Any) -> Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]:
+def ir_forward(
+    graph: Any, seed: int = 0
+) -> Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]:
     """f(params, inputs) -> {value name: array} over a flowc graph's nodes (the canonical
     ONNX ops the import leaves), in jax.numpy: a translation checked against onnxruntime on
-    the original ONNX model before it is used as a reference."""
+    the original ONNX model before it is used as a reference. A training dropout
+    (TrainDropout) applies the mask flowc's NumPy Philox draws for ``seed`` and the step
+    ``inputs["train/step"]`` (injected: the reference's randomness is flowc's, the rest is
+    JAX's); without that input it passes its input, as inference does. A batch norm
+    (TrainBatchNorm) normalizes by the batch's statistics when ``inputs`` holds the step (a
+    training call) and gives the running statistics' next values as its other outputs, else
+    by the running statistics."""
 
     def const(v: Any) -> np.ndarray:
         assert v is not None and v.const is not None, (
@@ -132,6 +142,9 @@ def ir_forward(graph: Any) -> Callable[[Mapping[str, Any], Mapping[str, Any]], d
     def run(params: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
         env: dict[Any, Any] = {}
         for v in graph.inputs:
+            if v.name == "train/step" and v.name not in inputs:
+                env[v] = None
+                continue
             env[v] = params[v.name] if v.name in params else jnp.asarray(inputs[v.name])
         for c in graph.constants:
             env[c] = jnp.asarray(c.const)
@@ -153,6 +166,29 @@ def ir_forward(graph: Any) -> Callable[[Mapping[str, Any], Mapping[str, Any]], d
                     outs = list(jnp.split(ins[0], cuts, axis=axis))
                 else:  # equal parts, one per output
                     outs = list(jnp.split(ins[0], len(node.outputs), axis=axis))
+            elif t == "TrainDropout":
+                if ins[1] is None:
+                    outs = [ins[0]]
+                else:
+                    ratio = float(a["ratio"])
+                    keep = dropout_keep(
+                        tuple(ins[0].shape), ratio, seed, int(a["stream"]), int(ins[1])
+                    )
+                    outs = [jnp.where(keep, ins[0] / (1.0 - ratio), 0.0)]
+            elif t == "TrainBatchNorm":
+                x, scale, bias, rm, rv = ins
+                eps, m = float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.9))
+                view = (-1, *([1] * (x.ndim - 2)))
+                if "train/step" in inputs:  # training: the batch's statistics
+                    axes = tuple(d for d in range(x.ndim) if d != 1)
+                    mean, var = x.mean(axis=axes), x.var(axis=axes)
+                    n = x.size // x.shape[1]
+                    nexts = [rm * m + mean * (1 - m), rv * m + var * n / (n - 1) * (1 - m)]
+                else:  # inference: the running statistics
+                    mean, var = rm, rv
+                    nexts = [rm, rv]
+                y = (x - mean.reshape(view)) / jnp.sqrt(var.reshape(view) + eps)
+                outs = [y * scale.reshape(view) + bias.reshape(view), *nexts]
             elif t == "Gather":
                 outs = [jnp.take(ins[0], ins[1], axis=a.get("axis", 0))]
             elif t == "Where":

@@ -259,9 +259,11 @@ GPT2 = SHARED_MODELS / "gpt2_tiny.onnx"
 
 def test_gpt2_tiny_next_token_loss_matches_jax(tmp_path: Path) -> None:
     """A transformer: gpt2_tiny's next-token cross-entropy (the last position ignored, as
-    padding is) under AdamW, 50 steps against JAX and optax. The JAX forward is translated
-    from the graph flowc differentiates and checked against onnxruntime on the original
-    model first."""
+    padding is) under AdamW, 50 steps against JAX and optax, with its five dropouts on (the
+    export's training_mode; p = 0.1): the JAX reference applies the masks flowc's NumPy
+    Philox draws for each step. The JAX forward is translated from the graph flowc
+    differentiates and checked against onnxruntime on the original model first (dropout off,
+    as in inference)."""
     import onnxruntime as ort
     from jax_reference import ir_forward
 
@@ -295,8 +297,8 @@ def test_gpt2_tiny_next_token_loss_matches_jax(tmp_path: Path) -> None:
     with project.load("host") as model:
         got = run_steps(model, step, arrays, steps=STEPS, batch=1, shuffle=False, classes=vocab)
 
-    def loss_fn(p: Any, x: Any, y: Any) -> Any:
-        logits = f(p, {"input_ids": x})["logits"]
+    def loss_fn(p: Any, x: Any, y: Any, s: int) -> Any:
+        logits = f(p, {"input_ids": x, "train/step": np.asarray(s, np.int64)})["logits"]
         logp = jax.nn.log_softmax(logits, axis=-1)
         mask = y != -100
         picked = jnp.take_along_axis(logp, jnp.where(mask, y, 0)[..., None], axis=-1)[..., 0]
@@ -308,7 +310,7 @@ def test_gpt2_tiny_next_token_loss_matches_jax(tmp_path: Path) -> None:
     losses = []
     for s in range(STEPS):
         k = s % rows
-        loss, g = grad_fn(params, jnp.asarray(ids[k : k + 1]), jnp.asarray(labels[k : k + 1]))
+        loss, g = grad_fn(params, jnp.asarray(ids[k : k + 1]), jnp.asarray(labels[k : k + 1]), s)
         updates, state = tx.update(g, state, params)
         params = optax.apply_updates(params, updates)
         losses.append(float(loss))

@@ -336,6 +336,7 @@ def import_model(
         "producer": f"{model.producer_name} {model.producer_version}".strip(),
     }
     builder = GraphBuilder(graph)
+    builder.training = opts.trainable
     env: dict[str, Value] = {}
 
     init_names = {t.name for t in og.initializer} | {s.values.name for s in og.sparse_initializer}

@@ -116,6 +116,9 @@ class GraphBuilder:
     def __init__(self, graph: Graph, fold: bool = True) -> None:
         self.graph = graph
         self.fold = fold
+        # Importing a model to train it (ImportOptions.trainable): ops that act differently in
+        # training (Dropout with training_mode on) import as they train.
+        self.training = False
         # message -> names of the nodes it concerns; reported once per message by flush_warnings
         self._warnings: dict[str, list[str]] = {}
 

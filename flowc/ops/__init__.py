@@ -17,6 +17,7 @@ from flowc.ops import (  # noqa: F401
     norm,
     pool,
     quant,
+    random,
     reduce,
     reshape,
     resize,

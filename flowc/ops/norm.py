@@ -41,7 +41,7 @@ from flowc.ops.registry import (
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
-    from flowc.ir.graph import Value
+    from flowc.ir.graph import Graph, Value
 
 FAMILY = "norm"
 
@@ -386,6 +386,11 @@ def _batchnorm_import(n: AdapterNode) -> list[Value] | None:
         )
     for attr in ("spatial", "is_test", "consumed_inputs"):
         n.attrs.pop(attr, None)
+    if n.builder.training:
+        # A model imported to train it: batch statistics whatever the export's mode, the
+        # running statistics the step's state (flowc.training.step lowers the op).
+        attrs: dict[str, Any] = {k: n.attrs[k] for k in ("epsilon", "momentum") if k in n.attrs}
+        return n.emit("TrainBatchNorm", n.inputs, attrs, num_outputs=3)
     if n.opset >= 14 and int(n.attrs.get("training_mode", 0)):
         return _batchnorm_training(n)
     if len(n.output_names) == 1:
@@ -399,11 +404,13 @@ def _batchnorm_import(n: AdapterNode) -> list[Value] | None:
     return n.emit("BatchNormalization", n.inputs, n.attrs, output_names=n.output_names[:1])
 
 
-def _batchnorm_training(n: AdapterNode) -> list[Value]:
+def _batchnorm_training(n: AdapterNode, unbiased: bool = False) -> list[Value]:
     """training_mode=1 (opsets 14+): normalize with the batch's own statistics (population
     variance over every axis but the channel) and return the updated running mean and
     variance, input * momentum + batch * (1 - momentum). Imported as the reductions and
-    element-wise ops it is made of, so nothing new needs a kernel."""
+    element-wise ops it is made of, so nothing new needs a kernel. ``unbiased``: the running
+    variance takes the batch's unbiased variance (x n / (n - 1)), as PyTorch keeps it (and
+    TrainBatchNorm)."""
     x, scale, bias, mean, var = (n.input(i) for i in range(5))
     assert x is not None and scale is not None and bias is not None
     assert mean is not None and var is not None
@@ -436,7 +443,11 @@ def _batchnorm_training(n: AdapterNode) -> list[Value]:
         if len(n.output_names) <= k or not n.output_names[k]:
             break
         keep = emit("Mul", [running, n.const("momentum", momentum, dt)])
-        new = emit("Mul", [emit("Reshape", [batch, flat]), n.const("rest", 1.0 - momentum, dt)])
+        rest = 1.0 - momentum
+        if unbiased and k == 2:
+            count = x.type.numel // c
+            rest *= count / (count - 1)
+        new = emit("Mul", [emit("Reshape", [batch, flat]), n.const("rest", rest, dt)])
         outs += n.emit("Add", [keep, new], suffix=f"running{k}", output_names=[n.output_names[k]])
     return outs
 
@@ -453,6 +464,91 @@ defop(
     onnx_import=_batchnorm_import,
     emit=_batchnorm_emit,
 )
+
+
+# -- TrainBatchNorm ------------------------------------------------------------------------------
+# BatchNormalization as a training step runs it (a model imported to train it, any export
+# mode): Y from the batch's statistics, and the running mean and variance's next values,
+# running * momentum + batch * (1 - momentum), the variance's unbiased as PyTorch keeps it.
+# Inputs X, scale, B, running mean, running variance; outputs Y, the two next values. It
+# has no kernel: the training step lowers it to its reductions and element-wise ops
+# (lower_train_batchnorms), and the step's inference program runs BatchNormalization.
+
+TRAIN_BN_ATTRS = {"epsilon": 1e-5, "momentum": 0.9}
+
+
+def _train_bn_infer(ctx: InferCtx) -> list[TensorType]:
+    x = _float_input(ctx)
+    _per_channel(ctx, range(1, 5), x.shape[1], ("scale", "B", "running_mean", "running_var"))
+    if x.shape[1] and x.numel // x.shape[1] < 2:
+        raise ctx.fail(
+            f"training needs more than one value per channel (shape {list(x.shape)}): the "
+            "batch's variance is undefined"
+        )
+    return [x, ctx.type(3), ctx.type(4)]
+
+
+def _train_bn_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    x = _req(xs, 0)
+    scale, bias, mean, var = (_req(xs, i) for i in range(1, 5))
+    axes = tuple(d for d in range(x.ndim) if d != 1)
+    x64 = x.astype(np.float64)
+    bm, bv = x64.mean(axis=axes), x64.var(axis=axes)
+    view = (-1, *([1] * (x.ndim - 2)))
+    y = (x64 - bm.reshape(view)) / np.sqrt(bv.reshape(view) + a["epsilon"])
+    y = y * scale.astype(np.float64).reshape(view) + bias.astype(np.float64).reshape(view)
+    count = x.size // x.shape[1]
+    m = float(a["momentum"])
+    new_mean = mean.astype(np.float64) * m + bm * (1 - m)
+    new_var = var.astype(np.float64) * m + bv * count / (count - 1) * (1 - m)
+    return [y.astype(x.dtype), new_mean.astype(mean.dtype), new_var.astype(var.dtype)]
+
+
+defop(
+    "TrainBatchNorm",
+    FAMILY,
+    infer=_train_bn_infer,
+    reference=_train_bn_ref,
+    attrs=TRAIN_BN_ATTRS,
+    inputs=5,
+    outputs=3,
+)
+
+
+def lower_train_batchnorms(graph: Graph) -> dict[Value, Value]:
+    """Every TrainBatchNorm of ``graph`` as its reductions and element-wise ops, in place;
+    returns each running statistic's input -> its next value."""
+    from flowc.ir.builder import AdapterNode, GraphBuilder
+
+    nexts: dict[Value, Value] = {}
+    if not any(node.op == "TrainBatchNorm" for node in graph.nodes):
+        return nexts
+    nodes, graph.nodes = graph.nodes, []
+    builder = GraphBuilder(graph, fold=False)
+    replaced: dict[Value, Value] = {}
+    for node in nodes:
+        node.inputs = [replaced.get(i, i) if i is not None else None for i in node.inputs]
+        if node.op != "TrainBatchNorm":
+            graph.nodes.append(node)
+            continue
+        a = node.attrs.merged(TRAIN_BN_ATTRS)
+        adapter = AdapterNode(
+            builder,
+            "BatchNormalization",
+            15,
+            node.name,
+            list(node.inputs),
+            {"epsilon": a["epsilon"], "momentum": a["momentum"], "training_mode": 1},
+            [f"{o.name}.lowered" for o in node.outputs],
+        )
+        y, new_mean, new_var = _batchnorm_training(adapter, unbiased=True)
+        for old, new in zip(node.outputs, (y, new_mean, new_var), strict=True):
+            replaced[old] = new
+        mean, var = node.inputs[3], node.inputs[4]
+        assert mean is not None and var is not None
+        nexts[mean], nexts[var] = new_mean, new_var
+    graph.outputs = [replaced.get(o, o) for o in graph.outputs]
+    return nexts
 
 
 # -- LayerNormalization ---------------------------------------------------------------------------

@@ -11,7 +11,22 @@ Random123's published known-answer vectors (tests/test_philox.py).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from flowc.codegen.cpp import c_float
+from flowc.errors import ShapeError
+from flowc.ir.dtype import DType
+from flowc.ir.graph import Attrs, Node, make_splat
+from flowc.ir.types import TensorType
+from flowc.ops import grad
+from flowc.ops.registry import InferCtx, defop
+
+if TYPE_CHECKING:
+    from flowc.codegen.program import Program
+    from flowc.ir.builder import AdapterNode
+    from flowc.ir.graph import Value
 
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 W0, W1 = 0x9E3779B9, 0xBB67AE85
@@ -42,3 +57,141 @@ def to_unit_float(words: np.ndarray) -> np.ndarray:
     return (np.asarray(words, dtype=np.uint32) >> np.uint32(8)).astype(np.float32) * np.float32(
         1.0 / 16777216.0
     )
+
+
+# -- TrainDropout ------------------------------------------------------------------------------
+#
+# Dropout as a training step runs it: y = x * keep / (1 - ratio), keep = u >= ratio, where u
+# is element i's uniform float from the Philox block of counter (i / 4 low and high words,
+# the node's stream, the step) and key (the seed's low and high words), word i % 4. The mask
+# is a pure function of (seed, stream, step, i): the backward applies the same op to the
+# gradient, recomputing the mask instead of keeping it. Inputs: x (float), step (int64
+# scalar: the step counter the training program keeps on the device).
+
+FAMILY = "random"
+DROPOUT_ATTRS = {"ratio": 0.5, "seed": 0, "stream": 0}
+# The step counter a training program keeps (flowc.training.step's state): the graph input a
+# model's training dropouts read, made at import by the first of them.
+STEP_INPUT = "train/step"
+
+
+def import_train_dropout(n: AdapterNode, x: Value) -> list[Value]:
+    """An ONNX Dropout with training_mode on, in a model imported to train it: TrainDropout
+    of the step counter (the graph input STEP_INPUT), stream k for the model's k-th dropout;
+    the seed is the training's (build_step sets it). A mask output, when asked for, is the
+    same draw applied to ones."""
+    ratio_v = n.input(1)
+    if ratio_v is not None and ratio_v.const is None:
+        raise ShapeError(
+            f"Dropout node {n.name!r}: input 1 (ratio) must be known at compile time",
+            hint="export the model with a constant dropout ratio",
+        )
+    ratio = 0.5 if ratio_v is None or ratio_v.const is None else float(ratio_v.const.reshape(-1)[0])
+    if not 0.0 <= ratio < 1.0:
+        raise ShapeError(f"Dropout node {n.name!r}: ratio {ratio} is not in [0, 1)")
+    graph = n.builder.graph
+    step = next((v for v in graph.inputs if v.name == STEP_INPUT), None)
+    if step is None:
+        step = graph.add_input(STEP_INPUT, TensorType((), DType.I64))
+    stream = sum(1 for node in graph.nodes if node.op == "TrainDropout")
+    attrs = {"ratio": ratio, "seed": 0, "stream": stream}
+    outs = n.emit("TrainDropout", [x, step], attrs)
+    if len(n.output_names) > 1 and n.output_names[1]:
+        ones = n.const("ones", make_splat(1, x.type.shape, x.type.dtype.np))
+        kept = n.emit("TrainDropout", [ones, step], attrs, suffix="mask")[0]
+        outs.append(n.emit("Cast", [kept], {"to": DType.BOOL.onnx}, suffix="mask_bool")[0])
+    return outs
+
+
+def _words_of_seed(seed: int) -> tuple[int, int]:
+    return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+
+
+def dropout_keep(
+    shape: tuple[int, ...], ratio: float, seed: int, stream: int, step: int
+) -> np.ndarray:
+    """The keep mask (bool, ``shape``) TrainDropout draws at ``step``: the NumPy reference
+    of the kernel's, and what the tests inject into other references."""
+    n = int(np.prod(shape, dtype=np.int64))
+    blocks = (n + 3) // 4
+    q = np.arange(blocks, dtype=np.uint64)
+    counter = np.zeros((blocks, 4), np.uint32)
+    counter[:, 0] = (q & _LOW).astype(np.uint32)
+    counter[:, 1] = (q >> _SHIFT).astype(np.uint32)
+    counter[:, 2] = np.uint32(stream & 0xFFFFFFFF)
+    counter[:, 3] = np.uint32(step & 0xFFFFFFFF)
+    u = to_unit_float(philox4x32_10(counter, _words_of_seed(seed)).reshape(-1)[:n])
+    return (u >= np.float32(ratio)).reshape(shape)
+
+
+def _dropout_attrs(ctx: InferCtx) -> tuple[float, int, int]:
+    ratio, seed, stream = ctx.attr("ratio"), ctx.attr("seed"), ctx.attr("stream")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
+        raise ctx.fail(f"ratio must be a number in [0, 1), got {ratio!r}")
+    for name, v in (("seed", seed), ("stream", stream)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
+            raise ctx.fail(f"{name} must be an integer in [0, 2**63), got {v!r}")
+    return float(ratio), int(seed), int(stream)
+
+
+def _dropout_infer(ctx: InferCtx) -> list[TensorType]:
+    _dropout_attrs(ctx)
+    x, step = ctx.type(0), ctx.type(1)
+    if not x.dtype.is_float:
+        raise ctx.fail(f"x must be a float tensor, got {x}")
+    if step.dtype != DType.I64 or step.rank != 0:
+        raise ctx.fail(f"step must be an int64 scalar (the step counter), got {step}")
+    return [x]
+
+
+def _dropout_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, step = xs[0], xs[1]
+    assert x is not None and step is not None
+    ratio = float(a["ratio"])
+    keep = dropout_keep(x.shape, ratio, int(a["seed"]), int(a["stream"]), int(step))
+    scale = np.asarray(1.0 / (1.0 - ratio), dtype=x.dtype)
+    return np.where(keep, x * scale, np.zeros((), x.dtype)).astype(x.dtype)
+
+
+def _dropout_emit(prog: Program, node: Node) -> None:
+    x, step, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert x is not None and step is not None
+    a = node.attrs.merged(DROPOUT_ATTRS)
+    ratio = float(a["ratio"])
+    k0, k1 = _words_of_seed(int(a["seed"]))
+    name = prog.kernel(
+        "elementwise.cu.j2",
+        "train_dropout",
+        ctype=prog.ctype(x),
+        ratio=c_float(ratio),
+        scale=c_float(1.0 / (1.0 - ratio), prog.ctype(x)),
+        stream=f"{int(a['stream']) & 0xFFFFFFFF}u",
+        k0=f"{k0}u",
+        k1=f"{k1}u",
+    )
+    n = out.type.numel
+    # A thread per Philox block: four elements each.
+    prog.launch(name, (n + 3) // 4, [prog.cptr(x), prog.cptr(step), prog.ptr(out), f"(int64_t){n}"])
+
+
+def _dropout_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    # The same mask and scale on the gradient: the op again, with the same key and step.
+    g, step = gouts[0], node.inputs[1]
+    if g is None or not need[0] or step is None:
+        return [None, None]
+    return [b.emit("TrainDropout", [g, step], dict(node.attrs))[0], None]
+
+
+defop(
+    "TrainDropout",
+    FAMILY,
+    infer=_dropout_infer,
+    reference=_dropout_ref,
+    attrs=DROPOUT_ATTRS,
+    inputs=2,
+    emit=_dropout_emit,
+    # No split: the mask is drawn by the element's index, which a shard's would change.
+    vjp=_dropout_vjp,
+)

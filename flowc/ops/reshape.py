@@ -25,6 +25,7 @@ from flowc.ir.types import TensorType
 from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import Fail, arg, const_ints, move_data, norm_axes, opt_arg
+from flowc.ops.random import import_train_dropout
 from flowc.ops.registry import (
     InferCtx,
     SbpSignature,
@@ -275,7 +276,12 @@ def _dropout_import(n: AdapterNode) -> list[Value]:
             "flowc compiles inference graphs",
             hint="export the model in inference mode (PyTorch: model.eval() before exporting)",
         )
-    if training is not None and training.const is not None and bool(training.const.reshape(-1)[0]):
+    training_on = training is not None and training.const is not None
+    training_on = training_on and bool(training.const.reshape(-1)[0])  # type: ignore[union-attr]
+    if training_on and n.builder.training:
+        # A model imported to train it drops for real (flowc/ops/random.py).
+        return import_train_dropout(n, x)
+    if training_on:
         # Exporters write training_mode=true when the model was not put in eval mode; random
         # dropout has no place in a compiled inference program, so it is dropped, loudly.
         n.builder.warn(

@@ -77,6 +77,8 @@ class TrainSpec:
     # Gradient accumulation: the step runs this many micro-batches of --batch examples (each
     # forward and backward in turn) and updates once, the loss normalized by all their labels.
     accumulate: int = 1
+    # The training's seed: what keys the dropout masks (with the step and the element).
+    seed: int = 0
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

@@ -20,11 +20,13 @@ from flowc.autodiff import gradients
 from flowc.errors import FlowcWarning, InputError
 from flowc.ir.builder import GraphBuilder
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Graph, Node, Value, make_splat
+from flowc.ir.graph import Attrs, Graph, Node, Value, make_splat
 from flowc.ir.types import TensorType
+from flowc.ops.norm import TRAIN_BN_ATTRS, lower_train_batchnorms
+from flowc.ops.random import STEP_INPUT
 from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
 
-STEP = "train/step"
+STEP = STEP_INPUT  # the step counter (a model's training dropouts read it too)
 LR = "train/lr"
 LOSS = "train/loss"
 COUNT = "train/count"
@@ -59,6 +61,8 @@ class TrainingStep:
     forward: Graph | None = None
     # That forward as a graph of its own, through the inference passes (the compiler's).
     inference: Graph | None = None
+    # Batch norms' running statistics: state the step updates (with momentum), not trained.
+    buffers: list[str] = field(default_factory=list)
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the forward's values the backward reads: the activations kept for it."""
@@ -186,15 +190,37 @@ def _rows(b: GraphBuilder, v: Value, k: int, per: int) -> Value:
     )[0]
 
 
+def _step_counter(graph: Graph, spec: TrainSpec) -> Value:
+    """The step counter input (the model's training dropouts made it at import, else made
+    here); each TrainDropout gets the training's seed (the key of its masks, with the step:
+    _loss_and_gradients keys micro-batch k of K by step * K + k instead)."""
+    step_in = next((v for v in graph.inputs if v.name == STEP), None)
+    if step_in is None:
+        return graph.add_input(STEP, TensorType((), DType.I64))
+    graph.inputs.remove(step_in)
+    graph.inputs.append(step_in)  # after the batch, as a step without dropout has it
+    for node in graph.nodes:
+        if node.op == "TrainDropout":
+            node.attrs = Attrs({**node.attrs, "seed": spec.seed})
+    return step_in
+
+
 def _loss_and_gradients(
-    graph: Graph, b: GraphBuilder, spec: TrainSpec, step: TrainingStep, params: list[Value]
+    graph: Graph,
+    b: GraphBuilder,
+    spec: TrainSpec,
+    step: TrainingStep,
+    params: list[Value],
+    buffers: dict[Value, Value],
 ) -> tuple[Value, Value, dict[Value, Value | None]]:
     """The step's loss (the sum of the per-label losses over the count of labels), that
     count, and each parameter's gradient. With K micro-batches the batch inputs take K times
     the rows; each micro-batch's forward (micro-batch 0: the model's own nodes, the others
     copies of them) is followed by its backward, whose seed 1/count needs only the labels, so
     a micro-batch's activations can die before the next one's forward; the gradients add up
-    in micro-batch order."""
+    in micro-batch order. ``buffers`` (running statistic -> its next value) are updated in
+    place to their values after the last micro-batch: each micro-batch's update starts from
+    the one before's, as K forward passes would leave them."""
     k_count = spec.accumulate
     pred = _find_value(graph, spec.loss.prediction, "--loss")
     if not pred.type.dtype.is_float:
@@ -229,6 +255,18 @@ def _loss_and_gradients(
             graph.replace_uses(v, first)
             for k in range(1, k_count):
                 micro[k][first] = _rows(b, big, k, rows)
+        # Micro-batch k's dropouts draw with key step * K + k: no two micro-batches or
+        # steps draw the same mask.
+        drops = [n for n in forward if n.op == "TrainDropout"]
+        step_in = next((v for v in graph.inputs if v.name == STEP), None)
+        if drops and step_in is not None:
+            kk = b.constant("train/micro_batches", np.asarray(k_count, np.int64))
+            key0 = b.emit("Mul", [step_in, kk], name="train/dropout_key")[0]
+            for n in drops:
+                n.inputs = [n.inputs[0], key0]
+            for k in range(1, k_count):
+                kc = b.constant(f"train/micro_batch{k}", np.asarray(k, np.int64))
+                micro[k][key0] = b.emit("Add", [key0, kc], name=f"train/dropout_key@mb{k}")[0]
         # The slices run before the model's nodes that read them.
         graph.nodes = graph.nodes[first_new:] + graph.nodes[:first_new]
     target = _target_input(graph, spec.loss, pred, rows * k_count)
@@ -240,8 +278,15 @@ def _loss_and_gradients(
     denom = b.emit("Max", [count, _scalar(b, 1.0, pred.type.dtype)])[0]
     grads: dict[Value, Value | None] = {p: None for p in params}
     total: Value | None = None
+    first_nexts = dict(buffers)
     for k in range(k_count):
-        pred_k = pred if k == 0 else _copy_forward(graph, forward, micro[k], k)[pred]
+        if k == 0:
+            pred_k = pred
+        else:
+            copies = _copy_forward(graph, forward, {**micro[k], **buffers}, k)
+            pred_k = copies[pred]
+            for r in buffers:
+                buffers[r] = copies[first_nexts[r]]
         target_k = target if target is None or k_count == 1 else _rows(b, target, k, rows)
         s_k = _loss_sum(b, spec.loss, pred_k, target_k)
         total = s_k if total is None else b.emit("Add", [total, s_k])[0]
@@ -311,7 +356,7 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     import leaves them) under ``spec``; rewrites ``graph`` into the step."""
     b = GraphBuilder(graph, fold=True)
     step = TrainingStep(graph, ignore_index=spec.loss.ignore_index, target=spec.loss.target)
-    step.batch = [v.name for v in graph.inputs if v.name not in graph.params]
+    step.batch = [v.name for v in graph.inputs if v.name not in graph.params and v.name != STEP]
     users = graph.users()
     step.shared = {
         v.name: len(users.get(v, []))
@@ -321,9 +366,10 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     if spec.untie is not None:
         _untie(graph, spec.untie, users, step)
     step.forward = graph.copy()
+    buffers = lower_train_batchnorms(graph)
     freeze = check_regex(spec.freeze, "--freeze")
     no_decay = check_regex(spec.no_decay, "--no-decay")
-    params = [v for v in graph.inputs if v.name in graph.params]
+    params = [v for v in graph.inputs if v.name in graph.params and v not in buffers]
     if freeze is not None:
         frozen = [v for v in params if freeze.search(v.name)]
         if not frozen:
@@ -337,7 +383,8 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
             _to_constant(graph, b, v)
         params = [v for v in params if v not in frozen]
     step.micro_batches = spec.accumulate
-    loss, count, grads = _loss_and_gradients(graph, b, spec, step, params)
+    step_in = _step_counter(graph, spec)
+    loss, count, grads = _loss_and_gradients(graph, b, spec, step, params, buffers)
     trained = []
     for v in params:
         if grads[v] is None:
@@ -355,7 +402,6 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     gs = {v: grads[v] for v in trained}
     opt = spec.optimizer
     dt = trained[0].type.dtype
-    step_in = graph.add_input(STEP, TensorType((), DType.I64))
     lr_in = graph.add_input(LR, TensorType((), dt))
     step_next = b.emit(
         "Add", [step_in, b.constant("train/one", np.asarray(1, np.int64))], name="train/next_step"
@@ -406,6 +452,13 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
             outputs.append(out)
             step.state.append((state_in.name, out.name))
         step.optimizer_state[v.name] = names
+    for r, new in buffers.items():
+        # A running statistic: its momentum update, never decayed nor clipped.
+        out = _named(graph, b, guarded(r, new), f"{r.name}.next")
+        outputs.append(out)
+        step.state.append((r.name, out.name))
+        step.initial[r.name] = np.asarray(graph.params[r.name])
+        step.buffers.append(r.name)
     outputs.append(_named(graph, b, guarded(step_in, step_next), f"{STEP}.next"))
     step.state.append((STEP, f"{STEP}.next"))
     step.initial[STEP] = np.asarray(0, np.int64)
@@ -425,7 +478,20 @@ def inference_graph(step: TrainingStep) -> Graph:
     reads what the latest step wrote; every other parameter a constant, as the step holds it."""
     assert step.forward is not None, "build_step keeps the forward"
     g = step.forward.copy()
-    trained = set(step.params)
+    # No dropout at inference: each TrainDropout passes its input, and the step counter goes.
+    for node in [n for n in g.nodes if n.op == "TrainDropout"]:
+        x = node.inputs[0]
+        assert x is not None
+        g.replace_uses(node.outputs[0], x)
+        g.nodes.remove(node)
+    g.inputs = [v for v in g.inputs if v.name != STEP]
+    # Batch norms normalize with the running statistics, which the step keeps.
+    for node in g.nodes:
+        if node.op == "TrainBatchNorm":
+            node.op = "BatchNormalization"
+            node.outputs = node.outputs[:1]
+            node.attrs = Attrs({"epsilon": node.attrs.merged(TRAIN_BN_ATTRS)["epsilon"]})
+    trained = set(step.params) | set(step.buffers)
     for v in list(g.inputs):
         if v.name in g.params and v.name not in trained:
             c = g.add_constant(v.name + ".frozen", g.params[v.name])

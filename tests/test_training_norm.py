@@ -1,0 +1,138 @@
+"""Training II's batch norm: a model imported to train normalizes by the batch's statistics,
+whatever mode it was exported in, and the step keeps the running mean and variance as state,
+updated with momentum (the variance's unbiased, as PyTorch keeps it), neither trained nor
+decayed; run() (inference) normalizes by them. Against JAX and optax (the forward translated
+from the graph and checked against onnxruntime first) over 20 AdamW steps, the running
+statistics included, and run() after training against onnxruntime with the exported model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optax
+from jax_reference import ir_forward
+from onnx import TensorProto, helper, numpy_helper
+
+from flowc.harness.compare import max_rel_error
+from flowc.trainer import compile_step, export_onnx, load_data, run_steps, spec_from
+
+ROWS, BATCH, STEPS = 32, 8, 20
+
+
+def _bn_mlp(path: Path) -> None:
+    """x [B, 16] -> Gemm (no bias) -> BatchNormalization (exported in eval mode) -> Relu -> Gemm."""
+    rng = np.random.default_rng(3)
+    inits = {
+        "w1": rng.standard_normal((16, 32)) * 0.3,
+        "gamma": 1.0 + rng.standard_normal(32) * 0.1,
+        "beta": rng.standard_normal(32) * 0.1,
+        "running_mean": rng.standard_normal(32) * 0.1,
+        "running_var": 1.0 + np.abs(rng.standard_normal(32)) * 0.2,
+        "w2": rng.standard_normal((32, 10)) * 0.3,
+        "b2": np.zeros(10),
+    }
+    nodes = [
+        # No bias before the norm (it would get no gradient but float32's rounding noise,
+        # which Adam scales up to steps of its own).
+        helper.make_node("Gemm", ["x", "w1"], ["h"]),
+        helper.make_node(
+            "BatchNormalization",
+            ["h", "gamma", "beta", "running_mean", "running_var"],
+            ["hn"],
+            epsilon=1e-5,
+            momentum=0.9,
+        ),
+        helper.make_node("Relu", ["hn"], ["r"]),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bn_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def test_batch_norm_trains_as_jax_does_and_infers_with_its_running_statistics(
+    tmp_path: Path,
+) -> None:
+    from flowc.compiler import TRAIN_PRE_PASSES
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.passes.manager import PassManager
+
+    model = tmp_path / "bn_mlp.onnx"
+    _bn_mlp(model)
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((ROWS, 16)) * 2 + 0.5).astype(np.float32)
+    labels = rng.integers(0, 10, ROWS).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x=x, labels=labels)
+
+    graph = PassManager(TRAIN_PRE_PASSES).run(
+        load_graph(model, ImportOptions(trainable=True, batch=BATCH))
+    )
+    assert [n.op for n in graph.nodes if n.op == "TrainBatchNorm"] == ["TrainBatchNorm"]
+    f = ir_forward(graph)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, {"x": x[:BATCH]})
+    params0 = {k: jnp.asarray(v, jnp.float64) for k, v in graph.params.items()}
+    assert max_rel_error(np.asarray(f(params0, {"x": x[:BATCH]})["logits"]), want) < 1e-5
+
+    spec = spec_from("cross_entropy:logits,labels", "adamw:lr=0.01,eps=1e-6,weight_decay=0.05")
+    step, project = compile_step(model, spec, tmp_path / "step", batch=BATCH, target="host")
+    assert step.buffers == ["running_mean", "running_var"]
+    assert "running_mean" not in step.params and "gamma" in step.params
+    project.build("host", quick=True)
+    arrays = load_data(tmp_path / "d.npz", step)
+    with project.load("host") as m:
+        got = run_steps(m, step, arrays, steps=STEPS, batch=BATCH, shuffle=False)
+        predicted = m.run({"x": x[:BATCH]})["logits"]
+
+    buffers = ("running_mean", "running_var")
+    trained = {k: v for k, v in params0.items() if k not in buffers}
+    stats = {k: params0[k] for k in buffers}
+
+    def loss_fn(p: Any, s: Any, xb: Any, yb: Any) -> Any:
+        out = f({**p, **s}, {"x": xb, "train/step": np.asarray(0, np.int64)})
+        logp = jax.nn.log_softmax(out["logits"], axis=-1)
+        loss = -jnp.take_along_axis(logp, yb[:, None], axis=-1).mean()
+        bn = next(n for n in graph.nodes if n.op == "TrainBatchNorm")
+        return loss, {
+            "running_mean": out[bn.outputs[1].name],
+            "running_var": out[bn.outputs[2].name],
+        }
+
+    tx = optax.adamw(0.01, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.05)
+    state, losses = tx.init(trained), []
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    for s in range(STEPS):
+        rows = np.arange(s * BATCH, (s + 1) * BATCH) % ROWS
+        (loss, new_stats), g = grad_fn(
+            trained, stats, jnp.asarray(x[rows]), jnp.asarray(labels[rows])
+        )
+        updates, state = tx.update(g, state, trained)
+        trained = optax.apply_updates(trained, updates)
+        stats = jax.lax.stop_gradient(new_stats)
+        losses.append(float(loss))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got.losses, losses, strict=True))
+    assert worst < 1e-5, worst
+    for name, ref in {**trained, **stats}.items():
+        assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
+    # The running statistics moved, and no gradient or decay touched them: momentum alone.
+    assert not np.allclose(got.params["running_var"], np.asarray(params0["running_var"]))
+
+    # run() normalizes by the running statistics the steps left: onnxruntime on the exported
+    # model (its initializers replaced by the trained values) agrees.
+    export_onnx(model, got.params, tmp_path / "trained.onnx")
+    sess = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, {"x": x[:BATCH]})
+    assert max_rel_error(predicted, want) < 1e-5
