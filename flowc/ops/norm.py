@@ -41,7 +41,7 @@ from flowc.ops.registry import (
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
     from flowc.ir.builder import AdapterNode
-    from flowc.ir.graph import Graph, Value
+    from flowc.ir.graph import Value
 
 FAMILY = "norm"
 
@@ -515,40 +515,12 @@ defop(
 )
 
 
-def lower_train_batchnorms(graph: Graph) -> dict[Value, Value]:
-    """Every TrainBatchNorm of ``graph`` as its reductions and element-wise ops, in place;
-    returns each running statistic's input -> its next value."""
-    from flowc.ir.builder import AdapterNode, GraphBuilder
-
-    nexts: dict[Value, Value] = {}
-    if not any(node.op == "TrainBatchNorm" for node in graph.nodes):
-        return nexts
-    nodes, graph.nodes = graph.nodes, []
-    builder = GraphBuilder(graph, fold=False)
-    replaced: dict[Value, Value] = {}
-    for node in nodes:
-        node.inputs = [replaced.get(i, i) if i is not None else None for i in node.inputs]
-        if node.op != "TrainBatchNorm":
-            graph.nodes.append(node)
-            continue
-        a = node.attrs.merged(TRAIN_BN_ATTRS)
-        adapter = AdapterNode(
-            builder,
-            "BatchNormalization",
-            15,
-            node.name,
-            list(node.inputs),
-            {"epsilon": a["epsilon"], "momentum": a["momentum"], "training_mode": 1},
-            [f"{o.name}.lowered" for o in node.outputs],
-        )
-        y, new_mean, new_var = _batchnorm_training(adapter, unbiased=True)
-        for old, new in zip(node.outputs, (y, new_mean, new_var), strict=True):
-            replaced[old] = new
-        mean, var = node.inputs[3], node.inputs[4]
-        assert mean is not None and var is not None
-        nexts[mean], nexts[var] = new_mean, new_var
-    graph.outputs = [replaced.get(o, o) for o in graph.outputs]
-    return nexts
+def lower_train_batchnorm(n: AdapterNode) -> list[Value]:
+    """A TrainBatchNorm node (as an AdapterNode: its inputs and attributes) as its reductions
+    and element-wise ops: Y and the two running statistics' next values. The training step
+    lowers each one after keeping the forward it infers with (flowc.training.step)."""
+    n.attrs = {**TRAIN_BN_ATTRS, **n.attrs, "training_mode": 1}
+    return _batchnorm_training(n, unbiased=True)
 
 
 # -- LayerNormalization ---------------------------------------------------------------------------

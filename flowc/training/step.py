@@ -18,11 +18,11 @@ import numpy as np
 
 from flowc.autodiff import gradients
 from flowc.errors import FlowcWarning, InputError
-from flowc.ir.builder import GraphBuilder
+from flowc.ir.builder import AdapterNode, GraphBuilder
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Graph, Node, Value, make_splat
 from flowc.ir.types import TensorType
-from flowc.ops.norm import TRAIN_BN_ATTRS, lower_train_batchnorms
+from flowc.ops.norm import TRAIN_BN_ATTRS, lower_train_batchnorm
 from flowc.ops.random import STEP_INPUT
 from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
 
@@ -188,6 +188,39 @@ def _rows(b: GraphBuilder, v: Value, k: int, per: int) -> Value:
             b.constant("train/axes", np.asarray([0], np.int64)),
         ],
     )[0]
+
+
+def _lower_batchnorms(graph: Graph) -> dict[Value, Value]:
+    """Every TrainBatchNorm of ``graph`` as its reductions and element-wise ops, in place
+    (ops/norm.py); returns each running statistic's input -> its next value."""
+    nexts: dict[Value, Value] = {}
+    if not any(node.op == "TrainBatchNorm" for node in graph.nodes):
+        return nexts
+    nodes, graph.nodes = graph.nodes, []
+    builder = GraphBuilder(graph, fold=False)
+    replaced: dict[Value, Value] = {}
+    for node in nodes:
+        node.inputs = [replaced.get(i, i) if i is not None else None for i in node.inputs]
+        if node.op != "TrainBatchNorm":
+            graph.nodes.append(node)
+            continue
+        adapter = AdapterNode(
+            builder,
+            "BatchNormalization",
+            15,
+            node.name,
+            list(node.inputs),
+            dict(node.attrs),
+            [f"{o.name}.lowered" for o in node.outputs],
+        )
+        lowered = lower_train_batchnorm(adapter)
+        for old, new in zip(node.outputs, lowered, strict=True):
+            replaced[old] = new
+        mean, var = node.inputs[3], node.inputs[4]
+        assert mean is not None and var is not None
+        nexts[mean], nexts[var] = lowered[1], lowered[2]
+    graph.outputs = [replaced.get(o, o) for o in graph.outputs]
+    return nexts
 
 
 def _step_counter(graph: Graph, spec: TrainSpec) -> Value:
@@ -366,7 +399,7 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     if spec.untie is not None:
         _untie(graph, spec.untie, users, step)
     step.forward = graph.copy()
-    buffers = lower_train_batchnorms(graph)
+    buffers = _lower_batchnorms(graph)
     freeze = check_regex(spec.freeze, "--freeze")
     no_decay = check_regex(spec.no_decay, "--no-decay")
     params = [v for v in graph.inputs if v.name in graph.params and v not in buffers]
