@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +30,7 @@ from jax_reference import ir_forward  # noqa: E402
 
 from flowc.compiler import TRAIN_PRE_PASSES  # noqa: E402
 from flowc.frontend import ImportOptions, load_graph  # noqa: E402
-from flowc.harness.build import run as run_driver  # noqa: E402
+from flowc.harness.build import build_dir  # noqa: E402
 from flowc.harness.compare import max_rel_error  # noqa: E402
 from flowc.passes.manager import PassManager  # noqa: E402
 from flowc.trainer import compile_step, load_data, run_steps, spec_from  # noqa: E402
@@ -58,10 +60,20 @@ def case(
         got = run_steps(
             compiled, step, arrays, steps=steps, batch=batch, shuffle=False, state=step.initial
         )
-    feeds = {n: arrays[n][:batch] for n in step.batch}
-    _, stdout = run_driver(project.path, feeds, target="host", env={"FLOWC_STATS": "1"})
+    # The step's launches: the driver's `train` for one step (its run() is inference).
+    for n in step.batch:
+        np.save(tmp / f"{name}.{n.replace('/', '_')}.npy", arrays[n])
+    exe = build_dir(project.path, "host") / "model_main"
+    data = []
+    for n in step.batch:
+        data += ["--data", f"{n}={tmp / (name + '.' + n.replace('/', '_') + '.npy')}"]
+    r = subprocess.run(
+        [str(exe), "train", "--weights", str(project.path / "weights.bin"), *data,
+         "--steps", "1", "--batch", str(batch)],
+        capture_output=True, text=True, env={**os.environ, "FLOWC_STATS": "1"}, check=True,
+    )  # fmt: skip
     launches = next(
-        (line for line in stdout.splitlines() if line.startswith("launches per run")), ""
+        (line for line in r.stdout.splitlines() if line.startswith("launches per run")), ""
     )
     info = json.loads((project.path / "flowc_model.json").read_text())
 
@@ -77,7 +89,9 @@ def case(
     losses = []
     for s in range(steps):
         idx = np.arange(s * batch, (s + 1) * batch) % rows
-        value, g = grad_fn(params, {k: jnp.asarray(v[idx]) for k, v in arrays.items()})
+        # The step number keys the dropouts (flowc's masks, injected: gpt2_tiny has five).
+        feeds = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
+        value, g = grad_fn(params, {**feeds, "train/step": np.asarray(s, np.int64)})
         updates, state = tx.update(g, state, params)
         params = optax.apply_updates(params, updates)
         losses.append(float(value))

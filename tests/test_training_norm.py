@@ -136,3 +136,63 @@ def test_batch_norm_trains_as_jax_does_and_infers_with_its_running_statistics(
     sess = ort.InferenceSession(str(tmp_path / "trained.onnx"), providers=["CPUExecutionProvider"])
     (want,) = sess.run(None, {"x": x[:BATCH]})
     assert max_rel_error(predicted, want) < 1e-5
+
+
+def test_accumulated_micro_batches_normalize_each_by_its_own_statistics(tmp_path: Path) -> None:
+    """--accumulate 2: each micro-batch's forward normalizes by its own batch statistics (as
+    K forward passes in PyTorch would), the loss over both micro-batches' labels, and the
+    running statistics updated twice in order; against JAX doing exactly that."""
+    from flowc.compiler import TRAIN_PRE_PASSES
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.passes.manager import PassManager
+
+    model = tmp_path / "bn_mlp.onnx"
+    _bn_mlp(model)
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((ROWS, 16)) * 2 + 0.5).astype(np.float32)
+    labels = rng.integers(0, 10, ROWS).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x=x, labels=labels)
+    micro, k_count, steps = 4, 2, 6
+    spec = spec_from("cross_entropy:logits,labels", "sgd:lr=0.1,momentum=0.9", accumulate=k_count)
+    step, project = compile_step(model, spec, tmp_path / "step", batch=micro, target="host")
+    project.build("host", quick=True)
+    arrays = load_data(tmp_path / "d.npz", step)
+    with project.load("host") as m:
+        got = run_steps(m, step, arrays, steps=steps, batch=micro, shuffle=False)
+
+    graph = PassManager(TRAIN_PRE_PASSES).run(
+        load_graph(model, ImportOptions(trainable=True, batch=micro))
+    )
+    f = ir_forward(graph)
+    bn = next(n for n in graph.nodes if n.op == "TrainBatchNorm")
+    params0 = {k: jnp.asarray(v, jnp.float64) for k, v in graph.params.items()}
+    buffers = ("running_mean", "running_var")
+    trained = {k: v for k, v in params0.items() if k not in buffers}
+    stats = {k: params0[k] for k in buffers}
+
+    def loss_fn(p: Any, s: Any, xb: Any, yb: Any) -> Any:
+        total = 0.0
+        for j in range(k_count):
+            rows = slice(j * micro, (j + 1) * micro)
+            out = f({**p, **s}, {"x": xb[rows], "train/step": np.asarray(0, np.int64)})
+            logp = jax.nn.log_softmax(out["logits"], axis=-1)
+            total = total - jnp.take_along_axis(logp, yb[rows, None], axis=-1).sum()
+            s = {"running_mean": out[bn.outputs[1].name], "running_var": out[bn.outputs[2].name]}
+        return total / (k_count * micro), s
+
+    tx = optax.sgd(0.1, momentum=0.9)
+    state, losses = tx.init(trained), []
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    for s in range(steps):
+        rows = np.arange(s * micro * k_count, (s + 1) * micro * k_count) % ROWS
+        (loss, new_stats), g = grad_fn(
+            trained, stats, jnp.asarray(x[rows]), jnp.asarray(labels[rows])
+        )
+        updates, state = tx.update(g, state, trained)
+        trained = optax.apply_updates(trained, updates)
+        stats = jax.lax.stop_gradient(new_stats)
+        losses.append(float(loss))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got.losses, losses, strict=True))
+    assert worst < 1e-5, worst
+    for name, ref in {**trained, **stats}.items():
+        assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name

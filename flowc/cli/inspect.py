@@ -290,6 +290,12 @@ def _inspect_training(
         str(sum(len(v) for v in step.optimizer_state.values())),
         human_bytes(state_bytes),
     )
+    if step.buffers:
+        table.add_row(
+            "running statistics (batch norms')",
+            str(len(step.buffers)),
+            human_bytes(sum(types[b].nbytes for b in step.buffers)),
+        )
     table.add_row("gradients (in the arena)", str(len(step.params)), human_bytes(param_bytes))
     table.add_row("saved activations", "", human_bytes(step.saved_activation_bytes()))
     console.print(table)
@@ -298,6 +304,12 @@ def _inspect_training(
             "initializers used by several nodes (ties, or an exporter's deduplication; their "
             "gradients add up): "
             + ", ".join(f"{escape(n)} ({k} uses)" for n, k in sorted(step.shared.items())),
+        )
+    dropouts = len({n.attrs["stream"] for n in graph.nodes if n.op == "TrainDropout"})
+    if dropouts:
+        console.print(
+            f"{dropouts} dropout(s) in the forward, masks keyed by seed {spec.seed}, the step "
+            "and the element (flowc train --seed)"
         )
     if step.no_gradient:
         console.print(

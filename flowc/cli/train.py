@@ -42,7 +42,7 @@ from flowc.cli.options import (
 )
 @count_option("--steps", "N", "Steps to run.", low=1)
 @flag_option("--no-shuffle", "Take the rows in file order (step s: rows sB..sB+B-1, wrapping).")
-@seed_option("Seed of the per-epoch shuffle.")
+@seed_option("Seed of the per-epoch shuffle and of the dropout masks.")
 @flag_option("--skip-nonfinite", "Skip a step whose loss is NaN or infinite instead of stopping.")
 @target_option(["host", "cuda"], "Default: cuda where a GPU is present, else host.")
 @choice_option(
