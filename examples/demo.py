@@ -1,6 +1,7 @@
 """`make demo`: import a bundled model and print its summary; evaluate it with flowc's NumPy
 reference and compare with onnxruntime; then compile it to a standalone C++ program, build
-it for the host target (the SIMT emulator), run it and print the verification table."""
+it for the host target (the SIMT emulator), run it and print the verification table; last,
+train an MLP on the handwritten digits with `flowc train` and print its held-out accuracy."""
 
 from __future__ import annotations
 
@@ -83,6 +84,20 @@ def main(model: Path) -> int:
     parallel = subprocess.run(
         [*flowc, "verify", str(model), *limit, "--target", "host", *args, "-o", str(work / "mesh2")]
     )
+    console.rule("flowc train: an MLP learns the handwritten digits (examples/digits.py)")
+    digits = work / "digits"
+    here = Path(__file__).resolve().parent
+    subprocess.run([sys.executable, str(here / "digits.py"), "prepare", str(digits)], check=True)
+    trained = subprocess.run(
+        [*flowc, "train", str(digits / "digits_mlp.onnx"),
+         "--loss", "cross_entropy:logits,labels",
+         "--optimizer", "adamw:lr=0.01,weight_decay=0.0001",
+         "--data", str(digits / "digits_train.npz"), "--steps", "300", "--batch", "64",
+         "--export", str(digits / "digits_trained.onnx"), "--target", "host"]
+    )  # fmt: skip
+    if trained.returncode == 0:
+        trained = subprocess.run([sys.executable, str(here / "digits.py"), "evaluate", str(digits)])
+    ok = ok and trained.returncode == 0
     return 0 if ok and verify.returncode == 0 and parallel.returncode == 0 else 1
 
 
