@@ -25,6 +25,7 @@ from flowc.codegen.cpp import CTYPES
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.registry import (
     LIBRARY_SCRATCH,
@@ -503,6 +504,80 @@ def _direct(
     prog.launch(name, y.type.numel, [*args, f"(int64_t){y.type.numel}"])
 
 
+def _conv_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Conv's gradients as convolutions (no new kernel): the data's is the ConvTranspose of
+    the output's gradient by W (same strides, dilations, pads and groups; output_padding
+    gives back X's extent where the stride dropped a remainder); the weight's is a Conv of X
+    by the output's gradient with the roles of batch and channels swapped (group g: the
+    inputs' channels of g by its outputs'; stride and dilation exchanged), cut to the
+    kernel's extent; the bias's the output's gradient summed over all but the channels."""
+    g = gouts[0]
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if g is None or x is None or w is None:
+        return [None] * len(node.inputs)
+    a = node_attrs(node)
+    xs, ws = x.type.shape, w.type.shape
+    geo = _conv_window(xs, ws, a)
+    nd, group = len(xs) - 2, int(a["group"])
+    n, c, o = xs[0], xs[1], ws[0]
+    out: list[Value | None] = [None] * len(node.inputs)
+    if need[0]:
+        back = [
+            (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - geo.pad_end[i] + geo.spans[i]
+            for i in range(nd)
+        ]
+        out[0] = grad.op1(
+            b,
+            "ConvTranspose",
+            g,
+            w,
+            group=group,
+            strides=list(geo.strides),
+            dilations=list(geo.dilations),
+            pads=[*geo.pad_begin, *geo.pad_end],
+            output_padding=[xs[2 + i] - back[i] for i in range(nd)],
+        )
+    if need[1]:
+        cg, og = c // group, o // group
+        sp = list(range(3, 3 + nd))
+        # X as (Cg, G*N, spatial): batch Cg, channels (g, n); g as (G*Og, N, out spatial).
+        xt = grad.reshape(b, x, [n, group, cg, *xs[2:]])
+        xt = grad.op1(b, "Transpose", xt, perm=[2, 1, 0, *sp])
+        xt = grad.reshape(b, xt, [cg, group * n, *xs[2:]])
+        gt = grad.reshape(b, g, [n, group, og, *geo.out])
+        gt = grad.op1(b, "Transpose", gt, perm=[1, 2, 0, *sp])
+        gt = grad.reshape(b, gt, [o, n, *geo.out])
+        # Output positions k of the kernel: stride and dilation trade places; the end pad
+        # keeps only what a kernel position can reach.
+        dw = grad.op1(
+            b,
+            "Conv",
+            xt,
+            gt,
+            group=group,
+            strides=list(geo.dilations),
+            dilations=list(geo.strides),
+            pads=[*geo.pad_begin, *geo.pad_end],
+        )
+        full = dw.type.shape[2:]
+        if tuple(full) != tuple(ws[2:]):
+            dw = grad.op1(
+                b,
+                "Slice",
+                dw,
+                grad.ints(b, [0] * nd),
+                grad.ints(b, list(ws[2:])),
+                grad.ints(b, list(range(2, 2 + nd))),
+            )
+        out[1] = grad.op1(b, "Transpose", dw, perm=[1, 0, *range(2, 2 + nd)])
+    if bias is not None and len(need) > 2 and need[2]:
+        out[2] = grad.reduce_sum(b, g, [0, *range(2, 2 + nd)], keepdims=False)
+    return out
+
+
 _CONV_ATTRS = {
     "auto_pad": "NOTSET",
     "group": 1,
@@ -525,6 +600,7 @@ defop(
     library="conv",
     workspace=_conv_workspace,
     narrow=NARROW,
+    vjp=_conv_vjp,
 )
 
 

@@ -19,6 +19,7 @@ from flowc.codegen.cpp import CTYPES, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.conv import (
     Window,
@@ -38,10 +39,12 @@ from flowc.ops.registry import (
     SbpSignature,
     defop,
     node_attrs,
+    set_vjp,
 )
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
+    from flowc.ir.graph import Value
 
 FAMILY = "pool"
 
@@ -414,3 +417,65 @@ for _op, _ref, _attrs, _linear in (
         sbp=_pool_sbp(linear=_linear),
         emit=_global_emit,
     )
+
+
+# -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
+
+
+def _global_avg_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Each input element gets its plane's output gradient over the plane's size."""
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None]
+    size = math.prod(x.type.shape[2:])
+    return [grad.expand_to(b, grad.op1(b, "Mul", g, grad.scalar(b, 1.0 / size, g)), x.type.shape)]
+
+
+def _avgpool_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Each window's gradient over its divisor, spread back over the window's taps: the
+    ConvTranspose of g / count by a kernel of ones, one channel per group (no new kernel).
+    A window that ceil_mode runs past the end padding reaches no input there: the end pad
+    grows to cover it."""
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None]
+    a = node_attrs(node)
+    xs = x.type.shape
+    geo = _geometry(xs, a)
+    nd, c = len(geo.out), xs[1]
+    keep = geo.pad_begin + geo.pad_end if a["count_include_pad"] else (0,) * (2 * nd)
+    count = _taps_inside(xs[2:], geo, keep).reshape(1, 1, *geo.out)
+    dt = g.type.dtype.np
+    scaled = grad.op1(b, "Mul", g, b.const((1.0 / count).astype(dt), "inverse_count"))
+    end = [
+        max(
+            geo.pad_end[i],
+            (geo.out[i] - 1) * geo.strides[i] + geo.spans[i] - xs[2 + i] - geo.pad_begin[i],
+        )
+        for i in range(nd)
+    ]
+    back = [
+        (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - end[i] + geo.spans[i]
+        for i in range(nd)
+    ]
+    ones = b.const(np.ones((c, 1, *geo.kernel), dt), "window")
+    dx = grad.op1(
+        b,
+        "ConvTranspose",
+        scaled,
+        ones,
+        group=c,
+        strides=list(geo.strides),
+        dilations=list(geo.dilations),
+        pads=[*geo.pad_begin, *end],
+        output_padding=[xs[2 + i] - back[i] for i in range(nd)],
+    )
+    return [dx]
+
+
+set_vjp("GlobalAveragePool", _global_avg_vjp)
+set_vjp("AveragePool", _avgpool_vjp)

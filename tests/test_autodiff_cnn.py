@@ -1,0 +1,95 @@
+"""Training II's VJP rules for the CNN ops (Conv, AveragePool, GlobalAveragePool), each
+against float64 central finite differences of the op's own NumPy reference over its
+attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's backward compiled for
+the host against the float64 evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_autodiff import check_vjp
+
+R = np.random.default_rng(7)
+
+
+def r(*shape: int) -> np.ndarray:
+    return R.standard_normal(shape)
+
+
+CONV_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], bool]] = [
+    ((2, 3, 5, 5), (4, 3, 3, 3), {}, True),
+    ((1, 2, 7, 6), (3, 2, 3, 2), {"strides": [2, 2], "pads": [1, 0, 1, 1]}, True),
+    ((1, 2, 8, 8), (2, 2, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}, False),
+    ((2, 4, 6, 5), (6, 2, 3, 3), {"group": 2, "strides": [2, 1], "pads": [1, 1, 1, 1]}, True),
+    ((1, 3, 5, 5), (3, 1, 3, 3), {"group": 3, "auto_pad": "SAME_UPPER"}, False),  # depthwise
+    ((2, 2, 9), (3, 2, 4), {"strides": [3], "pads": [1, 2]}, True),  # 1-D, a dropped remainder
+]
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs", "bias"), CONV_CASES)
+def test_conv_vjp(
+    xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, Any], bias: bool
+) -> None:
+    inputs = [r(*xs), r(*ws) * 0.5] + ([r(ws[0])] if bias else [])
+    check_vjp("Conv", inputs, attrs)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},  # count_include_pad 0: edge divisors
+        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1},
+        {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1},  # a window past the end
+    ],
+)
+def test_average_pool_vjp(attrs: dict[str, Any]) -> None:
+    check_vjp("AveragePool", [r(2, 3, 7, 6)], attrs)
+
+
+def test_global_average_pool_vjp() -> None:
+    check_vjp("GlobalAveragePool", [r(2, 3, 4, 5)])
+
+
+def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) -> None:
+    from flowc.autodiff import gradients
+    from flowc.compiler import compile_graph
+    from flowc.harness.build import build, run
+    from flowc.harness.compare import max_rel_error
+    from flowc.interpreter import evaluate
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Graph
+    from flowc.ir.types import TensorType
+
+    def network(dt: DType) -> Graph:
+        g = Graph("cnn")
+        b = GraphBuilder(g, fold=False)
+        x = g.add_input("x", TensorType((2, 3, 8, 8), dt))
+        w1 = g.add_input("w1", TensorType((4, 3, 3, 3), dt))
+        b1 = g.add_input("b1", TensorType((4,), dt))
+        w2 = g.add_input("w2", TensorType((4, 2, 3, 3), dt))
+        h = b.emit("Conv", [x, w1, b1], {"pads": [1, 1, 1, 1]})[0]
+        h = b.emit("Relu", [h])[0]
+        h = b.emit("AveragePool", [h], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]
+        h = b.emit("Conv", [h, w2], {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]})[0]
+        h = b.emit("GlobalAveragePool", [h])[0]
+        loss = b.emit("ReduceSum", [b.emit("Mul", [h, h])[0]], {"keepdims": 0})[0]
+        params = [x, w1, b1, w2]
+        grads = gradients(g, loss, params)
+        g.outputs = [loss, *(grads[p] for p in params)]  # type: ignore[misc]
+        return g
+
+    g32, g64 = network(DType.F32), network(DType.F64)
+    rng = np.random.default_rng(2)
+    feeds = {v.name: rng.standard_normal(v.type.shape) * 0.5 for v in g64.inputs}
+    want = evaluate(g64, feeds)
+    out = tmp_path / "out"
+    compile_graph(g32, out, poison=True)
+    build(out, "host", quick=True)
+    got, _ = run(out, {k: v.astype(np.float32) for k, v in feeds.items()}, target="host")
+    for o32, o64 in zip(g32.outputs, g64.outputs, strict=True):
+        assert max_rel_error(got[o32.name], want[o64.name]) < 1e-4, o32.name
