@@ -93,7 +93,7 @@ def main(model: Path) -> int:
          "--loss", "cross_entropy:logits,labels",
          "--optimizer", "adamw:lr=0.01,weight_decay=0.0001",
          "--data", str(digits / "digits_train.npz"), "--steps", "300", "--batch", "64",
-         "--export", str(digits / "digits_trained.onnx"), "--target", "host"]
+         "--export", str(digits / "digits_mlp_trained.onnx"), "--target", "host"]
     )  # fmt: skip
     if trained.returncode == 0:
         trained = subprocess.run([sys.executable, str(here / "digits.py"), "evaluate", str(digits)])
