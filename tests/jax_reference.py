@@ -189,6 +189,22 @@ def ir_forward(
                     nexts = [rm, rv]
                 y = (x - mean.reshape(view)) / jnp.sqrt(var.reshape(view) + eps)
                 outs = [y * scale.reshape(view) + bias.reshape(view), *nexts]
+            elif t == "Conv":
+                nd = ins[0].ndim - 2
+                pads = a.get("pads") or [0] * (2 * nd)
+                y = jax.lax.conv_general_dilated(
+                    ins[0],
+                    ins[1],
+                    window_strides=a.get("strides") or [1] * nd,
+                    padding=[(pads[i], pads[i + nd]) for i in range(nd)],
+                    rhs_dilation=a.get("dilations") or [1] * nd,
+                    feature_group_count=int(a.get("group", 1)),
+                )
+                if len(ins) > 2 and ins[2] is not None:
+                    y = y + ins[2].reshape(-1, *([1] * nd))
+                outs = [y]
+            elif t == "GlobalAveragePool":
+                outs = [ins[0].mean(axis=tuple(range(2, ins[0].ndim)), keepdims=True)]
             elif t == "Gather":
                 outs = [jnp.take(ins[0], ins[1], axis=a.get("axis", 0))]
             elif t == "Where":

@@ -196,3 +196,130 @@ def test_accumulated_micro_batches_normalize_each_by_its_own_statistics(tmp_path
     assert worst < 1e-5, worst
     for name, ref in {**trained, **stats}.items():
         assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
+
+
+def _resnet_style(path: Path) -> None:
+    """A residual CNN with batch norms (the shared resnet_tiny had its norms folded at
+    export): stem conv-BN-ReLU, one residual block (two conv-BN, the skip added before the
+    ReLU), a strided conv-BN-ReLU, global average pooling and a classifier."""
+    rng = np.random.default_rng(9)
+    inits: dict[str, np.ndarray] = {}
+    nodes = []
+
+    def conv_bn(name: str, src: str, cin: int, cout: int, stride: int = 1) -> str:
+        inits[f"{name}.weight"] = rng.standard_normal((cout, cin, 3, 3)) * np.sqrt(2.0 / (9 * cin))
+        for stat, value in (
+            ("gamma", 1.0 + rng.standard_normal(cout) * 0.1),
+            ("beta", rng.standard_normal(cout) * 0.1),
+            ("mean", np.zeros(cout)),
+            ("var", np.ones(cout)),
+        ):
+            inits[f"{name}.{stat}"] = value
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [src, f"{name}.weight"],
+                [f"{name}.c"],
+                pads=[1, 1, 1, 1],
+                strides=[stride] * 2,
+            )
+        )
+        nodes.append(
+            helper.make_node(
+                "BatchNormalization",
+                [f"{name}.c", *(f"{name}.{s}" for s in ("gamma", "beta", "mean", "var"))],
+                [f"{name}.bn"],
+            )
+        )
+        return f"{name}.bn"
+
+    stem = conv_bn("stem", "x", 3, 8)
+    nodes.append(helper.make_node("Relu", [stem], ["h0"]))
+    a = conv_bn("block.a", "h0", 8, 8)
+    nodes.append(helper.make_node("Relu", [a], ["block.r"]))
+    bb = conv_bn("block.b", "block.r", 8, 8)
+    nodes.append(helper.make_node("Add", [bb, "h0"], ["block.sum"]))
+    nodes.append(helper.make_node("Relu", ["block.sum"], ["h1"]))
+    down = conv_bn("down", "h1", 8, 16, stride=2)
+    nodes.append(helper.make_node("Relu", [down], ["h2"]))
+    nodes.append(helper.make_node("GlobalAveragePool", ["h2"], ["pooled"]))
+    nodes.append(helper.make_node("Flatten", ["pooled"], ["flat"]))
+    inits["fc.weight"] = rng.standard_normal((16, 10)) * 0.3
+    inits["fc.bias"] = np.zeros(10)
+    nodes.append(helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"]))
+    graph = helper.make_graph(
+        nodes,
+        "resnet_style",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def test_a_resnet_style_cnn_trains_as_jax_does(tmp_path: Path) -> None:
+    """Convolutions (their VJPs), batch norms in training (four, their running statistics
+    the step's state) and a residual sum, 10 AdamW steps against JAX and optax."""
+    from flowc.compiler import TRAIN_PRE_PASSES
+    from flowc.frontend import ImportOptions, load_graph
+    from flowc.passes.manager import PassManager
+
+    model = tmp_path / "resnet_style.onnx"
+    _resnet_style(model)
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((ROWS, 3, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, 10, ROWS).astype(np.int64)
+    np.savez(tmp_path / "d.npz", x=x, labels=labels)
+    steps = 10
+
+    graph = PassManager(TRAIN_PRE_PASSES).run(
+        load_graph(model, ImportOptions(trainable=True, batch=BATCH))
+    )
+    f = ir_forward(graph)
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, {"x": x[:BATCH]})
+    params0 = {k: jnp.asarray(v, jnp.float64) for k, v in graph.params.items()}
+    x64 = x.astype(np.float64)
+    assert max_rel_error(np.asarray(f(params0, {"x": x64[:BATCH]})["logits"]), want) < 1e-5
+
+    spec = spec_from("cross_entropy:logits,labels", "adamw:lr=0.01,eps=1e-6,weight_decay=0.01")
+    step, project = compile_step(model, spec, tmp_path / "step", batch=BATCH, target="host")
+    assert len(step.buffers) == 8
+    project.build("host", quick=True)
+    arrays = load_data(tmp_path / "d.npz", step)
+    with project.load("host") as m:
+        got = run_steps(m, step, arrays, steps=steps, batch=BATCH, shuffle=False)
+
+    bns = [n for n in graph.nodes if n.op == "TrainBatchNorm"]
+    names = [v.name for n in bns for v in n.inputs[3:5] if v is not None]
+    trained = {k: v for k, v in params0.items() if k not in names}
+    stats = {k: params0[k] for k in names}
+
+    def loss_fn(p: Any, s: Any, xb: Any, yb: Any) -> Any:
+        out = f({**p, **s}, {"x": xb, "train/step": np.asarray(0, np.int64)})
+        logp = jax.nn.log_softmax(out["logits"], axis=-1)
+        loss = -jnp.take_along_axis(logp, yb[:, None], axis=-1).mean()
+        nexts = {}
+        for n in bns:
+            nexts[n.inputs[3].name] = out[n.outputs[1].name]  # type: ignore[union-attr]
+            nexts[n.inputs[4].name] = out[n.outputs[2].name]  # type: ignore[union-attr]
+        return loss, nexts
+
+    tx = optax.adamw(0.01, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01)
+    state, losses = tx.init(trained), []
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    for s in range(steps):
+        rows = np.arange(s * BATCH, (s + 1) * BATCH) % ROWS
+        (loss, new_stats), g = grad_fn(
+            trained, stats, jnp.asarray(x64[rows]), jnp.asarray(labels[rows])
+        )
+        updates, state = tx.update(g, state, trained)
+        trained = optax.apply_updates(trained, updates)
+        stats = jax.lax.stop_gradient(new_stats)
+        losses.append(float(loss))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got.losses, losses, strict=True))
+    assert worst < 1e-5, worst
+    for name, ref in {**trained, **stats}.items():
+        assert max_rel_error(got.params[name], np.asarray(ref)) < 1e-4, name
