@@ -89,12 +89,15 @@ def direct_build(tmp_path_factory: pytest.TempPathFactory, model_file: Path) -> 
 
 
 def run_bodies(model_cu: str) -> str:
-    """The code of run() and of the schedule functions it calls (run_stage_*): what a run
-    executes, each statement once (the schedule is straight-line code)."""
+    """The code of run() (a call of issue()), issue() and the schedule functions it calls
+    (run_stage_*): what a run executes, each statement once (the schedule is straight-line
+    code)."""
     bodies = re.findall(
-        r"^(?:static int run_stage_\d+|extern \"C\" int \w+_run)\(.*?^}$", model_cu, re.S | re.M
+        r"^(?:static int run_stage_\d+|static int issue|extern \"C\" int \w+_run)\(.*?^}$",
+        model_cu,
+        re.S | re.M,
     )
-    assert len(bodies) == 2, "expected run() and one run_stage_0()"
+    assert len(bodies) == 3, "expected run(), issue() and one run_stage_0()"
     return "\n".join(bodies)
 
 
