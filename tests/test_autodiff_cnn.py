@@ -1,4 +1,4 @@
-"""Training II's VJP rules for the CNN ops (Conv, AveragePool, GlobalAveragePool), each
+"""Training II's VJP rules for the CNN ops (Conv, MaxPool, AveragePool, GlobalAveragePool), each
 against float64 central finite differences of the op's own NumPy reference over its
 attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's backward compiled for
 the host against the float64 evaluation."""
@@ -73,6 +73,8 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
         b1 = g.add_input("b1", TensorType((4,), dt))
         w2 = g.add_input("w2", TensorType((4, 2, 3, 3), dt))
         h = b.emit("Conv", [x, w1, b1], {"pads": [1, 1, 1, 1]})[0]
+        # Overlapping windows: an element may be the maximum of several.
+        h = b.emit("MaxPool", [h], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})[0]
         h = b.emit("Relu", [h])[0]
         h = b.emit("AveragePool", [h], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]
         h = b.emit("Conv", [h, w2], {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]})[0]
@@ -93,3 +95,16 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
     got, _ = run(out, {k: v.astype(np.float32) for k, v in feeds.items()}, target="host")
     for o32, o64 in zip(g32.outputs, g64.outputs, strict=True):
         assert max_rel_error(got[o32.name], want[o64.name]) < 1e-4, o32.name
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"kernel_shape": [2, 2], "strides": [2, 2]},
+        {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]},  # overlapping windows
+        {"kernel_shape": [3, 2], "strides": [2, 1], "dilations": [2, 1], "ceil_mode": 1},
+    ],
+)
+def test_max_pool_vjp(attrs: dict[str, Any]) -> None:
+    # Random values: no ties, so the maximum is differentiable where it is measured.
+    check_vjp("MaxPool", [r(2, 3, 7, 6)], attrs)

@@ -506,10 +506,46 @@ def test_the_training_options_parse_anything_to_a_spec_or_a_clear_error() -> Non
         parse_schedule("cosine:warmup=10")
 
 
+def _with_dropouts(model: onnx.ModelProto, ratio: float) -> onnx.ModelProto:
+    """``model`` with a training-mode Dropout after every LayerNormalization and Softmax (the
+    embeddings', the attention probabilities' and the sublayers' places in BERT), as an
+    exporter writes them for a model not put in eval mode."""
+    from onnx import helper, numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.asarray(ratio, np.float32), "dropout.ratio"),
+            numpy_helper.from_array(np.asarray(True), "dropout.training"),
+        ]
+    )
+    nodes = []
+    for node in g.node:
+        nodes.append(node)
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            y = node.output[0]
+            node.output[0] = y + ".pre_dropout"
+            nodes.append(
+                helper.make_node(
+                    "Dropout",
+                    [node.output[0], "dropout.ratio", "dropout.training"],
+                    [y],
+                    name=f"{node.name or y}.dropout",
+                )
+            )
+    del g.node[:]
+    g.node.extend(nodes)
+    return out
+
+
 def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> None:
-    """bert_tiny (its attention mask through Where/Expand/Cast, GELU through Erf): an MSE on
-    the pooled output, 10 AdamW steps against JAX and optax; the JAX forward checked against
-    onnxruntime on the original model first."""
+    """bert_tiny (its attention mask through Where/Expand/Cast, GELU through Erf) with dropout
+    on (p = 0.1 after every norm and softmax, inserted as an exporter writes it): an MSE on
+    the pooled output, 10 AdamW steps against JAX and optax with flowc's dropout masks
+    injected; the JAX forward checked against onnxruntime on the original model first
+    (dropout off, as in inference)."""
     import onnxruntime as ort
     from jax_reference import ir_forward
 
@@ -517,7 +553,8 @@ def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> Non
     from flowc.frontend import ImportOptions, load_graph
     from flowc.passes.manager import PassManager
 
-    bert = SHARED_MODELS / "bert_tiny.onnx"
+    bert = tmp_path / "bert_tiny_dropout.onnx"
+    onnx.save(_with_dropouts(onnx.load(str(SHARED_MODELS / "bert_tiny.onnx")), 0.1), str(bert))
     rng = np.random.default_rng(8)
     ids = rng.integers(0, 1000, (4, 16)).astype(np.int64)
     mask = np.ones((4, 16), np.int64)
@@ -529,7 +566,10 @@ def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> Non
     graph = PassManager(TRAIN_PRE_PASSES).run(load_graph(bert, opts))
     f = ir_forward(graph)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in graph.params.items()}
-    sess = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
+    assert sum(n.op == "TrainDropout" for n in graph.nodes) == 7
+    sess = ort.InferenceSession(
+        str(SHARED_MODELS / "bert_tiny.onnx"), providers=["CPUExecutionProvider"]
+    )
     feeds = {"input_ids": ids[:2], "attention_mask": mask[:2]}
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
     got_fwd = f(params, feeds)
@@ -543,8 +583,9 @@ def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> Non
     with project.load("host") as model:
         got = run_steps(model, step, arrays, steps=steps, batch=2, shuffle=False)
 
-    def loss_fn(p: Any, b: dict[str, Any]) -> Any:
-        pooled = f(p, {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"]})
+    def loss_fn(p: Any, b: dict[str, Any], s: int) -> Any:
+        feeds = {k: b[k] for k in ("input_ids", "attention_mask")}
+        pooled = f(p, {**feeds, "train/step": np.asarray(s, np.int64)})
         return ((pooled["pooler_output"] - b["target"]) ** 2).mean()
 
     tx = optax.adamw(0.001, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01)
@@ -552,7 +593,7 @@ def test_bert_tiny_with_a_padding_mask_trains_as_jax_does(tmp_path: Path) -> Non
     grad_fn = jax.value_and_grad(loss_fn)
     for s in range(steps):
         idx = np.arange(s * 2, s * 2 + 2) % 4
-        loss, g = grad_fn(params, {k: jnp.asarray(v[idx]) for k, v in arrays.items()})
+        loss, g = grad_fn(params, {k: jnp.asarray(v[idx]) for k, v in arrays.items()}, s)
         updates, state = tx.update(g, state, params)
         params = optax.apply_updates(params, updates)
         losses.append(float(loss))

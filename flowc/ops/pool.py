@@ -477,5 +477,82 @@ def _avgpool_vjp(
     return [dx]
 
 
+# -- MaxPoolGrad: MaxPool's gradient through the forward's argmax ---------------------------------
+# Inputs: the output's gradient and the argmax (MaxPool's Indices, storage_order 0); attrs:
+# the pool's window and the input's shape. Each input element sums, in output order, the
+# gradients of the outputs whose argmax it is (templates/kernels/pool.cu.j2: max_pool_grad).
+
+
+def _maxpool_grad_infer(ctx: InferCtx) -> list[TensorType]:
+    g, idx = ctx.type(0), ctx.type(1)
+    given = ctx.attr("shape")
+    if not isinstance(given, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in given
+    ):
+        raise ctx.fail(f"shape must be the input's dimensions (a list of ints), got {given!r}")
+    shape = tuple(given)
+    if not g.dtype.is_float or idx.dtype != DType.I64 or idx.shape != g.shape:
+        raise ctx.fail(f"expects a float gradient and int64 indices of its shape, got {g}, {idx}")
+    if len(shape) != g.rank or shape[:2] != g.shape[:2]:
+        raise ctx.fail(f"shape {list(shape)} does not match the gradient {list(g.shape)}")
+    geo = ctx.check(_geometry, shape, ctx.attrs)
+    if tuple(geo.out) != g.shape[2:]:
+        raise ctx.fail(f"the window gives {list(geo.out)} outputs, the gradient {list(g.shape)}")
+    return [g.with_shape(shape)]
+
+
+def _maxpool_grad_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    g, idx = xs[0], xs[1]
+    assert g is not None and idx is not None
+    shape = tuple(int(d) for d in a["shape"])
+    dx = np.zeros(math.prod(shape), dtype=g.dtype)
+    np.add.at(dx, idx.reshape(-1), g.reshape(-1))
+    return dx.reshape(shape)
+
+
+def _maxpool_grad_emit(prog: Program, node: Node) -> None:
+    g, idx, dx = node_input(node, 0), node_input(node, 1), node.outputs[0]
+    t = float_ctype(prog, g)
+    shape = tuple(int(d) for d in node_attrs(node)["shape"])
+    geo = _geometry(shape, node_attrs(node))
+    name = prog.kernel(
+        "pool.cu.j2",
+        "max_pool_grad",
+        ctype=t,
+        out=list(geo.out),
+        spatial=list(shape[2:]),
+        strides=list(geo.strides),
+        pads=list(geo.pad_begin),
+        spans=list(geo.spans),
+    )
+    n = dx.type.numel
+    prog.launch(name, n, [prog.cptr(g), prog.cptr(idx), prog.ptr(dx), f"(int64_t){n}"])
+
+
+defop(
+    "MaxPoolGrad",
+    FAMILY,
+    infer=_maxpool_grad_infer,
+    reference=_maxpool_grad_ref,
+    attrs={**_WINDOW_ATTRS, "shape": None},
+    inputs=2,
+    emit=_maxpool_grad_emit,
+)
+
+
+def _maxpool_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The gradient goes to each window's first maximum (the forward's tie rule): the pool
+    runs again for its argmax (the forward may not have asked for Indices), then MaxPoolGrad."""
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None]
+    window = {k: v for k, v in node_attrs(node).items() if k in _WINDOW_ATTRS}
+    _, idx = b.emit("MaxPool", [x], {**window, "storage_order": 0}, num_outputs=2)
+    return [grad.op1(b, "MaxPoolGrad", g, idx, **window, shape=list(x.type.shape))]
+
+
 set_vjp("GlobalAveragePool", _global_avg_vjp)
+set_vjp("MaxPool", _maxpool_vjp)
 set_vjp("AveragePool", _avgpool_vjp)
