@@ -504,6 +504,39 @@ def _direct(
     prog.launch(name, y.type.numel, [*args, f"(int64_t){y.type.numel}"])
 
 
+def spread_back(
+    b: grad.GradBuilder,
+    g: Value,
+    w: Value,
+    geo: Window,
+    spatial: Sequence[int],
+    group: int,
+    pad_end: Sequence[int] | None = None,
+) -> Value:
+    """The ConvTranspose of ``g`` (a windowed op's output gradient) by ``w`` over ``geo``'s
+    window, back to an input of ``spatial`` extent: each output's gradient spread over its
+    window's taps (Conv's data gradient; the pools' with a kernel of ones). output_padding
+    restores what the stride dropped at the end; ``pad_end`` (default the window's) may grow
+    to cover a window that ceil_mode ran past the input."""
+    nd = len(spatial)
+    end = list(geo.pad_end if pad_end is None else pad_end)
+    back = [
+        (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - end[i] + geo.spans[i]
+        for i in range(nd)
+    ]
+    return grad.op1(
+        b,
+        "ConvTranspose",
+        g,
+        w,
+        group=group,
+        strides=list(geo.strides),
+        dilations=list(geo.dilations),
+        pads=[*geo.pad_begin, *end],
+        output_padding=[spatial[i] - back[i] for i in range(nd)],
+    )
+
+
 def _conv_vjp(
     b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
 ) -> list[Value | None]:
@@ -525,21 +558,7 @@ def _conv_vjp(
     n, c, o = xs[0], xs[1], ws[0]
     out: list[Value | None] = [None] * len(node.inputs)
     if need[0]:
-        back = [
-            (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - geo.pad_end[i] + geo.spans[i]
-            for i in range(nd)
-        ]
-        out[0] = grad.op1(
-            b,
-            "ConvTranspose",
-            g,
-            w,
-            group=group,
-            strides=list(geo.strides),
-            dilations=list(geo.dilations),
-            pads=[*geo.pad_begin, *geo.pad_end],
-            output_padding=[xs[2 + i] - back[i] for i in range(nd)],
-        )
+        out[0] = spread_back(b, g, w, geo, xs[2:], group)
     if need[1]:
         cg, og = c // group, o // group
         sp = list(range(3, 3 + nd))

@@ -26,6 +26,7 @@ from flowc.ops.conv import (
     compute_dtype,
     flat_index,
     float_ctype,
+    spread_back,
     window,
     window_view,
 )
@@ -458,23 +459,8 @@ def _avgpool_vjp(
         )
         for i in range(nd)
     ]
-    back = [
-        (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - end[i] + geo.spans[i]
-        for i in range(nd)
-    ]
     ones = b.const(np.ones((c, 1, *geo.kernel), dt), "window")
-    dx = grad.op1(
-        b,
-        "ConvTranspose",
-        scaled,
-        ones,
-        group=c,
-        strides=list(geo.strides),
-        dilations=list(geo.dilations),
-        pads=[*geo.pad_begin, *end],
-        output_padding=[xs[2 + i] - back[i] for i in range(nd)],
-    )
-    return [dx]
+    return [spread_back(b, scaled, ones, geo, xs[2:], c, end)]
 
 
 # -- MaxPoolGrad: MaxPool's gradient through the forward's argmax ---------------------------------
