@@ -1,7 +1,7 @@
-"""Training II's VJP rules for the CNN ops (Conv, MaxPool, AveragePool, GlobalAveragePool), each
-against float64 central finite differences of the op's own NumPy reference over its
-attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's backward compiled for
-the host against the float64 evaluation."""
+"""Training II's VJP rules for the CNN ops (Conv, ConvTranspose, MaxPool, AveragePool,
+GlobalAveragePool), each against float64 central finite differences of the op's own NumPy
+reference over its attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's
+backward compiled for the host against the float64 evaluation."""
 
 from __future__ import annotations
 
@@ -72,15 +72,17 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
         w1 = g.add_input("w1", TensorType((4, 3, 3, 3), dt))
         b1 = g.add_input("b1", TensorType((4,), dt))
         w2 = g.add_input("w2", TensorType((4, 2, 3, 3), dt))
+        w3 = g.add_input("w3", TensorType((4, 3, 2, 2), dt))
         h = b.emit("Conv", [x, w1, b1], {"pads": [1, 1, 1, 1]})[0]
         # Overlapping windows: an element may be the maximum of several.
         h = b.emit("MaxPool", [h], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})[0]
         h = b.emit("Relu", [h])[0]
         h = b.emit("AveragePool", [h], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]
         h = b.emit("Conv", [h, w2], {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]})[0]
+        h = b.emit("ConvTranspose", [h, w3], {"strides": [2, 2]})[0]
         h = b.emit("GlobalAveragePool", [h])[0]
         loss = b.emit("ReduceSum", [b.emit("Mul", [h, h])[0]], {"keepdims": 0})[0]
-        params = [x, w1, b1, w2]
+        params = [x, w1, b1, w2, w3]
         grads = gradients(g, loss, params)
         g.outputs = [loss, *(grads[p] for p in params)]  # type: ignore[misc]
         return g
@@ -108,3 +110,21 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
 def test_max_pool_vjp(attrs: dict[str, Any]) -> None:
     # Random values: no ties, so the maximum is differentiable where it is measured.
     check_vjp("MaxPool", [r(2, 3, 7, 6)], attrs)
+
+
+CONV_TRANSPOSE_CASES: list[tuple[tuple[int, ...], tuple[int, ...], dict[str, Any], bool]] = [
+    ((2, 3, 4, 4), (3, 2, 3, 3), {}, True),
+    ((1, 2, 3, 4), (2, 3, 3, 2), {"strides": [2, 2], "pads": [1, 0, 1, 1]}, True),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "output_padding": [1, 1]}, False),
+    ((1, 4, 3, 3), (4, 1, 3, 3), {"group": 2, "dilations": [2, 1], "pads": [1, 1, 1, 1]}, True),
+    ((2, 2, 5), (2, 3, 4), {"strides": [3], "pads": [1, 2]}, False),  # 1-D
+]
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs", "bias"), CONV_TRANSPOSE_CASES)
+def test_conv_transpose_vjp(
+    xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, Any], bias: bool
+) -> None:
+    out_channels = ws[1] * int(attrs.get("group", 1))
+    inputs = [r(*xs), r(*ws) * 0.5] + ([r(out_channels)] if bias else [])
+    check_vjp("ConvTranspose", inputs, attrs)

@@ -537,6 +537,62 @@ def spread_back(
     )
 
 
+def _window_weight_grad(
+    b: grad.GradBuilder,
+    src: Value,
+    g: Value,
+    group: int,
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    pad_begin: Sequence[int],
+    pad_end: Sequence[int],
+    kernel: Sequence[int],
+) -> Value:
+    """R[q, c, k] = sum over n and window positions p of g[n, q, p] * src[n, c', p s - pad + k d]
+    (c' the c-th channel of q's group): a weight's gradient where ``src`` (N, Cs, S...) is
+    what the window slides over and ``g`` (N, Cq, P...) what sits at the window positions
+    (Conv: X and the output's gradient; ConvTranspose: the output's gradient and X). One Conv
+    with batch and channels exchanged (src as Cs/G x (G N), g as Cq x N per group; stride
+    and dilation trade places), cut to the kernel's extent; shape (Cq, Cs/G, kernel)."""
+    n, cs, sp = src.type.shape[0], src.type.shape[1], list(src.type.shape[2:])
+    cq, pos = g.type.shape[1], list(g.type.shape[2:])
+    nd = len(sp)
+    csg, cqg = cs // group, cq // group
+    axes = list(range(3, 3 + nd))
+    st = grad.reshape(b, src, [n, group, csg, *sp])
+    st = grad.reshape(b, grad.op1(b, "Transpose", st, perm=[2, 1, 0, *axes]), [csg, group * n, *sp])
+    gt = grad.reshape(b, g, [n, group, cqg, *pos])
+    gt = grad.reshape(b, grad.op1(b, "Transpose", gt, perm=[1, 2, 0, *axes]), [cq, n, *pos])
+    # Windows that reach past the end of src's padding add nothing: the end pad need only
+    # let every kernel position have its window.
+    need_end = [
+        max(
+            0, (pos[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - sp[i] - pad_begin[i]
+        )
+        for i in range(nd)
+    ]
+    r = grad.op1(
+        b,
+        "Conv",
+        st,
+        gt,
+        group=group,
+        strides=list(dilations),
+        dilations=list(strides),
+        pads=[*pad_begin, *(max(e, ne) for e, ne in zip(pad_end, need_end, strict=True))],
+    )
+    if tuple(r.type.shape[2:]) != tuple(kernel):
+        r = grad.op1(
+            b,
+            "Slice",
+            r,
+            grad.ints(b, [0] * nd),
+            grad.ints(b, list(kernel)),
+            grad.ints(b, list(range(2, 2 + nd))),
+        )
+    return grad.op1(b, "Transpose", r, perm=[1, 0, *range(2, 2 + nd)])
+
+
 def _conv_vjp(
     b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
 ) -> list[Value | None]:
@@ -555,43 +611,13 @@ def _conv_vjp(
     xs, ws = x.type.shape, w.type.shape
     geo = _conv_window(xs, ws, a)
     nd, group = len(xs) - 2, int(a["group"])
-    n, c, o = xs[0], xs[1], ws[0]
     out: list[Value | None] = [None] * len(node.inputs)
     if need[0]:
         out[0] = spread_back(b, g, w, geo, xs[2:], group)
     if need[1]:
-        cg, og = c // group, o // group
-        sp = list(range(3, 3 + nd))
-        # X as (Cg, G*N, spatial): batch Cg, channels (g, n); g as (G*Og, N, out spatial).
-        xt = grad.reshape(b, x, [n, group, cg, *xs[2:]])
-        xt = grad.op1(b, "Transpose", xt, perm=[2, 1, 0, *sp])
-        xt = grad.reshape(b, xt, [cg, group * n, *xs[2:]])
-        gt = grad.reshape(b, g, [n, group, og, *geo.out])
-        gt = grad.op1(b, "Transpose", gt, perm=[1, 2, 0, *sp])
-        gt = grad.reshape(b, gt, [o, n, *geo.out])
-        # Output positions k of the kernel: stride and dilation trade places; the end pad
-        # keeps only what a kernel position can reach.
-        dw = grad.op1(
-            b,
-            "Conv",
-            xt,
-            gt,
-            group=group,
-            strides=list(geo.dilations),
-            dilations=list(geo.strides),
-            pads=[*geo.pad_begin, *geo.pad_end],
+        out[1] = _window_weight_grad(
+            b, x, g, group, geo.strides, geo.dilations, geo.pad_begin, geo.pad_end, ws[2:]
         )
-        full = dw.type.shape[2:]
-        if tuple(full) != tuple(ws[2:]):
-            dw = grad.op1(
-                b,
-                "Slice",
-                dw,
-                grad.ints(b, [0] * nd),
-                grad.ints(b, list(ws[2:])),
-                grad.ints(b, list(range(2, 2 + nd))),
-            )
-        out[1] = grad.op1(b, "Transpose", dw, perm=[1, 0, *range(2, 2 + nd)])
     if bias is not None and len(need) > 2 and need[2]:
         out[2] = grad.reduce_sum(b, g, [0, *range(2, 2 + nd)], keepdims=False)
     return out
@@ -844,6 +870,59 @@ def _conv_transpose_emit(prog: Program, node: Node) -> None:
     )
 
 
+def _conv_transpose_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """ConvTranspose is the adjoint of a Conv in its input: the data's gradient is that Conv
+    of the output's gradient by W (strides, dilations, begin pads and groups kept; the end
+    pad whatever lets X's windows fit, the extra cut off); the weight's is the same window
+    sum as Conv's with the roles of X and the output's gradient exchanged; the bias's a sum."""
+    g = gouts[0]
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if g is None or x is None or w is None:
+        return [None] * len(node.inputs)
+    a = node_attrs(node)
+    xs, ws = x.type.shape, w.type.shape
+    geo = _transpose_geometry(xs, ws, a)
+    nd, group = len(xs) - 2, int(a["group"])
+    ys = g.type.shape[2:]
+    spans = [(k - 1) * d + 1 for k, d in zip(ws[2:], geo.dilations, strict=True)]
+    end = [
+        max(0, (xs[2 + i] - 1) * geo.strides[i] + spans[i] - ys[i] - geo.pad_begin[i])
+        for i in range(nd)
+    ]
+    out: list[Value | None] = [None] * len(node.inputs)
+    if need[0]:
+        dx = grad.op1(
+            b,
+            "Conv",
+            g,
+            w,
+            group=group,
+            strides=list(geo.strides),
+            dilations=list(geo.dilations),
+            pads=[*geo.pad_begin, *end],
+        )
+        if tuple(dx.type.shape[2:]) != tuple(xs[2:]):
+            dx = grad.op1(
+                b,
+                "Slice",
+                dx,
+                grad.ints(b, [0] * nd),
+                grad.ints(b, list(xs[2:])),
+                grad.ints(b, list(range(2, 2 + nd))),
+            )
+        out[0] = dx
+    if need[1]:
+        out[1] = _window_weight_grad(
+            b, g, x, group, geo.strides, geo.dilations, geo.pad_begin, end, ws[2:]
+        )
+    if bias is not None and len(need) > 2 and need[2]:
+        out[2] = grad.reduce_sum(b, g, [0, *range(2, 2 + nd)], keepdims=False)
+    return out
+
+
 defop(
     "ConvTranspose",
     FAMILY,
@@ -863,4 +942,5 @@ defop(
     flops=_conv_transpose_flops,
     sbp=_conv_sbp(w_out=1, w_in=0),
     emit=_conv_transpose_emit,
+    vjp=_conv_transpose_vjp,
 )
