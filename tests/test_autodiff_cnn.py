@@ -128,3 +128,10 @@ def test_conv_transpose_vjp(
     out_channels = ws[1] * int(attrs.get("group", 1))
     inputs = [r(*xs), r(*ws) * 0.5] + ([r(out_channels)] if bias else [])
     check_vjp("ConvTranspose", inputs, attrs)
+
+
+def test_instance_and_group_norm_vjps() -> None:
+    x = r(2, 6, 3, 4)
+    check_vjp("InstanceNormalization", [x, r(6), r(6)], {"epsilon": 1e-5})
+    check_vjp("GroupNormalization", [x, r(6), r(6)], {"num_groups": 3, "epsilon": 1e-5})
+    check_vjp("GroupNormalization", [r(2, 4, 5), r(4), r(4)], {"num_groups": 1})  # 1-D, one group

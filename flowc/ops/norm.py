@@ -831,13 +831,34 @@ defop(
 # -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
 
 
+def _normalized_grad(
+    b: grad.GradBuilder, gs: Value, x: Value, axes: list[int], eps: float, want_dx: bool
+) -> tuple[Value | None, Value]:
+    """For xhat = (x - mean) rstd over ``axes`` and ``gs`` the gradient reaching xhat (the
+    output's times the scale): dx = rstd (gs - mean(gs) - xhat mean(gs xhat)) (when asked)
+    and xhat, the statistics recomputed from x (the forward's Mean and InvStdDev outputs
+    carry no gradient)."""
+    ax = grad.ints(b, axes)
+    mean = grad.op1(b, "ReduceMean", x, ax, keepdims=1)
+    centered = grad.op1(b, "Sub", x, mean)
+    var = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", centered, centered), ax, keepdims=1)
+    rstd = grad.op1(
+        b, "Reciprocal", grad.op1(b, "Sqrt", grad.op1(b, "Add", var, grad.scalar(b, eps, x)))
+    )
+    xhat = grad.op1(b, "Mul", centered, rstd)
+    if not want_dx:
+        return None, xhat
+    m1 = grad.op1(b, "ReduceMean", gs, ax, keepdims=1)
+    m2 = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", gs, xhat), ax, keepdims=1)
+    inner = grad.op1(b, "Sub", grad.op1(b, "Sub", gs, m1), grad.op1(b, "Mul", xhat, m2))
+    return grad.op1(b, "Mul", rstd, inner), xhat
+
+
 def _layernorm_vjp(
     b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
 ) -> list[Value | None]:
-    """Y = xhat * scale + B with xhat = (x - mean) * rstd over the axes from ``axis``:
-    dx = rstd (gs - mean(gs) - xhat mean(gs xhat)) with gs = G * scale; dscale and dB are
-    G xhat and G summed to their shapes. The statistics are recomputed from x (the Mean and
-    InvStdDev outputs carry no gradient)."""
+    """Y = xhat * scale + B with xhat over the axes from ``axis`` (_normalized_grad); dscale
+    and dB are G xhat and G summed to their shapes."""
     g = gouts[0]
     x, scale = node.inputs[0], node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
@@ -847,20 +868,8 @@ def _layernorm_vjp(
     rank = x.type.rank
     axes = list(range(int(node.attrs.get("axis", -1)) % rank, rank))
     eps = float(node.attrs.get("epsilon", 1e-5))
-    ax = grad.ints(b, axes)
-    mean = grad.op1(b, "ReduceMean", x, ax, keepdims=1)
-    centered = grad.op1(b, "Sub", x, mean)
-    var = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", centered, centered), ax, keepdims=1)
-    rstd = grad.op1(
-        b, "Reciprocal", grad.op1(b, "Sqrt", grad.op1(b, "Add", var, grad.scalar(b, eps, x)))
-    )
-    xhat = grad.op1(b, "Mul", centered, rstd)
-    if need[0]:
-        gs = grad.op1(b, "Mul", g, scale)
-        m1 = grad.op1(b, "ReduceMean", gs, ax, keepdims=1)
-        m2 = grad.op1(b, "ReduceMean", grad.op1(b, "Mul", gs, xhat), ax, keepdims=1)
-        inner = grad.op1(b, "Sub", grad.op1(b, "Sub", gs, m1), grad.op1(b, "Mul", xhat, m2))
-        grads[0] = grad.op1(b, "Mul", rstd, inner)
+    gs = grad.op1(b, "Mul", g, scale)
+    grads[0], xhat = _normalized_grad(b, gs, x, axes, eps, need[0])
     if need[1]:
         grads[1] = grad.unbroadcast(b, grad.op1(b, "Mul", g, xhat), scale.type.shape)
     if bias is not None and need[2]:
@@ -868,4 +877,38 @@ def _layernorm_vjp(
     return grads
 
 
+def _channel_norm_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """InstanceNormalization (each channel of each example over its spatial axes) and
+    GroupNormalization (each group of channels of each example): xhat over those elements,
+    Y = xhat * scale[c] + B[c]; dx through _normalized_grad on x seen as (N, groups, rest),
+    dscale and dB are G xhat and G summed over all but the channels."""
+    g = gouts[0]
+    x, scale, bias = node.inputs[0], node.inputs[1], node.inputs[2]
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None or scale is None:
+        return grads
+    a = node_attrs(node)
+    xs = x.type.shape
+    n, c = xs[0], xs[1]
+    groups = c if node.op == "InstanceNormalization" else int(a["num_groups"])
+    eps = float(a["epsilon"])
+    view = grad.reshape(b, scale, [c, *([1] * (len(xs) - 2))])
+    flat = [n, groups, math.prod(xs[1:]) // groups]
+    gs = grad.reshape(b, grad.op1(b, "Mul", g, view), flat)
+    dx, xhat = _normalized_grad(b, gs, grad.reshape(b, x, flat), [2], eps, need[0])
+    if dx is not None:
+        grads[0] = grad.reshape(b, dx, list(xs))
+    others = [0, *range(2, len(xs))]
+    if need[1]:
+        gx = grad.op1(b, "Mul", g, grad.reshape(b, xhat, list(xs)))
+        grads[1] = grad.reduce_sum(b, gx, others, keepdims=False)
+    if bias is not None and need[2]:
+        grads[2] = grad.reduce_sum(b, g, others, keepdims=False)
+    return grads
+
+
 set_vjp("LayerNormalization", _layernorm_vjp)
+set_vjp("InstanceNormalization", _channel_norm_vjp)
+set_vjp("GroupNormalization", _channel_norm_vjp)
