@@ -135,3 +135,37 @@ def test_instance_and_group_norm_vjps() -> None:
     check_vjp("InstanceNormalization", [x, r(6), r(6)], {"epsilon": 1e-5})
     check_vjp("GroupNormalization", [x, r(6), r(6)], {"num_groups": 3, "epsilon": 1e-5})
     check_vjp("GroupNormalization", [r(2, 4, 5), r(4), r(4)], {"num_groups": 1})  # 1-D, one group
+
+
+@pytest.mark.parametrize(
+    ("pads", "axes"),
+    [
+        ([0, 0, 1, 2, 0, 0, 2, 1], None),  # a border on the spatial axes
+        ([1, -1, 0, 2], [1, 3]),  # pad one axis and crop another, by axes
+    ],
+)
+def test_constant_pad_vjp(pads: list[int], axes: list[int] | None) -> None:
+    inputs = [r(2, 3, 4, 5), np.asarray(pads, np.int64)]
+    consts = {1: inputs[1]}
+    if axes is not None:
+        inputs += [np.zeros((), np.float64), np.asarray(axes, np.int64)]
+        consts.update({2: inputs[2], 3: inputs[3]})
+    check_vjp("Pad", inputs, {"mode": "constant"}, consts=consts)
+
+
+def test_reflect_pad_has_no_rule_yet_and_says_so() -> None:
+    from flowc.autodiff import gradients
+    from flowc.errors import InputError
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Graph
+    from flowc.ir.types import TensorType
+
+    g = Graph("pad")
+    b = GraphBuilder(g)
+    x = g.add_input("x", TensorType((1, 1, 4, 4), DType.F32))
+    pads = b.constant("pads", np.asarray([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    y = b.emit("Pad", [x, pads], {"mode": "reflect"}, name="border")[0]
+    loss = b.emit("ReduceSum", [y], {"keepdims": 0})[0]
+    with pytest.raises(InputError, match="Pad node 'border': mode 'reflect' has no gradient"):
+        gradients(g, loss, [x])

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.errors import ShapeError
+from flowc.errors import InputError, ShapeError
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import grad
@@ -721,7 +721,32 @@ def _expand_vjp(
     return [grad.unbroadcast(b, g, x.type.shape)] + [None] * (len(node.inputs) - 1)
 
 
+def _pad_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Constant padding's gradient is the padding undone: Pad by the negated pads (what was
+    added is cropped, what was cropped comes back as zeros), on the same axes. The other
+    modes copy input elements into the border (a scatter-add back), not written yet."""
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None] * len(node.inputs)
+    mode = node_attrs(node)["mode"]
+    if mode != "constant":
+        raise InputError(
+            f"Pad node {node.name!r}: mode {mode!r} has no gradient rule yet (constant does)",
+            hint="pad with mode constant, or freeze what lies before this node (--freeze)",
+        )
+    pads = const_input(node, 1)
+    assert pads is not None
+    axes = node.inputs[3] if len(node.inputs) > 3 else None
+    neg = grad.ints(b, [-int(p) for p in pads.reshape(-1)])
+    return [grad.op1(b, "Pad", g, neg, None, axes, mode="constant")] + [None] * (
+        len(node.inputs) - 1
+    )
+
+
 set_vjp("Concat", _concat_vjp)
+set_vjp("Pad", _pad_vjp)
 set_vjp("Split", _split_vjp)
 set_vjp("Slice", _slice_vjp)
 set_vjp("Expand", _expand_vjp)
