@@ -1,5 +1,5 @@
 """Training II's VJP rules for the CNN ops (Conv, ConvTranspose, MaxPool, AveragePool,
-GlobalAveragePool), each against float64 central finite differences of the op's own NumPy
+GlobalAveragePool, LRN, the channel norms, constant Pad), each against float64 central finite differences of the op's own NumPy
 reference over its attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's
 backward compiled for the host against the float64 evaluation."""
 
@@ -77,6 +77,7 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
         # Overlapping windows: an element may be the maximum of several.
         h = b.emit("MaxPool", [h], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})[0]
         h = b.emit("Relu", [h])[0]
+        h = b.emit("LRN", [h], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5})[0]
         h = b.emit("AveragePool", [h], {"kernel_shape": [2, 2], "strides": [2, 2]})[0]
         h = b.emit("Conv", [h, w2], {"group": 2, "strides": [2, 2], "pads": [1, 1, 1, 1]})[0]
         h = b.emit("ConvTranspose", [h, w3], {"strides": [2, 2]})[0]
@@ -169,3 +170,9 @@ def test_reflect_pad_has_no_rule_yet_and_says_so() -> None:
     loss = b.emit("ReduceSum", [y], {"keepdims": 0})[0]
     with pytest.raises(InputError, match="Pad node 'border': mode 'reflect' has no gradient"):
         gradients(g, loss, [x])
+
+
+@pytest.mark.parametrize("size", [3, 4])  # an even window is lopsided: its adjoint mirrors it
+def test_lrn_vjp(size: int) -> None:
+    attrs = {"size": size, "alpha": 0.5, "beta": 0.75, "bias": 1.5}
+    check_vjp("LRN", [r(2, 6, 3, 2)], attrs)

@@ -909,6 +909,45 @@ def _channel_norm_vjp(
     return grads
 
 
+def _channel_window_sum(b: grad.GradBuilder, t: Value, size: int, before: int) -> Value:
+    """t's sums over a window of ``size`` channels starting ``before`` channels back (LRN's
+    square sums; the other way round, their adjoint): one Conv by ones over t seen as
+    (N, 1, C, rest)."""
+    shape = list(t.type.shape)
+    flat = grad.reshape(b, t, [shape[0], 1, shape[1], math.prod(shape[2:])])
+    ones = b.const(np.ones((1, 1, size, 1), t.type.dtype.np), "channel_window")
+    s = grad.op1(b, "Conv", flat, ones, pads=[before, 0, size - 1 - before, 0])
+    return grad.reshape(b, s, shape)
+
+
+def _lrn_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """y = x d^-beta with d = bias + alpha/size S and S the window sums of x^2 over channels:
+    dx = g d^-beta - (2 alpha beta / size) x W'(g x d^(-beta-1)), W' the window's adjoint (the
+    same sums with the window mirrored)."""
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None]
+    a = node_attrs(node)
+    size, alpha, beta = int(a["size"]), float(a["alpha"]), float(a["beta"])
+    before = (size - 1) // 2
+    squares = _channel_window_sum(b, grad.op1(b, "Mul", x, x), size, before)
+    d = grad.op1(
+        b,
+        "Add",
+        grad.op1(b, "Mul", squares, grad.scalar(b, alpha / size, x)),
+        grad.scalar(b, float(a["bias"]), x),
+    )
+    d_beta = grad.op1(b, "Pow", d, grad.scalar(b, -beta, x))
+    direct = grad.op1(b, "Mul", g, d_beta)
+    inner = grad.op1(b, "Div", grad.op1(b, "Mul", grad.op1(b, "Mul", g, x), d_beta), d)
+    spread = _channel_window_sum(b, inner, size, size - 1 - before)
+    coef = grad.scalar(b, -2.0 * alpha * beta / size, x)
+    return [grad.op1(b, "Add", direct, grad.op1(b, "Mul", coef, grad.op1(b, "Mul", x, spread)))]
+
+
 set_vjp("LayerNormalization", _layernorm_vjp)
+set_vjp("LRN", _lrn_vjp)
 set_vjp("InstanceNormalization", _channel_norm_vjp)
 set_vjp("GroupNormalization", _channel_norm_vjp)
