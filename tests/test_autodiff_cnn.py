@@ -1,7 +1,8 @@
 """Training II's VJP rules for the CNN ops (Conv, ConvTranspose, MaxPool, AveragePool,
-GlobalAveragePool, LRN, the channel norms, constant Pad), each against float64 central finite differences of the op's own NumPy
-reference over its attribute space (tests/test_autodiff.py's check_vjp), and a small CNN's
-backward compiled for the host against the float64 evaluation."""
+GlobalAveragePool, LRN, the channel norms, constant Pad), each against float64 central
+finite differences of the op's own NumPy reference over its attribute space
+(tests/test_autodiff.py's check_vjp), and a small CNN's backward compiled for the host
+against the float64 evaluation."""
 
 from __future__ import annotations
 
