@@ -203,6 +203,19 @@ def ir_forward(
                 if len(ins) > 2 and ins[2] is not None:
                     y = y + ins[2].reshape(-1, *([1] * nd))
                 outs = [y]
+            elif t == "MaxPool":
+                nd = ins[0].ndim - 2
+                pads = a.get("pads") or [0] * (2 * nd)
+                outs = [
+                    jax.lax.reduce_window(
+                        ins[0],
+                        -jnp.inf,
+                        jax.lax.max,
+                        (1, 1, *a["kernel_shape"]),
+                        (1, 1, *(a.get("strides") or [1] * nd)),
+                        [(0, 0), (0, 0), *((pads[i], pads[i + nd]) for i in range(nd))],
+                    )
+                ]
             elif t == "GlobalAveragePool":
                 outs = [ins[0].mean(axis=tuple(range(2, ins[0].ndim)), keepdims=True)]
             elif t == "Gather":

@@ -201,7 +201,7 @@ def test_accumulated_micro_batches_normalize_each_by_its_own_statistics(tmp_path
 
 def _resnet_style(path: Path) -> None:
     """A residual CNN with batch norms (the shared resnet_tiny had its norms folded at
-    export): stem conv-BN-ReLU, one residual block (two conv-BN, the skip added before the
+    export): stem conv-BN-ReLU and a 3x3 max pool, one residual block (two conv-BN, the skip added before the
     ReLU), a strided conv-BN-ReLU, global average pooling and a classifier."""
     rng = np.random.default_rng(9)
     inits: dict[str, np.ndarray] = {}
@@ -235,7 +235,10 @@ def _resnet_style(path: Path) -> None:
         return f"{name}.bn"
 
     stem = conv_bn("stem", "x", 3, 8)
-    nodes.append(helper.make_node("Relu", [stem], ["h0"]))
+    nodes.append(helper.make_node("Relu", [stem], ["stem.relu"]))
+    nodes.append(
+        helper.make_node("MaxPool", ["stem.relu"], ["h0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    )
     a = conv_bn("block.a", "h0", 8, 8)
     nodes.append(helper.make_node("Relu", [a], ["block.r"]))
     bb = conv_bn("block.b", "block.r", 8, 8)
@@ -261,8 +264,9 @@ def _resnet_style(path: Path) -> None:
 
 
 def test_a_resnet_style_cnn_trains_as_jax_does(tmp_path: Path) -> None:
-    """Convolutions (their VJPs), batch norms in training (four, their running statistics
-    the step's state) and a residual sum, 10 AdamW steps against JAX and optax."""
+    """Convolutions and max pooling (their VJPs), batch norms in training (four, their
+    running statistics the step's state) and a residual sum, 10 AdamW steps against JAX and
+    optax."""
     from flowc.compiler import TRAIN_PRE_PASSES
     from flowc.frontend import ImportOptions, load_graph
     from flowc.passes.manager import PassManager
