@@ -1,5 +1,5 @@
 """Training II's VJP rules for the CNN ops (Conv, ConvTranspose, MaxPool, AveragePool,
-GlobalAveragePool, LRN, the channel norms, constant Pad), each against float64 central
+GlobalAveragePool, LRN, the channel norms, Pad in every mode, Resize and Upsample), each against float64 central
 finite differences of the op's own NumPy reference over its attribute space
 (tests/test_autodiff.py's check_vjp), and a small CNN's backward compiled for the host
 against the float64 evaluation."""
@@ -155,22 +155,67 @@ def test_constant_pad_vjp(pads: list[int], axes: list[int] | None) -> None:
     check_vjp("Pad", inputs, {"mode": "constant"}, consts=consts)
 
 
-def test_reflect_pad_has_no_rule_yet_and_says_so() -> None:
-    from flowc.autodiff import gradients
-    from flowc.errors import InputError
-    from flowc.ir.builder import GraphBuilder
-    from flowc.ir.dtype import DType
-    from flowc.ir.graph import Graph
-    from flowc.ir.types import TensorType
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize(
+    ("pads", "axes"),
+    [
+        ([0, 0, 2, 1, 0, 0, 1, 2], None),  # borders copied on both spatial axes
+        ([1, -1, 2, 1], [3, 2]),  # axis 2 cropped before and padded after; axes backwards
+    ],
+)
+def test_copying_pad_vjps(mode: str, pads: list[int], axes: list[int] | None) -> None:
+    # Border elements are copies: their gradients add onto the elements they copy.
+    inputs = [r(2, 3, 4, 5), np.asarray(pads, np.int64)]
+    consts = {1: inputs[1]}
+    if axes is not None:
+        inputs += [np.zeros((), np.float64), np.asarray(axes, np.int64)]
+        consts.update({2: inputs[2], 3: inputs[3]})
+    check_vjp("Pad", inputs, {"mode": mode}, consts=consts)
 
-    g = Graph("pad")
-    b = GraphBuilder(g)
-    x = g.add_input("x", TensorType((1, 1, 4, 4), DType.F32))
-    pads = b.constant("pads", np.asarray([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
-    y = b.emit("Pad", [x, pads], {"mode": "reflect"}, name="border")[0]
-    loss = b.emit("ReduceSum", [y], {"keepdims": 0})[0]
-    with pytest.raises(InputError, match="Pad node 'border': mode 'reflect' has no gradient"):
-        gradients(g, loss, [x])
+
+RESIZE_CASES: list[tuple[dict[str, Any], list[float] | None, list[int] | None]] = [
+    ({"mode": "nearest"}, [1, 1, 2, 2], None),  # upsampling: each input feeds four outputs
+    ({"mode": "nearest", "nearest_mode": "floor"}, [1, 1, 0.6, 1.7], None),  # both ways
+    ({"mode": "linear"}, [1, 1, 2, 1.5], None),  # half_pixel: edges clamp
+    ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 7, 3]),
+    ({"mode": "cubic"}, [1, 1, 1.6, 0.8], None),
+    ({"mode": "cubic", "exclude_outside": 1, "cubic_coeff_a": -0.5}, [1, 1, 2, 2], None),
+    (
+        {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+        None,
+        [2, 3, 1, 9],
+    ),
+]
+
+
+@pytest.mark.parametrize(("attrs", "scales", "sizes"), RESIZE_CASES)
+def test_resize_vjp(
+    attrs: dict[str, Any], scales: list[float] | None, sizes: list[int] | None
+) -> None:
+    x = r(2, 3, 4, 5)
+    empty = np.zeros(0, np.float32)
+    sc = empty if scales is None else np.asarray(scales, np.float32)
+    inputs = [x, empty, sc] + ([] if sizes is None else [np.asarray(sizes, np.int64)])
+    consts = {i: a for i, a in enumerate(inputs) if i}
+    check_vjp("Resize", inputs, attrs, consts=consts)
+
+
+def test_crop_and_resize_vjp_gives_the_extrapolated_samples_no_gradient() -> None:
+    x = r(1, 2, 5, 6)
+    roi = np.asarray([0, 0, -0.2, 0.1, 1, 1, 0.9, 1.3], np.float32)  # outside on both axes
+    sizes = np.asarray([1, 2, 4, 7], np.int64)
+    attrs = {
+        "mode": "linear",
+        "coordinate_transformation_mode": "tf_crop_and_resize",
+        "extrapolation_value": 3.0,
+    }
+    inputs = [x, roi, np.zeros(0, np.float32), sizes]
+    check_vjp("Resize", inputs, attrs, consts={1: roi, 2: inputs[2], 3: sizes})
+
+
+def test_upsample_vjp() -> None:
+    scales = np.asarray([1, 1, 2, 3], np.float32)
+    check_vjp("Upsample", [r(1, 2, 3, 2), scales], {"mode": "nearest"}, consts={1: scales})
 
 
 @pytest.mark.parametrize("size", [3, 4])  # an even window is lopsided: its adjoint mirrors it

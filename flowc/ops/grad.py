@@ -147,3 +147,19 @@ def const_int_input(node: Node, i: int, default: Sequence[int] | None = None) ->
     if v.const is None:
         return None
     return [int(a) for a in np.asarray(v.const).reshape(-1)]
+
+
+def adjoint_along(b: GradBuilder, g: Value, axis: int, matrix: np.ndarray) -> Value:
+    """The gradient through y = x transformed along ``axis`` by ``matrix`` (y's index o on
+    that axis is sum_i matrix[o, i] x[.., i, ..]): ``g`` contracted with it, the axis moved
+    last for one MatMul and back. Separable resampling and border copies (Resize, Pad's
+    non-constant modes) are a product of such matrices, one per changed axis."""
+    rank = g.type.rank
+    axis %= rank
+    m = b.const(np.ascontiguousarray(matrix, dtype=g.type.dtype.np), "adjoint")
+    if axis == rank - 1:
+        return op1(b, "MatMul", g, m)
+    perm = [*range(axis), *range(axis + 1, rank), axis]
+    moved = op1(b, "MatMul", op1(b, "Transpose", g, perm=perm), m)
+    back = [*range(axis), rank - 1, *range(axis, rank - 1)]
+    return op1(b, "Transpose", moved, perm=back)

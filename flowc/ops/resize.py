@@ -19,6 +19,7 @@ from flowc.codegen.cpp import c_float, c_literal
 from flowc.errors import ShapeError
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops.movement import Fail, arg, const_input, launch_over, node_input, norm_axes, opt_arg
 from flowc.ops.registry import InferCtx, defop, ints, node_attrs, row_major_strides
 
@@ -342,6 +343,74 @@ def _resize_interp(x: np.ndarray, coords: list[np.ndarray | None], a: Attrs) -> 
     return acc.astype(x.dtype)
 
 
+def _axis_matrices(
+    shape: tuple[int, ...],
+    roi: np.ndarray | None,
+    scales: np.ndarray | None,
+    sizes: np.ndarray | None,
+    a: Mapping[str, Any],
+) -> list[np.ndarray | None]:
+    """Resize as a product of one matrix per axis (output length x input length; None where
+    the axis maps one to one), from the same coordinates and taps as the reference: nearest
+    picks one input, linear and cubic weigh their taps, and tf_crop_and_resize's samples
+    outside the roi (the extrapolation value, a constant) weigh nothing."""
+    plan = _resize_plan(ValueError, shape, roi, scales, sizes, a)
+    rank = len(shape)
+    if plan.out_shape == shape:
+        return [None] * rank
+    coord = a["coordinate_transformation_mode"]
+    out: list[np.ndarray | None] = []
+    for ax in range(rank):
+        n_in, n_out, s = shape[ax], plan.out_shape[ax], plan.scales[ax]
+        if s == 1:
+            out.append(None)
+            continue
+        m = np.zeros((n_out, n_in), np.float64)
+        if n_out and n_in:
+            orig = _original_coords(
+                coord, n_out, n_in, s, plan.roi[ax], plan.roi[rank + ax], plan.lengths[ax]
+            )
+            rows = np.arange(n_out)
+            if a["mode"] == "nearest":
+                m[rows, np.clip(_nearest_index(orig, a["nearest_mode"]), 0, n_in - 1)] = 1.0
+            else:
+                if a["mode"] == "linear":
+                    taps, w = _linear_taps(orig, n_in)
+                else:
+                    taps, w = _cubic_taps(orig, n_in, a["cubic_coeff_a"], a["exclude_outside"])
+                for t in range(taps.shape[1]):
+                    np.add.at(m, (rows, taps[:, t]), w[:, t])
+            if coord == "tf_crop_and_resize":
+                m[(orig < 0) | (orig > n_in - 1)] = 0.0
+        out.append(m)
+    return out
+
+
+def _resize_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """Resize is linear in its input and separable: the gradient is the output gradient
+    through each resized axis's matrix transposed (flowc/ops/grad.py: adjoint_along)."""
+    g, x = gouts[0], node.inputs[0]
+    grads: list[Value | None] = [None] * len(node.inputs)
+    if g is None or x is None or not need[0]:
+        return grads
+    a = node_attrs(node)
+    # The roi matters (and is a constant) only for tf_crop_and_resize.
+    roi = (
+        const_input(node, 1)
+        if a["coordinate_transformation_mode"] == "tf_crop_and_resize"
+        else None
+    )
+    matrices = _axis_matrices(x.type.shape, roi, const_input(node, 2), const_input(node, 3), a)
+    for axis in reversed(range(x.type.rank)):
+        m = matrices[axis]
+        if m is not None:
+            g = grad.adjoint_along(b, g, axis, m)
+    grads[0] = g
+    return grads
+
+
 def _resize_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
     taps = {"nearest": 0, "linear": 2, "cubic": 4}.get(a["mode"], 0)
     x = ins[0]
@@ -590,6 +659,7 @@ defop(
     flops=_resize_flops,
     onnx_import=_resize_import,
     emit=_resize_emit,
+    vjp=_resize_vjp,
 )
 
 
@@ -617,6 +687,21 @@ def _upsample_import(n: AdapterNode) -> list[Value]:
     return _legacy_resize(n, n.input(1))
 
 
+def _upsample_vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    g, x = gouts[0], node.inputs[0]
+    if g is None or x is None or not need[0]:
+        return [None, None]
+    a = _upsample_attrs(node_attrs(node))
+    for axis, m in reversed(
+        list(enumerate(_axis_matrices(x.type.shape, None, const_input(node, 1), None, a)))
+    ):
+        if m is not None:
+            g = grad.adjoint_along(b, g, axis, m)
+    return [g, None]
+
+
 defop(
     "Upsample",
     FAMILY,
@@ -629,4 +714,5 @@ defop(
     emit=lambda prog, node: _emit_resize(
         prog, node, _upsample_attrs(node_attrs(node)), None, const_input(node, 1), None
     ),
+    vjp=_upsample_vjp,
 )

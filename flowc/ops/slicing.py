@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flowc.errors import InputError, ShapeError
+from flowc.errors import ShapeError
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import grad
@@ -726,23 +726,37 @@ def _pad_vjp(
 ) -> list[Value | None]:
     """Constant padding's gradient is the padding undone: Pad by the negated pads (what was
     added is cropped, what was cropped comes back as zeros), on the same axes. The other
-    modes copy input elements into the border (a scatter-add back), not written yet."""
+    modes copy input elements into the border: per changed axis, the output is a selection
+    matrix times the input (the reference's own Pad of an identity matrix), so the gradient
+    adds each border element's gradient back onto the element it copies, one axis at a time."""
     g, x = gouts[0], node.inputs[0]
     if g is None or x is None or not need[0]:
         return [None] * len(node.inputs)
     mode = node_attrs(node)["mode"]
-    if mode != "constant":
-        raise InputError(
-            f"Pad node {node.name!r}: mode {mode!r} has no gradient rule yet (constant does)",
-            hint="pad with mode constant, or freeze what lies before this node (--freeze)",
-        )
     pads = const_input(node, 1)
     assert pads is not None
-    axes = node.inputs[3] if len(node.inputs) > 3 else None
-    neg = grad.ints(b, [-int(p) for p in pads.reshape(-1)])
-    return [grad.op1(b, "Pad", g, neg, None, axes, mode="constant")] + [None] * (
-        len(node.inputs) - 1
+    rest: list[Value | None] = [None] * (len(node.inputs) - 1)
+    if mode == "constant":
+        axes = node.inputs[3] if len(node.inputs) > 3 else None
+        neg = grad.ints(b, [-int(p) for p in pads.reshape(-1)])
+        return [grad.op1(b, "Pad", g, neg, None, axes, mode="constant"), *rest]
+    axes_c = const_input(node, 3) if len(node.inputs) > 3 else None
+    widths = _pad_widths(
+        ShapeError,
+        x.type.shape,
+        ints(pads),
+        None if axes_c is None else ints(axes_c),
+        mode,
     )
+    for axis, (begin, end) in reversed(list(enumerate(widths))):
+        if (begin, end) == (0, 0):
+            continue
+        n = x.type.shape[axis]
+        eye = np.eye(n, dtype=np.float64)
+        # Pad of the identity along its columns: row i says where input element i lands.
+        placed = _pad_ref([eye, np.asarray([0, begin, 0, end], np.int64)], Attrs({"mode": mode}))
+        g = grad.adjoint_along(b, g, axis, placed.T)
+    return [g, *rest]
 
 
 set_vjp("Concat", _concat_vjp)
