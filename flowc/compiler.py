@@ -81,6 +81,8 @@ from flowc.schedule.pipeline import simulate as simulate_order
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
 from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
+from flowc.training.recompute import RecomputeReport, recompute, saved_bytes
+from flowc.training.recompute import apply as recompute_apply
 from flowc.training.spec import TrainSpec
 from flowc.training.step import TrainingStep, build_step, inference_graph, make_trainable
 
@@ -832,6 +834,51 @@ TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
 TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "lower_ops", "fuse_elementwise", "order_state_writes")
 
 
+def step_arena(graph: Graph) -> int:
+    """The arena of a training step (``graph``, before its fusions; left as it is) as
+    compile_step compiles it: fused, in the order of least peak memory, planned."""
+    fused = PassManager(TRAIN_POST_PASSES).run(graph.copy())
+    return plan_schedule(schedule_graph(fused, schedule_for="memory")).arena_bytes
+
+
+def _recompute(step: TrainingStep, spec: TrainSpec) -> RecomputeReport:
+    """--recompute and --mem-limit on the step: the limit covers the state and constants
+    (fixed) and the arena, which recomputation shrinks; auto measures candidate choices by
+    compiling them (step_arena)."""
+    graph = step.graph
+    fixed = sum(v.type.nbytes for v in graph.inputs) + sum(c.type.nbytes for c in graph.constants)
+    limit = None if spec.mem_limit is None else spec.mem_limit - fixed
+    if limit is not None and limit <= 0:
+        raise InputError(
+            f"--mem-limit {spec.mem_limit:,} B: the step's state, batch and constants alone "
+            f"take {fixed:,} B",
+            hint="raise --mem-limit or lower --batch",
+        )
+
+    def arena_of(indices: set[int]) -> int:
+        g = graph.copy()
+        recompute_apply(g, {g.nodes[k] for k in indices})
+        return step_arena(g)
+
+    def fused_saved(g: Graph) -> int:
+        return saved_bytes(PassManager(TRAIN_POST_PASSES).run(g))
+
+    before = graph.copy() if spec.recompute != "none" else None
+    report = recompute(graph, spec.recompute, arena_limit=limit, arena_of=arena_of)
+    if before is not None:
+        # As compiled: the fusions merge element-wise chains, and what they keep.
+        report.saved_before, report.saved_after = fused_saved(before), fused_saved(graph.copy())
+    if limit is not None and spec.recompute != "auto":
+        report.arena_after = step_arena(graph)
+        if report.arena_after > limit:
+            raise InputError(
+                f"--mem-limit {spec.mem_limit:,} B: the step needs {fixed + report.arena_after:,} B "
+                f"({fixed:,} of state, batch and constants, {report.arena_after:,} of arena)",
+                hint="--recompute auto finds what to recompute to fit; or raise --mem-limit",
+            )
+    return report
+
+
 def load_training(
     model: ModelArgs,
     spec: TrainSpec,
@@ -871,6 +918,7 @@ def load_training(
         make_trainable(graph)
     graph = PassManager(TRAIN_PRE_PASSES).run(graph)
     step = times.run("training step", lambda: build_step(graph, spec))
+    step.recompute = times.run("recompute", lambda: _recompute(step, spec))
     step.graph = PassManager(TRAIN_POST_PASSES).run(step.graph)
     # run() of the training program: the forward alone, with the inference fusions.
     step.inference = times.run(

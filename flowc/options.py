@@ -160,6 +160,10 @@ class TrainArgs:
     ignore_index: int | None = None
     label_smoothing: float = 0.0
     accumulate: int = 1
+    # Activation recomputation (flowc.training.recompute) and what the step must fit: state,
+    # constants and arena, in bytes as --mem-limit spells them.
+    recompute: str = "none"
+    mem_limit: str | None = None
 
 
 @dataclass(frozen=True)

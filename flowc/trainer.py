@@ -27,7 +27,7 @@ import numpy as np
 
 from flowc.api import Model, Project, compile_options, resolve_target
 from flowc.errors import FlowcError, InputError
-from flowc.options import TrainArgs
+from flowc.options import TrainArgs, parse_bytes
 from flowc.training.spec import (
     TrainSpec,
     parse_loss,
@@ -316,6 +316,8 @@ def spec_from(
     untie: str | None = None,
     accumulate: int = 1,
     seed: int = 0,
+    recompute: str = "none",
+    mem_limit: str | int | None = None,
 ) -> TrainSpec:
     if clip_norm is not None and not clip_norm > 0:
         raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
@@ -331,7 +333,21 @@ def spec_from(
         untie,
         accumulate,
         seed,
+        _recompute_mode(recompute),
+        None
+        if mem_limit is None
+        else mem_limit
+        if isinstance(mem_limit, int)
+        else parse_bytes(mem_limit, "--mem-limit"),
     )
+
+
+def _recompute_mode(mode: str) -> str:
+    from flowc.training.recompute import MODES
+
+    if mode not in MODES:
+        raise InputError(f"--recompute {mode!r}: expected one of {', '.join(MODES)}")
+    return mode
 
 
 # Train block setting -> (TrainArgs field, how its text reads).
@@ -346,6 +362,8 @@ _BLOCK_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ignore_index": ("ignore_index", int),
     "label_smoothing": ("label_smoothing", float),
     "accumulate": ("accumulate", int),
+    "recompute": ("recompute", str),
+    "mem_limit": ("mem_limit", str),
     "batch": ("batch", int),
 }
 
@@ -393,6 +411,8 @@ def spec_of(args: TrainArgs, command: str) -> TrainSpec:
         ignore_index=args.ignore_index,
         label_smoothing=args.label_smoothing,
         untie=args.untie,
+        recompute=args.recompute,
+        mem_limit=args.mem_limit,
         accumulate=args.accumulate,
     )
 
@@ -419,8 +439,17 @@ def compile_step(
             hint="mixed precision (bf16/fp16 with float32 master weights) is a later step",
         )
     check_project_dir(out, opts.force)
+    if spec.mem_limit is not None and opts.schedule.streams is not None:
+        raise InputError(
+            "--mem-limit is checked on the step's order of least peak memory, which --streams "
+            "replaces by the latency schedule",
+            hint="leave --streams out with --mem-limit",
+        )
     progress(f"building the training step of {Path(model_path).name}")
     step = load_training(opts.model, spec, batch=batch)
+    if step.recompute is not None:
+        for line in step.recompute.lines():
+            progress(line)
     progress(f"generating {out}/ ({len(step.graph.nodes)} nodes, {len(step.params)} parameters)")
     # A training step keeps activations, gradients and their updates: memory is what binds
     # it, so it runs in the order of least peak memory (with accumulation, each micro-batch's
@@ -466,6 +495,8 @@ def train(
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
     accumulate: int = 1,
+    recompute: str = "none",
+    mem_limit: str | int | None = None,
     skip_nonfinite: bool = False,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     save_every: int | None = None,
@@ -493,12 +524,15 @@ def train(
             ignore_index=ignore_index,
             label_smoothing=label_smoothing,
             accumulate=accumulate,
+            recompute=recompute,
+            mem_limit=None if mem_limit is None else str(mem_limit),
         ),
     )
     loss, optimizer, batch = given.loss, given.optimizer, given.batch
     lr_schedule, clip_norm, freeze = given.lr_schedule, given.clip_norm, given.freeze
     no_decay, untie, ignore_index = given.no_decay, given.untie, given.ignore_index
     label_smoothing, accumulate = given.label_smoothing, given.accumulate
+    recompute, mem_limit = given.recompute, given.mem_limit
     flow = Path(model).suffix.lower() == ".flow"
     if loss is None or optimizer is None or (batch is None and not flow):
         raise InputError(
@@ -518,6 +552,8 @@ def train(
         untie=untie,
         accumulate=accumulate,
         seed=seed,
+        recompute=recompute,
+        mem_limit=mem_limit,
     )
 
     def check_resume(rows: int) -> None:

@@ -82,12 +82,15 @@ def compile_cmd(
     from flowc.options import CompileOptions
 
     if train or training != TrainArgs():
-        if parallel != ParallelArgs():
+        import dataclasses
+
+        if dataclasses.replace(parallel, mem_limit=None) != ParallelArgs():
             raise InputError(
                 "--train compiles a one-device step for now: --mesh, --pipeline and the "
-                "placement options do not apply to it",
+                "placement options do not apply to it (--mem-limit does: the step must fit it)",
                 hint="leave them out (distributed training is a later issue)",
             )
+        training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
         _compile_training(model, project, target, arch, prefix, force, schedule, train, training)
         return
     opts = CompileOptions(

@@ -98,6 +98,9 @@ def inspect(
 
     streams, precision, schedule_for = schedule.streams, schedule.precision, schedule.schedule_for
     if train or training != TrainArgs():
+        import dataclasses
+
+        training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
         _inspect_training(model, train, training, memory, print_ir)
         return
 
@@ -299,6 +302,9 @@ def _inspect_training(
     table.add_row("gradients (in the arena)", str(len(step.params)), human_bytes(param_bytes))
     table.add_row("saved activations", "", human_bytes(step.saved_activation_bytes()))
     console.print(table)
+    if step.recompute is not None:
+        for line in step.recompute.lines():
+            console.print(escape(line))
     if step.shared:
         console.print(
             "initializers used by several nodes (ties, or an exporter's deduplication; their "

@@ -58,6 +58,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "untie",
         "ignore_index",
         "label_smoothing",
+        "recompute",
         "skip_nonfinite",
         "checkpoint_dir",
         "save_every",
@@ -180,11 +181,18 @@ def path_option(
     return click.option(*decls, type=kind, metavar=metavar, help=help)
 
 
-def _with_options(fn: F, dest: str, cls: type[Any], options: Sequence[Decorator[Any]]) -> F:
+def _with_options(
+    fn: F,
+    dest: str,
+    cls: type[Any],
+    options: Sequence[Decorator[Any]],
+    unset: Sequence[str] = (),
+) -> F:
     """``fn`` taking ``options`` (in the order the help lists them) as one ``cls`` object
-    named ``dest``: each option's value is the field of its name. functools.wraps keeps the
+    named ``dest``: each option's value is the field of its name; the fields in ``unset``
+    have no option in the group and keep their defaults. functools.wraps keeps the
     docstring (the command's help) and the options declared below this group."""
-    names = tuple(cls.__dataclass_fields__)
+    names = tuple(n for n in cls.__dataclass_fields__ if n not in unset)
 
     @functools.wraps(fn)
     def command(*args: Any, **kwargs: Any) -> Any:
@@ -351,7 +359,7 @@ def parallel_options(fn: F) -> F:
 
 def training_options(fn: F) -> F:
     """--loss, --optimizer, --batch, --accumulate, --lr-schedule, --clip-norm, --freeze, --no-decay,
-    --ignore-index, --label-smoothing -> ``training`` (`flowc train`, `flowc compile
+    --ignore-index, --label-smoothing, --recompute -> ``training`` (`flowc train`, `flowc compile
     --train`)."""
     return _with_options(
         fn,
@@ -422,7 +430,17 @@ def training_options(fn: F) -> F:
                 metavar="E",
                 help="cross_entropy: smooth the targets by E.",
             ),
+            click.option(
+                "--recompute",
+                type=click.Choice(["none", "auto", "all"]),
+                default="none",
+                help="Activations the backward computes again instead of keeping them: none; "
+                "all (every segment between the forward's narrow points); auto (the least "
+                "extra FLOPs that fit --mem-limit). The results are the same.",
+            ),
         ],
+        # --mem-limit is the command's own (flowc train) or the Memory group's.
+        unset=("mem_limit",),
     )
 
 

@@ -20,6 +20,7 @@ from flowc.cli.options import (
     path_option,
     seed_option,
     target_option,
+    text_option,
     training_options,
 )
 
@@ -52,6 +53,12 @@ from flowc.cli.options import (
     "(parameters, gradients and optimizer state stay float32). Mixed precision comes later.",
     default="fp32",
 )
+@text_option(
+    "--mem-limit",
+    "BYTES",
+    "The step's device memory (state, constants, arena) must fit this, e.g. 64MiB; "
+    "with --recompute auto, what recomputation aims at.",
+)
 @path_option("--export", help="Write MODEL with its trained initializers (an ONNX model).")
 @path_option("--log", help="LOG.jsonl: one line per step (step, loss, count, lr, examples/s).")
 @path_option(
@@ -79,6 +86,7 @@ def train_cmd(
     skip_nonfinite: bool,
     target: str | None,
     precision: str,
+    mem_limit: str | None,
     export: Path | None,
     log: Path | None,
     project: Path | None,
@@ -134,6 +142,8 @@ def train_cmd(
         ignore_index=training.ignore_index,
         label_smoothing=training.label_smoothing,
         accumulate=training.accumulate,
+        recompute=training.recompute,
+        mem_limit=mem_limit if mem_limit is not None else training.mem_limit,
         skip_nonfinite=skip_nonfinite,
         checkpoint_dir=checkpoint_dir,
         save_every=save_every,

@@ -1014,7 +1014,9 @@ class _Reader:
 
 
 # The train block's plain settings, as the command line's options spell them (--clip-norm ...).
-_TRAIN_SETTINGS = frozenset({"clip_norm", "accumulate", "freeze", "no_decay", "untie", "batch"})
+_TRAIN_SETTINGS = frozenset(
+    {"clip_norm", "accumulate", "freeze", "no_decay", "untie", "batch", "recompute", "mem_limit"}
+)
 _TRAIN_EXAMPLES = {
     "loss": "loss = cross_entropy(logits, labels, ignore_index=-100)",
     "optimizer": "optimizer = adamw(lr=0.001, weight_decay=0.01)",

@@ -79,6 +79,10 @@ class TrainSpec:
     accumulate: int = 1
     # The training's seed: what keys the dropout masks (with the step and the element).
     seed: int = 0
+    # --recompute none|auto|all (flowc/training/recompute.py) and --mem-limit in bytes: the
+    # step's device memory (state, constants and arena) must fit it.
+    recompute: str = "none"
+    mem_limit: int | None = None
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from flowc.ir.graph import Attrs, Graph, Node, Value, make_splat
 from flowc.ir.types import TensorType
 from flowc.ops.norm import TRAIN_BN_ATTRS, lower_train_batchnorm
 from flowc.ops.random import STEP_INPUT
+from flowc.training.recompute import RecomputeReport, saved_bytes
 from flowc.training.spec import LossSpec, OptimizerSpec, ScheduleSpec, TrainSpec, check_regex
 
 STEP = STEP_INPUT  # the step counter (a model's training dropouts read it too)
@@ -63,13 +64,13 @@ class TrainingStep:
     inference: Graph | None = None
     # Batch norms' running statistics: state the step updates (with momentum), not trained.
     buffers: list[str] = field(default_factory=list)
+    # What --recompute did (the driver fills it in).
+    recompute: RecomputeReport | None = None
 
     def saved_activation_bytes(self) -> int:
-        """Bytes of the forward's values the backward reads: the activations kept for it."""
-        backward = [n for n in self.graph.nodes if "/grad/" in n.name]
-        forward = {o for n in self.graph.nodes if "/grad/" not in n.name for o in n.outputs}
-        read = {i for n in backward for i in n.inputs if i is not None and i in forward}
-        return sum(v.type.nbytes for v in read)
+        """Bytes of the forward's values the backward reads: the activations kept for it
+        (by storage: a view's are its base's; a fusion of the step may have merged some)."""
+        return saved_bytes(self.graph)
 
 
 def make_trainable(graph: Graph) -> None:
