@@ -786,6 +786,14 @@ class Model:
         result(self._handle, ctypes.byref(loss), ctypes.byref(count), ctypes.byref(lr))
         return loss.value, count.value, lr.value
 
+    def loss_scaling(self) -> tuple[float, bool]:
+        """fp16's loss scaling at the latest step: the scale it used, and whether it was
+        skipped (gradients not all finite); (0.0, False) without loss scaling."""
+        f = self._train_fn("train_scaling", *[ctypes.POINTER(ctypes.c_double)] * 2)
+        scale, skipped = ctypes.c_double(), ctypes.c_double()
+        f(self._handle, ctypes.byref(scale), ctypes.byref(skipped))
+        return scale.value, skipped.value != 0.0
+
     def state_names(self) -> list[str]:
         return [s.name for s in self.state]
 

@@ -73,6 +73,7 @@ from flowc.parallel.simulate import simulate
 from flowc.passes.fuse_elementwise import fuse_elementwise
 from flowc.passes.manager import DEFAULT_PIPELINE, PassManager
 from flowc.passes.manager import compile_pipeline as compile_passes
+from flowc.passes.precision import STORAGE_PASS
 from flowc.schedule.actors import build_actor_graph
 from flowc.schedule.memory_order import memory_order
 from flowc.schedule.partition import Partition, parse_stage_boundaries, partition
@@ -832,12 +833,26 @@ def simulate_pipeline_order(
 TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
 # lower_ops again: the loss's SoftmaxCrossEntropy, which build_step adds, has no kernel.
 TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "lower_ops", "fuse_elementwise", "order_state_writes")
+# Mixed precision: the storage pass on the model before the step is built (activations and
+# their gradients narrow, the parameters' float32 master copies cast at their use), then
+# widen_types after: what is not a GEMM or a convolution computes in float32.
+NARROW_TRAIN_POST_PASSES = (
+    *DEFAULT_PIPELINE,
+    "lower_ops",
+    "widen_types",
+    "fuse_elementwise",
+    "order_state_writes",
+)
 
 
-def step_arena(graph: Graph) -> int:
+def train_post_passes(precision: str) -> tuple[str, ...]:
+    return NARROW_TRAIN_POST_PASSES if precision in STORAGE_PASS else TRAIN_POST_PASSES
+
+
+def step_arena(graph: Graph, precision: str = "fp32") -> int:
     """The arena of a training step (``graph``, before its fusions; left as it is) as
     compile_step compiles it: fused, in the order of least peak memory, planned."""
-    fused = PassManager(TRAIN_POST_PASSES).run(graph.copy())
+    fused = PassManager(train_post_passes(precision)).run(graph.copy())
     return plan_schedule(schedule_graph(fused, schedule_for="memory")).arena_bytes
 
 
@@ -858,10 +873,10 @@ def _recompute(step: TrainingStep, spec: TrainSpec) -> RecomputeReport:
     def arena_of(indices: set[int]) -> int:
         g = graph.copy()
         recompute_apply(g, {g.nodes[k] for k in indices})
-        return step_arena(g)
+        return step_arena(g, spec.precision)
 
     def fused_saved(g: Graph) -> int:
-        return saved_bytes(PassManager(TRAIN_POST_PASSES).run(g))
+        return saved_bytes(PassManager(train_post_passes(spec.precision)).run(g))
 
     before = graph.copy() if spec.recompute != "none" else None
     report = recompute(graph, spec.recompute, arena_limit=limit, arena_of=arena_of)
@@ -869,7 +884,7 @@ def _recompute(step: TrainingStep, spec: TrainSpec) -> RecomputeReport:
         # As compiled: the fusions merge element-wise chains, and what they keep.
         report.saved_before, report.saved_after = fused_saved(before), fused_saved(graph.copy())
     if limit is not None and spec.recompute != "auto":
-        report.arena_after = step_arena(graph)
+        report.arena_after = step_arena(graph, spec.precision)
         if report.arena_after > limit:
             raise InputError(
                 f"--mem-limit {spec.mem_limit:,} B: the step needs {fixed + report.arena_after:,} B "
@@ -917,9 +932,11 @@ def load_training(
             )
         make_trainable(graph)
     graph = PassManager(TRAIN_PRE_PASSES).run(graph)
+    if spec.precision in STORAGE_PASS:
+        graph = PassManager([STORAGE_PASS[spec.precision]]).run(graph)
     step = times.run("training step", lambda: build_step(graph, spec))
     step.recompute = times.run("recompute", lambda: _recompute(step, spec))
-    step.graph = PassManager(TRAIN_POST_PASSES).run(step.graph)
+    step.graph = PassManager(train_post_passes(spec.precision)).run(step.graph)
     # run() of the training program: the forward alone, with the inference fusions.
     step.inference = times.run(
         "inference program", lambda: PassManager(compile_passes()).run(inference_graph(step))

@@ -12,6 +12,7 @@ wrapping around at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from flowc.api import Model, Project, compile_options, resolve_target
 from flowc.errors import FlowcError, InputError
 from flowc.options import TrainArgs, parse_bytes
 from flowc.training.spec import (
+    LossScaling,
     TrainSpec,
     parse_loss,
     parse_optimizer,
@@ -235,6 +237,9 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     counts: list[float] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)  # the rate each step used
+    # fp16: each step's loss scale and whether it was skipped (non-finite gradients).
+    scales: list[float] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     params: dict[str, np.ndarray] = field(default_factory=dict)
     steps_per_s: float = 0.0
@@ -266,6 +271,7 @@ def run_steps(
     rows = next(iter(data.values())).shape[0]
     batch *= step.micro_batches  # a step takes K micro-batches' rows
     result = TrainResult()
+    scaled = step.loss_scaled
     t0 = time.perf_counter()
     last_print = 0.0
     for k in range(first, first + steps):
@@ -282,18 +288,30 @@ def run_steps(
         result.losses.append(loss)
         result.counts.append(count)
         result.lrs.append(lr)
+        record: dict[str, Any] = {"step": k + 1, "loss": loss, "count": count, "lr": lr}
+        if scaled:
+            scale, skipped = model.loss_scaling()
+            result.scales.append(scale)
+            result.skipped.append(skipped)
+            record.update(loss_scale=scale, skipped=skipped)
         if on_step is not None:
             on_step(k + 1, model)
         elapsed = time.perf_counter() - t0
         done = k - first + 1
         rate = done * batch / elapsed if elapsed > 0 else 0.0
         if log is not None:
-            log({"step": k + 1, "loss": loss, "count": count, "lr": lr, "examples_per_s": rate})
+            log({**record, "examples_per_s": rate})
         if elapsed - last_print >= 1.0 or done == steps:
             last_print = elapsed
             left = (steps - done) * elapsed / done
+            scaling = (
+                f", loss scale {result.scales[-1]:g} ({sum(result.skipped)} skipped)"
+                if scaled
+                else ""
+            )
             progress(
-                f"step {k + 1}/{first + steps}: loss {loss:.6g}, {rate:.1f} examples/s, {left:.0f} s left"
+                f"step {k + 1}/{first + steps}: loss {loss:.6g}{scaling}, {rate:.1f} examples/s, "
+                f"{left:.0f} s left"
             )
     elapsed = time.perf_counter() - t0
     result.steps_per_s = steps / elapsed if elapsed > 0 else 0.0
@@ -318,6 +336,7 @@ def spec_from(
     seed: int = 0,
     recompute: str = "none",
     mem_limit: str | int | None = None,
+    scaling: LossScaling | None = None,
 ) -> TrainSpec:
     if clip_norm is not None and not clip_norm > 0:
         raise InputError(f"--clip-norm {clip_norm}: expected a positive norm")
@@ -339,6 +358,7 @@ def spec_from(
         else mem_limit
         if isinstance(mem_limit, int)
         else parse_bytes(mem_limit, "--mem-limit"),
+        scaling=scaling or LossScaling(),
     )
 
 
@@ -433,11 +453,7 @@ def compile_step(
 
     opts = compile_options(model_path, target=target, **options)
     precision = opts.schedule.precision
-    if precision not in ("fp32", "tf32"):
-        raise InputError(
-            f"--precision {precision}: a training step compiles in fp32 or tf32 for now",
-            hint="mixed precision (bf16/fp16 with float32 master weights) is a later step",
-        )
+    spec = dataclasses.replace(spec, precision=precision)
     check_project_dir(out, opts.force)
     if spec.mem_limit is not None and opts.schedule.streams is not None:
         raise InputError(

@@ -48,9 +48,10 @@ from flowc.cli.options import (
 @target_option(["host", "cuda"], "Default: cuda where a GPU is present, else host.")
 @choice_option(
     "--precision",
-    ["fp32", "tf32"],
-    "fp32: exact float32 GEMMs; tf32: the step's GEMMs on tensor cores with TF32 inputs "
-    "(parameters, gradients and optimizer state stay float32). Mixed precision comes later.",
+    ["fp32", "tf32", "bf16", "fp16"],
+    "fp32: exact float32 GEMMs; tf32: the step's GEMMs on tensor cores with TF32 inputs; "
+    "bf16, fp16: mixed precision (activations and their gradients narrow; master weights, "
+    "optimizer state, gradient sums and the loss float32; fp16 with dynamic loss scaling).",
     default="fp32",
 )
 @text_option(

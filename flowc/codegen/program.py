@@ -913,7 +913,14 @@ def _infer_context(infer: StageCode) -> dict[str, Any]:
 
 # A training step's results, in the order train_step() reports them (flowc.training.step
 # names these outputs; a program without them reports zeros).
-TRAIN_RESULTS = ("train/loss", "train/count", "train/lr_used")
+TRAIN_RESULTS = (
+    "train/loss",
+    "train/count",
+    "train/lr_used",
+    # fp16's loss scaling (train_scaling()): the scale the step used, 1 if it was skipped.
+    "train/loss_scale_used",
+    "train/skipped",
+)
 
 
 def state_table(graph: Graph, weights: WeightsLayout) -> list[dict[str, Any]]:

@@ -66,6 +66,18 @@ class ScheduleSpec:
 
 
 @dataclass(frozen=True)
+class LossScaling:
+    """fp16's dynamic loss scaling, PyTorch's GradScaler defaults: the loss's gradient is
+    multiplied by ``init`` at first; a step whose gradients are not all finite is skipped and
+    halves it; ``interval`` finite steps in a row double it."""
+
+    init: float = 65536.0
+    growth: float = 2.0
+    backoff: float = 0.5
+    interval: int = 2000
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     loss: LossSpec
     optimizer: OptimizerSpec
@@ -83,6 +95,11 @@ class TrainSpec:
     # step's device memory (state, constants and arena) must fit it.
     recompute: str = "none"
     mem_limit: int | None = None
+    # --precision: fp32 / tf32 (the GEMMs' math), bf16 / fp16 (mixed: the model's values and
+    # their gradients narrow; master weights, optimizer state, gradient sums and the loss
+    # float32; fp16 with dynamic loss scaling, ``scaling``).
+    precision: str = "fp32"
+    scaling: LossScaling = field(default_factory=lambda: LossScaling())
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

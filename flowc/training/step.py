@@ -33,6 +33,12 @@ LOSS = "train/loss"
 COUNT = "train/count"
 # The learning rate the step used (the schedule's value at this step), for the log.
 LR_USED = "train/lr_used"
+# fp16's loss scaling: the scale (state), the finite steps since it last changed (state), and
+# for the log the scale the step used and whether its gradients were not finite (1: skipped).
+SCALE = "train/loss_scale"
+GROWTH = "train/scale_growth"
+SCALE_USED = "train/loss_scale_used"
+SKIPPED = "train/skipped"
 
 
 @dataclass
@@ -66,6 +72,11 @@ class TrainingStep:
     buffers: list[str] = field(default_factory=list)
     # What --recompute did (the driver fills it in).
     recompute: RecomputeReport | None = None
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16's dynamic loss scaling is on (the scale is state)."""
+        return any(name == SCALE for name, _ in self.state)
 
     def saved_activation_bytes(self) -> int:
         """Bytes of the forward's values the backward reads: the activations kept for it
@@ -246,6 +257,7 @@ def _loss_and_gradients(
     step: TrainingStep,
     params: list[Value],
     buffers: dict[Value, Value],
+    scale: Value | None = None,
 ) -> tuple[Value, Value, dict[Value, Value | None]]:
     """The step's loss (the sum of the per-label losses over the count of labels), that
     count, and each parameter's gradient. With K micro-batches the batch inputs take K times
@@ -256,11 +268,12 @@ def _loss_and_gradients(
     place to their values after the last micro-batch: each micro-batch's update starts from
     the one before's, as K forward passes would leave them."""
     k_count = spec.accumulate
-    pred = _find_value(graph, spec.loss.prediction, "--loss")
-    if not pred.type.dtype.is_float:
+    model_pred = _find_value(graph, spec.loss.prediction, "--loss")
+    if not model_pred.type.dtype.is_float:
         raise InputError(
-            f"--loss: {spec.loss.prediction!r} is {pred.type.dtype}, not a float value"
+            f"--loss: {spec.loss.prediction!r} is {model_pred.type.dtype}, not a float value"
         )
+    pred = _wide(b, model_pred)
     batch_inputs = [v for v in graph.inputs if v.name in step.batch]
     rows = pred.type.shape[0] if pred.type.rank else 1
     if k_count > 1:
@@ -318,13 +331,18 @@ def _loss_and_gradients(
             pred_k = pred
         else:
             copies = _copy_forward(graph, forward, {**micro[k], **buffers}, k)
-            pred_k = copies[pred]
+            pred_k = _wide(b, copies[model_pred])
             for r in buffers:
                 buffers[r] = copies[first_nexts[r]]
         target_k = target if target is None or k_count == 1 else _rows(b, target, k, rows)
         s_k = _loss_sum(b, spec.loss, pred_k, target_k)
         total = s_k if total is None else b.emit("Add", [total, s_k])[0]
-        g_k = gradients(graph, b.emit("Div", [s_k, denom])[0], params)
+        seed = b.emit("Div", [s_k, denom])[0]
+        if scale is not None:
+            # fp16: the loss scaled before its backward, so that small gradients stay
+            # above float16's smallest normal; the sums are unscaled in float32 after.
+            seed = b.emit("Mul", [seed, scale], name="train/scaled_loss")[0]
+        g_k = gradients(graph, seed, params)
         for p in params:
             gk = g_k[p]
             if gk is not None:
@@ -333,6 +351,14 @@ def _loss_and_gradients(
     assert total is not None
     loss = b.emit("Div", [total, denom])[0]
     return loss, count, grads
+
+
+def _wide(b: GraphBuilder, v: Value) -> Value:
+    """``v`` in float32 (mixed precision: the loss is computed from a narrow prediction cast
+    up, so its value and the seed of the backward are float32)."""
+    if v.type.dtype in (DType.BF16, DType.F16):
+        return b.emit("Cast", [v], {"to": DType.F32.onnx}, name="train/prediction_f32")[0]
+    return v
 
 
 def _copy_forward(
@@ -418,7 +444,11 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         params = [v for v in params if v not in frozen]
     step.micro_batches = spec.accumulate
     step_in = _step_counter(graph, spec)
-    loss, count, grads = _loss_and_gradients(graph, b, spec, step, params, buffers)
+    scale_in = growth_in = None
+    if spec.precision == "fp16":
+        scale_in = graph.add_input(SCALE, TensorType((), DType.F32))
+        growth_in = graph.add_input(GROWTH, TensorType((), DType.I64))
+    loss, count, grads = _loss_and_gradients(graph, b, spec, step, params, buffers, scale_in)
     trained = []
     for v in params:
         if grads[v] is None:
@@ -442,6 +472,20 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     )[0]
     t = b.emit("Cast", [step_next], {"to": dt.onnx})[0]
     lr = _lr(b, lr_in, t, spec.schedule)
+    grads_finite: Value | None = None
+    if scale_in is not None:
+        # Unscaled (before clipping), then checked: a sum of every element is NaN or
+        # infinite if any element is.
+        inv = b.emit("Reciprocal", [scale_in], name="train/unscale")[0]
+        gs = {v: b.emit("Mul", [g, inv])[0] for v, g in gs.items()}
+        sums = [b.emit("ReduceSum", [g], {"keepdims": 0})[0] for g in gs.values()]
+        total_g = sums[0]
+        for sm in sums[1:]:
+            total_g = b.emit("Add", [total_g, sm])[0]
+        zero = _scalar(b, 0.0, total_g.type.dtype)
+        grads_finite = b.emit(
+            "Equal", [b.emit("Mul", [total_g, zero])[0], zero], name="train/grads_finite"
+        )[0]
     if spec.clip_norm is not None:
         squares = [b.emit("ReduceSumSquare", [g], {"keepdims": 0})[0] for g in gs.values()]
         total = squares[0]
@@ -465,6 +509,10 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     finite = b.emit(
         "Equal", [b.emit("Mul", [loss, _scalar(b, 0.0, ldt)])[0], _scalar(b, 0.0, ldt)]
     )[0]
+    if grads_finite is not None:
+        # fp16: a step whose gradients overflowed is skipped the same way: no update, and
+        # Adam's step count stays.
+        finite = b.emit("And", [finite, grads_finite])[0]
 
     def guarded(old: Value, new: Value) -> Value:
         return b.emit("Where", [finite, new, old])[0]
@@ -487,7 +535,10 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
             step.state.append((state_in.name, out.name))
         step.optimizer_state[v.name] = names
     for r, new in buffers.items():
-        # A running statistic: its momentum update, never decayed nor clipped.
+        # A running statistic: its momentum update, never decayed nor clipped (computed in
+        # the model's precision, kept in float32).
+        if new.type.dtype != r.type.dtype:
+            new = b.emit("Cast", [new], {"to": r.type.dtype.onnx})[0]
         out = _named(graph, b, guarded(r, new), f"{r.name}.next")
         outputs.append(out)
         step.state.append((r.name, out.name))
@@ -495,6 +546,8 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
         step.buffers.append(r.name)
     outputs.append(_named(graph, b, guarded(step_in, step_next), f"{STEP}.next"))
     step.state.append((STEP, f"{STEP}.next"))
+    if scale_in is not None and growth_in is not None and grads_finite is not None:
+        outputs += _scale_update(graph, b, spec, step, scale_in, growth_in, grads_finite)
     step.initial[STEP] = np.asarray(0, np.int64)
     step.initial[LR] = np.asarray(opt.lr, dt.np)
     graph.outputs = outputs
@@ -503,6 +556,46 @@ def build_step(graph: Graph, spec: TrainSpec) -> TrainingStep:
     graph.state = {**dict(step.state), LR: None}
     graph.params = dict(step.initial)
     return step
+
+
+def _scale_update(
+    graph: Graph,
+    b: GraphBuilder,
+    spec: TrainSpec,
+    step: TrainingStep,
+    scale: Value,
+    growth: Value,
+    grads_finite: Value,
+) -> list[Value]:
+    """fp16's dynamic loss scale: halved (backoff) after a step with non-finite gradients,
+    doubled (growth) after ``interval`` finite steps in a row, as PyTorch's GradScaler; the
+    scale and the count are state. Also the log's outputs: the scale used, the skip."""
+    s = spec.scaling
+    f32, i64 = DType.F32, DType.I64
+    g1 = b.emit("Add", [growth, b.constant("train/one", np.asarray(1, np.int64))])[0]
+    grow = b.emit(
+        "GreaterOrEqual", [g1, b.constant("train/interval", np.asarray(s.interval, np.int64))]
+    )[0]
+    grown = b.emit("Where", [grow, b.emit("Mul", [scale, _scalar(b, s.growth, f32)])[0], scale])[0]
+    backed = b.emit("Mul", [scale, _scalar(b, s.backoff, f32)])[0]
+    zero = b.constant("train/zero", np.asarray(0, np.int64))
+    next_scale = b.emit("Where", [grads_finite, grown, backed], name="train/next_scale")[0]
+    next_growth = b.emit(
+        "Where",
+        [grads_finite, b.emit("Where", [grow, zero, g1])[0], zero],
+        name="train/next_growth",
+    )[0]
+    skipped = b.emit("Cast", [b.emit("Not", [grads_finite])[0]], {"to": f32.onnx})[0]
+    outs = [
+        _named(graph, b, scale, SCALE_USED),
+        _named(graph, b, skipped, SKIPPED),
+        _named(graph, b, next_scale, f"{SCALE}.next"),
+        _named(graph, b, next_growth, f"{GROWTH}.next"),
+    ]
+    step.state += [(SCALE, f"{SCALE}.next"), (GROWTH, f"{GROWTH}.next")]
+    step.initial[SCALE] = np.asarray(s.init, f32.np)
+    step.initial[GROWTH] = np.asarray(0, i64.np)
+    return outs
 
 
 def inference_graph(step: TrainingStep) -> Graph:
