@@ -6,6 +6,7 @@ the same program)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -248,8 +249,9 @@ def test_a_checkpoint_of_another_setup_is_refused(
 
 def test_training_steps_build_for_cuda_without_a_warning(tmp_path: Path) -> None:
     """gpt2_tiny's step (embeddings' scatter-add, attention's and LayerNorm's backward, AdamW
-    with clipping and a warm-up schedule: every training kernel flowc has) built with nvcc
-    against cuBLASLt: compiled and linked warning-free (it runs where a GPU is)."""
+    with clipping and a warm-up schedule: every training kernel flowc has), in mixed precision
+    fp16 (half GEMMs, the casts fused, dynamic loss scaling), built with nvcc against
+    cuBLASLt: compiled and linked warning-free (it runs where a GPU is)."""
     from conftest import require_cuda_build_toolchain
 
     from flowc.harness.build import build
@@ -263,7 +265,12 @@ def test_training_steps_build_for_cuda_without_a_warning(tmp_path: Path) -> None
         ignore_index=-100,
     )
     _, project = compile_step(
-        SHARED_MODELS / "gpt2_tiny.onnx", spec, tmp_path / "step", batch=1, target="cuda"
+        SHARED_MODELS / "gpt2_tiny.onnx",
+        spec,
+        tmp_path / "step",
+        batch=1,
+        target="cuda",
+        precision="fp16",
     )
     bdir = build(project.path, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
@@ -276,7 +283,16 @@ def test_training_steps_build_for_cuda_without_a_warning(tmp_path: Path) -> None
         text=True,
         check=True,
     ).stdout
-    for fn in ("train_step", "train_result", "save", "load", "get_lr", "set_lr", "state_read"):
+    for fn in (
+        "train_step",
+        "train_result",
+        "train_scaling",
+        "save",
+        "load",
+        "get_lr",
+        "set_lr",
+        "state_read",
+    ):
         assert f" {project.prefix}{fn}\n" in symbols, fn
 
 
@@ -431,3 +447,38 @@ def test_a_tf32_step_plans_every_gemm_on_tf32(tmp_path: Path) -> None:
     assert info["tf32"]["state"] == info["fp32"]["state"]
     with pytest.raises(FlowcError, match="a training step compiles in fp32 or tf32"):
         compile_step(MODEL, spec, tmp_path / "bf16", batch=BATCH, precision="bf16")
+
+
+def test_each_step_is_one_graph_launch(adam_step: tuple[Any, Any], tmp_path: Path) -> None:
+    """The step is one CUDA Graph: captured at the first step and replayed whole after it
+    (the step counter, the learning rate and the dropout keys are device state, so nothing
+    is re-captured from step to step); the host emulator's counters (FLOWC_SIM_STATS) show
+    one graph launch per step and no kernel launched on a stream by a step."""
+    import re
+    import subprocess
+
+    from flowc.harness.build import build_dir
+
+    _, project = adam_step
+    args = []
+    for name, a in _data().items():
+        np.save(tmp_path / f"{name}.npy", a)
+        args += ["--data", f"{name}={tmp_path / f'{name}.npy'}"]
+    exe = build_dir(project.path, "host") / "model_main"
+    cmd = [str(exe), "train", "--weights", str(project.path / "weights.bin"), *args]
+    counts = []
+    for steps in (1, 5):
+        r = subprocess.run(
+            [*cmd, "--batch", str(BATCH), "--steps", str(steps)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "FLOWC_SIM_STATS": "1"},
+        )
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"(\d+) stream kernels, (\d+) graph launches, (\d+) graph kernels", r.stderr)
+        assert m is not None, r.stderr
+        counts.append(tuple(int(x) for x in m.groups()))
+    (s1, g1, k1), (s5, g5, k5) = counts
+    assert (g1, g5) == (1, 5), counts
+    assert s5 == s1, counts  # create()'s fills and warm-up only
+    assert k1 > 0 and k5 == 5 * k1, counts
