@@ -833,6 +833,8 @@ def simulate_pipeline_order(
 TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
 # lower_ops again: the loss's SoftmaxCrossEntropy, which build_step adds, has no kernel.
 TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "lower_ops", "fuse_elementwise", "order_state_writes")
+# The fusions whose ops have VJP rules, run on the model before the step is built.
+TRAIN_FUSIONS = ("fuse_attention",)
 # Mixed precision: the storage pass on the model before the step is built (activations and
 # their gradients narrow, the parameters' float32 master copies cast at their use), then
 # widen_types after: what is not a GEMM or a convolution computes in float32.
@@ -932,6 +934,9 @@ def load_training(
             )
         make_trainable(graph)
     graph = PassManager(TRAIN_PRE_PASSES).run(graph)
+    # Attention fused before the backward exists: its VJP is the flash-style backward
+    # (FusedAttentionGrad), which keeps no [Sq, Sk] probabilities for it.
+    graph = PassManager(TRAIN_FUSIONS).run(graph)
     if spec.precision in STORAGE_PASS:
         graph = PassManager([STORAGE_PASS[spec.precision]]).run(graph)
     step = times.run("training step", lambda: build_step(graph, spec))

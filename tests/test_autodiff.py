@@ -24,7 +24,7 @@ EPS = 1e-6
 
 def _graph_of(
     op: str,
-    inputs: Sequence[np.ndarray],
+    inputs: Sequence[np.ndarray | None],
     attrs: dict[str, Any],
     trained: Sequence[int],
     consts: dict[int, np.ndarray],
@@ -35,7 +35,9 @@ def _graph_of(
     vals: list[Value | None] = []
     ins: list[Value] = []
     for k, a in enumerate(inputs):
-        if k in consts:
+        if a is None:  # an optional input left out
+            vals.append(None)
+        elif k in consts:
             vals.append(b.constant(f"c{k}", consts[k]))
         else:
             v = g.add_input(f"x{k}", TensorType(a.shape, DType.from_numpy(a.dtype)))
@@ -47,7 +49,7 @@ def _graph_of(
 
 def check_vjp(
     op: str,
-    inputs: Sequence[np.ndarray],
+    inputs: Sequence[np.ndarray | None],
     attrs: dict[str, Any] | None = None,
     *,
     consts: dict[int, np.ndarray] | None = None,
@@ -73,31 +75,33 @@ def check_vjp(
     trained = [v for v in ins if v.type.dtype.is_float]
     grads = gradients(g, total, trained)
     g.outputs = [total, *(grads[v] for v in trained if grads[v] is not None)]
-    feeds = {f"x{k}": a for k, a in enumerate(inputs) if k not in consts}
+    feeds = {f"x{k}": a for k, a in enumerate(inputs) if k not in consts and a is not None}
     got = evaluate(g, feeds)
     opdef = get_op(op)
     merged = g.nodes[0].attrs
 
-    def loss(arrays: list[np.ndarray]) -> float:
+    def loss(arrays: list[np.ndarray | None]) -> float:
         full = [consts.get(k, arrays[k]) for k in range(len(arrays))]
         res = opdef.evaluate(list(full), merged)[: len(outs)]
         fl = [r for r in res if r.dtype.kind == "f"]
         return float(sum(np.sum(r * w) for r, w in zip(fl, weights, strict=True)))
 
-    base = [np.array(a, copy=True) for a in inputs]
+    base = [None if a is None else np.array(a, copy=True) for a in inputs]
     for v in trained:
         k = int(v.name[1:])
         grad_v = grads[v]
         assert grad_v is not None, f"no gradient for input {k} of {op}"
         flowc_grad = got[grad_v.name]
-        numeric = np.zeros_like(base[k])
-        it = np.nditer(base[k], flags=["multi_index"])
+        at = base[k]
+        assert at is not None
+        numeric = np.zeros_like(at)
+        it = np.nditer(at, flags=["multi_index"])
         for _ in it:
             idx = it.multi_index
-            plus = [a.copy() for a in base]
-            minus = [a.copy() for a in base]
-            plus[k][idx] += EPS
-            minus[k][idx] -= EPS
+            plus = [None if a is None else a.copy() for a in base]
+            minus = [None if a is None else a.copy() for a in base]
+            plus[k][idx] += EPS  # type: ignore[index]
+            minus[k][idx] -= EPS  # type: ignore[index]
             numeric[idx] = (loss(plus) - loss(minus)) / (2 * EPS)
         scale = max(1.0, float(np.max(np.abs(numeric))))
         err = float(np.max(np.abs(flowc_grad - numeric))) / scale if numeric.size else 0.0

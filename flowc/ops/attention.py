@@ -39,12 +39,14 @@ from flowc.codegen.cpp import c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
+from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
 from flowc.ops.reduce import kernel_ctype
-from flowc.ops.registry import InferCtx, SbpSignature, defop, get_op
+from flowc.ops.registry import InferCtx, SbpSignature, defop, get_op, set_vjp
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
+    from flowc.ir.graph import Value
 
 FAMILY = "attention"
 OP = "FusedAttention"
@@ -493,3 +495,270 @@ defop(
     sbp=_sbp,
     emit=_emit,
 )
+
+
+# -- the gradient: FusedAttentionGrad, and FusedAttention's VJP ----------------------------------
+
+GRAD_OP = "FusedAttentionGrad"
+# Threads per block of the backward's row and column kernels (one thread per row, per key).
+GRAD_THREADS = 128
+
+
+def _grad_infer(ctx: InferCtx) -> list[TensorType]:
+    """Inputs q, k, v, the forward's output o, its gradient do, then the forward's mask and
+    where condition (absent or present as there); outputs dq, dk, dv contiguous [b, h, s, d]
+    in q's type, and the rows' log-sum-exp and dO.O, [b, h, Sq, 2] float32."""
+    _check_attrs(ctx)
+    a = ctx.attrs
+    try:
+        g = geometry(a, _shapes(ctx))
+    except ValueError as e:
+        raise ctx.fail(str(e)) from None
+    for i, what in ((3, "the output"), (4, "the output's gradient")):
+        if ctx.shape(i) != g.out_shape:
+            raise ctx.fail(f"{what} has shape {list(ctx.shape(i))}, not {list(g.out_shape)}")
+    if ctx.has(6) != (str(a["where"]) != "none"):
+        raise ctx.fail("a where condition (input 6) goes with where != none, and only then")
+    dt = ctx.dtype(0)
+    outs = [
+        TensorType((g.b, g.h, g.sq, g.d), dt),
+        TensorType((g.b, g.h, g.sk, g.d), dt),
+        TensorType((g.b, g.h, g.sk, g.dv), dt),
+        TensorType((g.b, g.h, g.sq, 2), DType.F32),
+    ]
+    if a["mask_grad"] not in (0, 1):
+        raise ctx.fail(f"mask_grad must be 0 or 1, not {a['mask_grad']!r}")
+    if int(a["mask_grad"]):
+        if not ctx.has(5):
+            raise ctx.fail("mask_grad=1 needs the additive mask (input 5)")
+        outs.append(TensorType((g.b, g.h, g.sq, g.sk), DType.F32))
+    return outs
+
+
+def _scores(
+    xs: list[np.ndarray | None], a: Attrs, g: Geometry, mask_at: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The forward's logical q, k, v (float64), its scores, where Q K^T reaches them and
+    where the additive mask does."""
+    q, k, v = xs[0], xs[1], xs[2]
+    assert q is not None and k is not None and v is not None
+    ql = _logical(q, g.views["q"], (g.b, g.h, g.sq, g.d)).astype(np.float64)
+    kl = _logical(k, g.views["k"], (g.b, g.h, g.sk, g.d)).astype(np.float64)
+    vl = _logical(v, g.views["v"], (g.b, g.h, g.sk, g.dv)).astype(np.float64)
+    s = np.matmul(ql, np.swapaxes(kl, -1, -2)) * float(a["scale"])
+    through = np.ones(s.shape, bool)
+    mask_through = np.ones(s.shape, bool)
+    m = xs[mask_at] if len(xs) > mask_at else None
+    c = xs[mask_at + 1] if len(xs) > mask_at + 1 else None
+    steps = ["add", "where"] if int(a["mask_first"]) else ["where", "add"]
+    for step in steps:
+        if step == "add" and m is not None:
+            s = s + m.astype(np.float64)
+        if step == "where" and c is not None:
+            keep = c.astype(bool) if a["where"] == "keep_true" else ~c.astype(bool)
+            keep = np.broadcast_to(keep, s.shape)
+            s = np.where(keep, s, float(a["where_fill"]))
+            through = through & keep
+            if step == steps[-1]:  # the fill replaces what the mask added
+                mask_through = mask_through & keep
+    if int(a["causal"]):
+        i = np.arange(g.sq)[:, None]
+        j = np.arange(g.sk)[None, :]
+        s = np.where(j > i + (g.sk - g.sq), -np.inf, s)
+    return ql, kl, vl, s, through, mask_through
+
+
+def _grad_reference(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
+    q, k, v, o, do = xs[0], xs[1], xs[2], xs[3], xs[4]
+    assert q is not None and k is not None and v is not None and o is not None and do is not None
+    g = geometry(a, {"q": q.shape, "k": k.shape, "v": v.shape})
+    ql, kl, vl, s, through, mask_through = _scores(xs, a, g, 5)
+    view = g.views["out"]
+    shape4 = (g.b, g.h, g.sq, g.dv)
+    ol = _logical(o, view, shape4).astype(np.float64)
+    dol = _logical(do, view, shape4).astype(np.float64)
+    with np.errstate(all="ignore"):
+        top = np.max(s, axis=-1, keepdims=True)
+        total = np.sum(np.where(np.isinf(s), 0.0, np.exp(s - top)), axis=-1, keepdims=True)
+        lse = np.where(total > 0, top + np.log(total), np.inf)
+        p = np.where(np.isinf(lse) | np.isinf(s), 0.0, np.exp(s - lse))
+    delta = np.sum(dol * ol, axis=-1, keepdims=True)
+    dp = np.matmul(dol, np.swapaxes(vl, -1, -2))
+    raw = p * (dp - delta)
+    ds = np.where(through, raw, 0.0) * float(a["scale"])
+    dt = q.dtype
+    stats = np.concatenate([lse, delta], axis=-1).astype(np.float32)
+    outs = [
+        np.matmul(ds, kl).astype(dt),
+        np.matmul(np.swapaxes(ds, -1, -2), ql).astype(dt),
+        np.matmul(np.swapaxes(p, -1, -2), dol).astype(dt),
+        stats,
+    ]
+    if int(a["mask_grad"]):
+        outs.append(np.where(mask_through & (p > 0), raw, 0.0).astype(np.float32))
+    return outs
+
+
+def _grad_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    # The scores three times (the row sweeps twice, the columns once), dO.V twice, and the
+    # three products into dQ, dK, dV.
+    q, k, v = ins[0], ins[1], ins[2]
+    assert q is not None and k is not None and v is not None
+    try:
+        g = geometry(a, {"q": q.shape, "k": k.shape, "v": v.shape})
+    except ValueError:
+        return 0
+    pairs = g.b * g.h * g.sq * g.sk
+    return pairs * (3 * 2 * g.d + 2 * 2 * g.dv + 2 * (2 * g.d + g.dv) + 12)
+
+
+def _grad_emit(prog: Program, node: Node) -> None:
+    q, k, v, o, do = node.inputs[:5]
+    mask = node.inputs[5] if len(node.inputs) > 5 else None
+    cond = node.inputs[6] if len(node.inputs) > 6 else None
+    dq, dk, dv, stats = node.outputs[:4]
+    dmask = node.outputs[4] if len(node.outputs) > 4 else None
+    assert q is not None and k is not None and v is not None and o is not None and do is not None
+    a = node.attrs.merged(get_op(GRAD_OP).attrs)
+    if dq.type.numel == 0 and dk.type.numel == 0:
+        return
+    for x in (q, k, v, o, do, dq, mask):
+        if x is not None and x.type.dtype not in (DType.F32, DType.F16, DType.BF16):
+            raise prog.fail(
+                f"the fused backward reads float32, float16 or bfloat16, not {x.type.dtype}"
+            )
+    if o.type.dtype != do.type.dtype:
+        raise prog.fail(f"the output is {o.type.dtype}, its gradient {do.type.dtype}")
+    g = geometry(a, {"q": q.type.shape, "k": k.type.shape, "v": v.type.shape})
+    where = str(a["where"])
+    params = dict(
+        qt=kernel_ctype(prog, q),
+        kt=kernel_ctype(prog, k),
+        vt=kernel_ctype(prog, v),
+        ot=kernel_ctype(prog, o),
+        mt=kernel_ctype(prog, mask) if mask is not None else "float",
+        gt=kernel_ctype(prog, dq),
+        d=g.d,
+        dv=g.dv,
+        has_mask=mask is not None,
+        where=where,
+        mask_first=bool(int(a["mask_first"])),
+        causal=bool(int(a["causal"])),
+    )
+    rows = prog.kernel(
+        "attention.cu.j2", "attention_grad_rows", mask_grad=dmask is not None, **params
+    )
+    cols = prog.kernel("attention.cu.j2", "attention_grad_cols", **params)
+
+    def strided(expr: str, view: Operand) -> list[str]:
+        base = f"{expr} + {view.offset}" if view.offset else expr
+        return [base, *(f"(int64_t){s}" for s in view.strides)]
+
+    out_view = g.views["out"]
+    args = [
+        *strided(prog.cptr(q), g.views["q"]),
+        *strided(prog.cptr(k), g.views["k"]),
+        *strided(prog.cptr(v), g.views["v"]),
+        prog.cptr(o) + (f" + {out_view.offset}" if out_view.offset else ""),
+        *strided(prog.cptr(do), out_view),
+    ]
+    if mask is not None:
+        args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
+    if cond is not None:
+        args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
+    args += [
+        prog.ptr(stats),
+        f"(int64_t){g.b * g.h}",
+        str(g.h),
+        f"(int64_t){g.sq}",
+        f"(int64_t){g.sk}",
+        c_float(float(a["scale"])),
+    ]
+    if where != "none":
+        args.append(c_float(float(a["where_fill"])))
+    bh = g.b * g.h
+    # The rows first (they write the stats the columns read), on the same stream.
+    prog.launch_blocks(
+        rows, (bh * g.sq + GRAD_THREADS - 1) // GRAD_THREADS, GRAD_THREADS, 0,
+        [*args, prog.ptr(dq), *([prog.ptr(dmask)] if dmask is not None else [])],
+    )  # fmt: skip
+    prog.launch_blocks(
+        cols, (bh * g.sk + GRAD_THREADS - 1) // GRAD_THREADS, GRAD_THREADS, 0,
+        [*args, prog.ptr(dk), prog.ptr(dv)],
+    )  # fmt: skip
+
+
+defop(
+    GRAD_OP,
+    FAMILY,
+    infer=_grad_infer,
+    reference=_grad_reference,
+    # The forward's, and mask_grad: 1 when the additive mask is trained (a fifth output, the
+    # scores' gradient [b, h, Sq, Sk] float32, which only then exists).
+    attrs={**get_op(OP).attrs, "mask_grad": 0},
+    inputs=(5, 7),
+    outputs=(4, 5),
+    flops=_grad_flops,
+    # It reads and writes bfloat16/float16 itself (computing in float32), as the forward.
+    narrow=frozenset({DType.BF16, DType.F16}),
+    emit=_grad_emit,
+)
+
+
+def _to_operand(b: grad.GradBuilder, gl: Value, a: Attrs, which: str, x: Value) -> Value:
+    """A logical [b, h, s, d] gradient laid out as operand ``which`` is (tensor ``x``): summed
+    over the letters it broadcasts, ordered as its layout's letters, its chunk of a fused
+    projection placed among zeros, reshaped to the operand's shape."""
+    axes = parse_layout(str(a[f"{which}_layout"]))
+    letters = "".join(axes)
+    missing = [k for k, c in enumerate("bhsd") if c not in letters]
+    if missing:
+        gl = grad.reduce_sum(b, gl, missing, keepdims=False)
+    kept = [c for c in "bhsd" if c in letters]
+    order = [c for c in letters if c != "c"]
+    perm = [kept.index(c) for c in order]
+    if perm != sorted(perm):
+        gl = grad.op1(b, "Transpose", gl, perm=perm)
+    if "c" in letters:
+        at = letters.index("c")
+        index, count = (int(n) for n in a[f"{which}_chunk"])
+        gl = grad.op1(b, "Unsqueeze", gl, grad.ints(b, [at]))
+        rank = gl.type.rank
+        pads = [0] * (2 * rank)
+        pads[at], pads[rank + at] = index, count - 1 - index
+        gl = grad.op1(b, "Pad", gl, grad.ints(b, pads), mode="constant")
+    return grad.reshape(b, gl, x.type.shape)
+
+
+def _vjp(
+    b: grad.GradBuilder, node: Node, gouts: list[Value | None], need: list[bool]
+) -> list[Value | None]:
+    """The flash-style backward (FusedAttentionGrad: the scores recomputed, no [Sq, Sk]
+    buffer), its gradients laid out as the operands. An additive mask that is trained (a
+    position bias; an exporter's mask initializer imported as a parameter) gets the scores'
+    gradient summed to its shape: the one case with an [Sq, Sk] buffer."""
+    g = gouts[0]
+    grads: list[Value | None] = [None] * len(node.inputs)
+    mask_grad = len(node.inputs) > 3 and need[3] and node.inputs[3] is not None
+    if g is None or not (any(need[:3]) or mask_grad):
+        return grads
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert q is not None and k is not None and v is not None
+    a = node.attrs.merged(get_op(OP).attrs)
+    extra = list(node.inputs[3:])
+    ins: list[Value | None] = [q, k, v, node.outputs[0], g, *extra]
+    attrs = {**dict(node.attrs), "mask_grad": int(mask_grad)}
+    outs = b.emit(GRAD_OP, ins, attrs, num_outputs=5 if mask_grad else 4)
+    for i, (which, gl, x) in enumerate((("q", outs[0], q), ("k", outs[1], k), ("v", outs[2], v))):
+        if need[i]:
+            grads[i] = _to_operand(b, gl, a, which, x)
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    if mask_grad and mask is not None:
+        dm = grad.unbroadcast(b, outs[4], mask.type.shape)
+        if mask.type.dtype != dm.type.dtype:
+            dm = grad.op1(b, "Cast", dm, to=mask.type.dtype.onnx)
+        grads[3] = dm
+    return grads
+
+
+set_vjp(OP, _vjp)

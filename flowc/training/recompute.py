@@ -360,6 +360,12 @@ def _auto(
         while freed < over:
             cands = _candidates(graph, parts, chosen, saved, segments)
             if not cands:
+                # Nothing frees bytes on its own any more: the rest of all's choice, whole
+                # (saved bytes may not move while the arena's peak does).
+                rest = set().union(*segments) - _closure(graph, parts, chosen)
+                if rest:
+                    picks.append(rest)
+                    chosen |= rest
                 break
             _, neg_gain, _, nodes = cands[0]
             picks.append(nodes)
@@ -368,6 +374,10 @@ def _auto(
             saved = saved_roots(graph, parts, chosen)
         if len(picks) == fits_not or rounds > MAX_ROUNDS:
             least = measure(segments)
+            if least <= limit:
+                # The greedy's mix overshot what all's segments alone reach: take those.
+                report.arena_after = least
+                return set().union(*segments)
             raise InputError(
                 f"--mem-limit: the step's arena needs {arena:,} bytes and recomputation "
                 f"cannot bring it to {limit:,} (recomputing every segment: {least:,})",
