@@ -57,7 +57,7 @@ def one(
         spec = spec_from(loss, OPT, recompute=mode, mem_limit=limit, ignore_index=ignore)
         t0 = time.perf_counter()
         step, project = compile_step(
-            model, spec, tmp / f"{model.stem}-{mode}-{precision}", batch=batch, dim=dims,
+            model, spec, tmp / f"{model.stem}-b{batch}-{mode}-{precision}", batch=batch, dim=dims,
             target="host", precision=precision, force=True,
         )  # fmt: skip
         compile_s = time.perf_counter() - t0

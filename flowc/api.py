@@ -559,6 +559,32 @@ def _check_layout(
             )
 
 
+# Each library this process loaded: (inode, mtime, size) when it did.
+_LOADED_LIBRARIES: dict[str, tuple[int, int, int]] = {}
+
+
+def _load_library(library: Path) -> ctypes.CDLL:
+    """``library`` loaded into this process. The dynamic loader keys what it loaded by the
+    path, so a project recompiled and rebuilt in place would hand back the code loaded
+    before (with the new weights: a failed create, or worse); a library changed since this
+    process loaded it is loaded from a private copy instead (removed at exit)."""
+    path = library.resolve()
+    st = path.stat()
+    ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+    seen = _LOADED_LIBRARIES.setdefault(str(path), ident)
+    if seen == ident:
+        return ctypes.CDLL(str(path))
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="flowc-lib-"))
+    atexit.register(shutil.rmtree, folder, True)
+    copy = folder / path.name
+    shutil.copy2(path, copy)
+    return ctypes.CDLL(str(copy))
+
+
 class Model:
     """A compiled model's library loaded with ctypes (Project.load()). Calls are not
     thread-safe; close() (or a with-block) frees the model's device memory."""
@@ -587,7 +613,7 @@ class Model:
                 f"{weights}: no such weights file", hint="give a weights file flowc wrote"
             )
         try:
-            lib = ctypes.CDLL(str(library.resolve()))
+            lib = _load_library(library)
         except OSError as e:
             raise FlowcError(f"{library}: cannot be loaded ({e})") from None
         fn = lambda name: getattr(lib, prefix + name)  # noqa: E731

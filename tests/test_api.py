@@ -247,3 +247,29 @@ def test_ctrl_c_ends_the_build_and_every_compiler_and_a_rerun_works(tmp_path: Pa
     project = flowc.Project(out)
     project.build()
     np.testing.assert_allclose(project.run({"x": x})["y"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_project_rebuilt_in_place_loads_its_new_code_in_the_same_process(
+    tmp_path: Path,
+) -> None:
+    """The dynamic loader keys loaded libraries by path: a project recompiled (here for
+    another batch) and rebuilt where it was must not run the code loaded before it."""
+    import onnx
+    import onnxruntime as ort
+    from test_recompute import _blocks
+
+    from flowc.harness.ort import inference_mode
+
+    model = _blocks(tmp_path / "tower.onnx", blocks=1)
+    plain = inference_mode(onnx.load(str(model))).SerializeToString()  # dropout off
+    sess = ort.InferenceSession(plain, providers=["CPUExecutionProvider"])
+    out = tmp_path / "p"
+    rng = np.random.default_rng(0)
+    for batch in (2, 5):
+        x = rng.standard_normal((batch, 8, 32)).astype(np.float32)
+        p = flowc.compile(model, out, target="host", dim=[f"batch={batch}"], force=True)
+        p.build(quick=True)
+        with p.load() as m:
+            got = m.run({"x": x})["y"]
+        (want,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
