@@ -69,8 +69,12 @@ def one(
         run_steps(m, step, arrays, steps=2, batch=batch, shuffle=False)  # warm-up
         times, losses = [], []
         for k in range(steps):
+            # From the first state again after the warm-up: the curves start at step 1.
+            state = step.initial if k == 0 else None
             t = time.perf_counter()
-            r = run_steps(m, step, arrays, steps=1, batch=batch, shuffle=False, first=k)
+            r = run_steps(
+                m, step, arrays, steps=1, batch=batch, shuffle=False, first=k, state=state
+            )
             times.append(time.perf_counter() - t)
             losses += r.losses
     rep = step.recompute

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_autodiff import check_vjp
+from test_autodiff import check_vjp, host_matches_float64
 
 R = np.random.default_rng(11)
 
@@ -83,10 +83,6 @@ def test_vjp_through_layouts_and_chunks() -> None:
 
 def test_the_backward_kernels_on_the_host_match_float64(tmp_path: Path) -> None:
     from flowc.autodiff import gradients
-    from flowc.compiler import compile_graph
-    from flowc.harness.build import build, run
-    from flowc.harness.compare import max_rel_error
-    from flowc.interpreter import evaluate
     from flowc.ir.builder import GraphBuilder
     from flowc.ir.dtype import DType
     from flowc.ir.graph import Graph
@@ -128,13 +124,7 @@ def test_the_backward_kernels_on_the_host_match_float64(tmp_path: Path) -> None:
         for v in g64.inputs
     }
     feeds["bias"][..., -1] = -1e9  # a padded key
-    want = evaluate(g64, feeds)
-    out = tmp_path / "out"
-    compile_graph(g32, out, poison=True)
-    build(out, "host", quick=True)
-    got, _ = run(out, {k: v.astype(np.float32) for k, v in feeds.items()}, target="host")
-    for o32, o64 in zip(g32.outputs, g64.outputs, strict=True):
-        assert max_rel_error(got[o32.name], want[o64.name]) < 1e-4, o32.name
+    host_matches_float64(g32, g64, feeds, tmp_path / "out")
 
 
 @pytest.mark.parametrize("mask_first", [1, 0])

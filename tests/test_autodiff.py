@@ -108,6 +108,23 @@ def check_vjp(
         assert err < rtol, f"{op} {attrs} input {k}: error {err:.2e}"
 
 
+def host_matches_float64(
+    g32: Graph, g64: Graph, feeds: dict[str, np.ndarray], out: Path, tol: float = 1e-4
+) -> None:
+    """A backward compiled for the host (``g32``, float32) against the NumPy evaluation of
+    the same graph in float64 (``g64``): every output within ``tol`` relative error."""
+    from flowc.compiler import compile_graph
+    from flowc.harness.build import build, run
+    from flowc.harness.compare import max_rel_error
+
+    want = evaluate(g64, feeds)
+    compile_graph(g32, out, poison=True)
+    build(out, "host", quick=True)
+    got, _ = run(out, {k: v.astype(np.float32) for k, v in feeds.items()}, target="host")
+    for o32, o64 in zip(g32.outputs, g64.outputs, strict=True):
+        assert max_rel_error(got[o32.name], want[o64.name]) < tol, o32.name
+
+
 R = np.random.default_rng(42)
 
 

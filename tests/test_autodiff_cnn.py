@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_autodiff import check_vjp
+from test_autodiff import check_vjp, host_matches_float64
 
 R = np.random.default_rng(7)
 
@@ -57,10 +57,6 @@ def test_global_average_pool_vjp() -> None:
 
 def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) -> None:
     from flowc.autodiff import gradients
-    from flowc.compiler import compile_graph
-    from flowc.harness.build import build, run
-    from flowc.harness.compare import max_rel_error
-    from flowc.interpreter import evaluate
     from flowc.ir.builder import GraphBuilder
     from flowc.ir.dtype import DType
     from flowc.ir.graph import Graph
@@ -92,13 +88,7 @@ def test_a_cnn_backward_compiled_for_the_host_matches_float64(tmp_path: Path) ->
     g32, g64 = network(DType.F32), network(DType.F64)
     rng = np.random.default_rng(2)
     feeds = {v.name: rng.standard_normal(v.type.shape) * 0.5 for v in g64.inputs}
-    want = evaluate(g64, feeds)
-    out = tmp_path / "out"
-    compile_graph(g32, out, poison=True)
-    build(out, "host", quick=True)
-    got, _ = run(out, {k: v.astype(np.float32) for k, v in feeds.items()}, target="host")
-    for o32, o64 in zip(g32.outputs, g64.outputs, strict=True):
-        assert max_rel_error(got[o32.name], want[o64.name]) < 1e-4, o32.name
+    host_matches_float64(g32, g64, feeds, tmp_path / "out")
 
 
 @pytest.mark.parametrize(
@@ -222,3 +212,43 @@ def test_upsample_vjp() -> None:
 def test_lrn_vjp(size: int) -> None:
     attrs = {"size": size, "alpha": 0.5, "beta": 0.75, "bias": 1.5}
     check_vjp("LRN", [r(2, 6, 3, 2)], attrs)
+
+
+@pytest.mark.parametrize(("xs", "ws", "attrs", "bias"), CONV_CASES)
+def test_library_gradient_ops_match_the_convolutions_they_replace(
+    xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict[str, Any], bias: bool
+) -> None:
+    """ConvGradData and ConvGradFilter (cuDNN's backward calls; what Conv's VJP emits where
+    the forward runs through the library): their references against Conv's gradient built
+    as convolutions (the path float64 takes, checked against finite differences above)."""
+    from flowc.autodiff import gradients
+    from flowc.interpreter import evaluate
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Attrs, Graph
+    from flowc.ir.types import TensorType
+    from flowc.ops.conv import library_geometry
+    from flowc.ops.registry import get_op
+
+    g = Graph("conv")
+    b = GraphBuilder(g, fold=False)
+    x = g.add_input("x", TensorType(xs, DType.F64))
+    w = g.add_input("w", TensorType(ws, DType.F64))
+    y = b.emit("Conv", [x, w], attrs, name="conv")[0]
+    dy = g.add_input("dy", TensorType(y.type.shape, DType.F64))
+    loss = b.emit("ReduceSum", [b.emit("Mul", [y, dy])[0]], {"keepdims": 0})[0]
+    grads = gradients(g, loss, [x, w])
+    g.outputs = [grads[x], grads[w]]  # type: ignore[list-item]
+    feeds = {"x": r(*xs), "w": r(*ws), "dy": r(*y.type.shape)}
+    want_dx, want_dw = (evaluate(g, feeds)[o.name] for o in g.outputs)
+    merged = g.nodes[0].attrs.merged(get_op("Conv").attrs)
+    fwd = {k: v for k, v in merged.items() if v is not None}
+    assert library_geometry(xs, ws, DType.F32, merged) is not None  # 1-D ones too (height 1)
+    dx = get_op("ConvGradData").evaluate([feeds["dy"], feeds["w"]], Attrs({**fwd, "x_shape": xs}))[
+        0
+    ]
+    dw = get_op("ConvGradFilter").evaluate(
+        [feeds["x"], feeds["dy"]], Attrs({**fwd, "w_shape": ws})
+    )[0]
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw, want_dw, rtol=1e-12, atol=1e-12)

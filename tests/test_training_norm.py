@@ -322,3 +322,26 @@ def test_a_resnet_style_cnn_trains_as_jax_does(tmp_path: Path) -> None:
         optax.adamw(0.01, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01),
         batches,
     )
+
+
+def test_the_resnet_style_step_builds_for_cuda_with_cudnns_backward(tmp_path: Path) -> None:
+    """The CNN's step in bf16 for the GPU: its convolutions' gradients as cuDNN's backward
+    calls (a plan each, deterministic algorithms), compiled and linked by nvcc warning-free."""
+    from conftest import require_cuda_build_toolchain
+
+    from flowc.harness.build import build
+
+    require_cuda_build_toolchain()
+    model = tmp_path / "resnet_style.onnx"
+    _resnet_style(model)
+    spec = spec_from("cross_entropy:logits,labels", "adamw:lr=0.01")
+    _, project = compile_step(
+        model, spec, tmp_path / "step", batch=BATCH, target="cuda", precision="bf16"
+    )
+    source = (project.path / "model.cu").read_text()
+    # Three data gradients (the stem's input needs none) and four filter gradients; equal
+    # geometries share a plan.
+    assert source.count("flowc::run_conv_backward(") == 7
+    assert "flowc::ConvGrad::kData" in source and "flowc::ConvGrad::kFilter" in source
+    bdir = build(project.path, "cuda", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()

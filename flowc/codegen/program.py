@@ -64,7 +64,11 @@ if TYPE_CHECKING:
 # 128-bit loads and the GEMM plans' CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES assume.
 POINTER_ALIGNMENT = 16
 # Library plan kinds (Program.library_plan) -> their C++ types (runtime_cpp/flowc/gemm.h, conv.h).
-PLAN_TYPES = {"gemm": "flowc::GemmPlan", "conv": "flowc::ConvPlan"}
+PLAN_TYPES = {
+    "gemm": "flowc::GemmPlan",
+    "conv": "flowc::ConvPlan",
+    "conv_bwd": "flowc::ConvBwdPlan",
+}
 
 
 def template_env() -> jinja2.Environment:

@@ -350,12 +350,25 @@ def _reference(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return out
 
 
-def _flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+def _type_geometry(ins: list[TensorType | None], a: Attrs) -> Geometry | None:
+    """The geometry of q, k, v's types (None when they do not agree: no FLOPs to count)."""
     q, k, v = ins[0], ins[1], ins[2]
     assert q is not None and k is not None and v is not None
     try:
-        g = geometry(a, {"q": q.shape, "k": k.shape, "v": v.shape})
+        return geometry(a, {"q": q.shape, "k": k.shape, "v": v.shape})
     except ValueError:
+        return None
+
+
+def _strided(expr: str, view: Operand) -> list[str]:
+    """A kernel's pointer and b, h, s, d stride arguments for an operand's view."""
+    base = f"{expr} + {view.offset}" if view.offset else expr
+    return [base, *(f"(int64_t){s}" for s in view.strides)]
+
+
+def _flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    g = _type_geometry(ins, a)
+    if g is None:
         return 0
     pairs = g.b * g.h * g.sq * g.sk
     # Two multiply-adds per (pair, feature) for Q K^T and P V; the softmax's max, exp
@@ -441,20 +454,16 @@ def _emit(prog: Program, node: Node) -> None:
         nan_zero=bool(int(a["nan_zero"])),
     )
 
-    def strided(expr: str, view: Operand) -> list[str]:
-        base = f"{expr} + {view.offset}" if view.offset else expr
-        return [base, *(f"(int64_t){s}" for s in view.strides)]
-
     args = [
-        *strided(prog.cptr(q), g.views["q"]),
-        *strided(prog.cptr(k), g.views["k"]),
-        *strided(prog.cptr(v), g.views["v"]),
+        *_strided(prog.cptr(q), g.views["q"]),
+        *_strided(prog.cptr(k), g.views["k"]),
+        *_strided(prog.cptr(v), g.views["v"]),
     ]
     if mask is not None:
         args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
     if cond is not None:
         args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
-    args += strided(prog.ptr(y), g.views["out"])
+    args += _strided(prog.ptr(y), g.views["out"])
     args += [
         str(g.h),
         f"(int64_t){g.sq}",
@@ -602,11 +611,8 @@ def _grad_reference(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 def _grad_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
     # The scores three times (the row sweeps twice, the columns once), dO.V twice, and the
     # three products into dQ, dK, dV.
-    q, k, v = ins[0], ins[1], ins[2]
-    assert q is not None and k is not None and v is not None
-    try:
-        g = geometry(a, {"q": q.shape, "k": k.shape, "v": v.shape})
-    except ValueError:
+    g = _type_geometry(ins, a)
+    if g is None:
         return 0
     pairs = g.b * g.h * g.sq * g.sk
     return pairs * (3 * 2 * g.d + 2 * 2 * g.dv + 2 * (2 * g.d + g.dv) + 12)
@@ -650,17 +656,13 @@ def _grad_emit(prog: Program, node: Node) -> None:
     )
     cols = prog.kernel("attention.cu.j2", "attention_grad_cols", **params)
 
-    def strided(expr: str, view: Operand) -> list[str]:
-        base = f"{expr} + {view.offset}" if view.offset else expr
-        return [base, *(f"(int64_t){s}" for s in view.strides)]
-
     out_view = g.views["out"]
     args = [
-        *strided(prog.cptr(q), g.views["q"]),
-        *strided(prog.cptr(k), g.views["k"]),
-        *strided(prog.cptr(v), g.views["v"]),
+        *_strided(prog.cptr(q), g.views["q"]),
+        *_strided(prog.cptr(k), g.views["k"]),
+        *_strided(prog.cptr(v), g.views["v"]),
         prog.cptr(o) + (f" + {out_view.offset}" if out_view.offset else ""),
-        *strided(prog.cptr(do), out_view),
+        *_strided(prog.cptr(do), out_view),
     ]
     if mask is not None:
         args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]

@@ -349,10 +349,17 @@ def library_fields(node: Node) -> dict[str, int] | None:
     symmetric pad per axis. None: the direct kernel runs it."""
     x, w = node.inputs[0], node.inputs[1]
     assert x is not None and w is not None
-    if x.type.dtype not in _LIBRARY_TYPES:
+    return library_geometry(x.type.shape, w.type.shape, x.type.dtype, node_attrs(node))
+
+
+def library_geometry(
+    xs: tuple[int, ...], ws: tuple[int, ...], dtype: DType, a: Mapping[str, Any]
+) -> dict[str, int] | None:
+    """library_fields of a convolution of an input of shape ``xs`` by weights ``ws``."""
+    if dtype not in _LIBRARY_TYPES:
         return None
-    geo = _conv_window(x.type.shape, w.type.shape, node_attrs(node))
-    spatial = x.type.shape[2:]
+    geo = _conv_window(xs, ws, Attrs(dict(a)))
+    spatial = xs[2:]
     nd = len(spatial)
     # The wrapper takes one pad per axis, used at both ends. An uneven pad still fits when the
     # shorter pad gives the same windows: every window starts at o * stride - pad_begin, so
@@ -372,14 +379,14 @@ def library_fields(node: Node) -> dict[str, int] | None:
     dh, dw = (*two, *geo.dilations)
     ph, pw = ((0,) * (2 - nd) + geo.pad_begin)[-2:]
     return {
-        "n": x.type.shape[0],
-        "c": x.type.shape[1],
+        "n": xs[0],
+        "c": xs[1],
         "h": h,
         "w": wd,
-        "k": w.type.shape[0],
+        "k": ws[0],
         "r": r,
         "s": s,
-        "groups": int(node_attrs(node)["group"]),
+        "groups": int(a["group"]),
         "stride_h": sh,
         "stride_w": sw,
         "pad_h": ph,
@@ -612,17 +619,37 @@ def _conv_vjp(
     geo = _conv_window(xs, ws, a)
     nd, group = len(xs) - 2, int(a["group"])
     out: list[Value | None] = [None] * len(node.inputs)
+    # Where the forward runs through the library, so do its gradients (cuDNN's backward
+    # calls); otherwise as convolutions.
+    library = library_geometry(xs, ws, x.type.dtype, a) is not None
+    fwd = {k: a[k] for k in _CONV_ATTRS if a.get(k) is not None}
     if need[0]:
-        out[0] = spread_back(b, g, w, geo, xs[2:], group)
+        if library:
+            out[0] = grad.op1(b, "ConvGradData", g, w, **fwd, x_shape=list(xs))
+        else:
+            out[0] = spread_back(b, g, w, geo, xs[2:], group)
     if need[1]:
-        out[1] = _window_weight_grad(
-            b, x, g, group, geo.strides, geo.dilations, geo.pad_begin, geo.pad_end, ws[2:]
-        )
+        if library:
+            out[1] = grad.op1(b, "ConvGradFilter", x, g, **fwd, w_shape=list(ws))
+        else:
+            out[1] = _window_weight_grad(
+                b, x, g, group, geo.strides, geo.dilations, geo.pad_begin, geo.pad_end, ws[2:]
+            )
     if bias is not None and len(need) > 2 and need[2]:
         out[2] = grad.reduce_sum(b, g, [0, *range(2, 2 + nd)], keepdims=False)
     return out
 
 
+_CONV_TRANSPOSE_ATTRS = {
+    "auto_pad": "NOTSET",
+    "group": 1,
+    "dilations": None,
+    "kernel_shape": None,
+    "output_padding": None,
+    "output_shape": None,
+    "pads": None,
+    "strides": None,
+}
 _CONV_ATTRS = {
     "auto_pad": "NOTSET",
     "group": 1,
@@ -646,6 +673,213 @@ defop(
     workspace=_conv_workspace,
     narrow=NARROW,
     vjp=_conv_vjp,
+)
+
+
+# -- ConvGradData, ConvGradFilter ---------------------------------------------------------------
+# A convolution's gradients as the library's backward calls (cuDNN's BackwardData and
+# BackwardFilter, deterministic algorithms only; im2col + GEMM on the host): what Conv's VJP
+# emits where the forward runs through the library (library_geometry). Each carries the
+# forward's attributes and the shape of what it differentiates (x_shape / w_shape).
+
+
+def _grad_forward(a: Mapping[str, Any]) -> Attrs:
+    """The forward Conv's attributes of a gradient op's."""
+    return Attrs({k: a[k] for k in _CONV_ATTRS if k in a}).merged(_CONV_ATTRS)
+
+
+def _grad_shape(ctx: InferCtx, name: str) -> tuple[int, ...]:
+    shape = ctx.attr(name)
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 1 for n in shape):
+        raise ctx.fail(f"{name} must be the positive sizes of the differentiated tensor")
+    return shape
+
+
+def _grad_check(
+    ctx: InferCtx, xs: tuple[int, ...], ws: tuple[int, ...], dy: tuple[int, ...]
+) -> None:
+    a = _grad_forward(ctx.attrs)
+    if len(xs) != len(ws) or len(xs) < 3:
+        raise ctx.fail(f"x {list(xs)} and w {list(ws)} are no convolution's operands")
+    geo = ctx.check(_conv_window, xs, ws, a)
+    want = (xs[0], ws[0], *geo.out)
+    if tuple(dy) != want:
+        raise ctx.fail(
+            f"the output's gradient has shape {list(dy)}, the convolution's is {list(want)}"
+        )
+    _check_float(ctx, 0, 1)
+
+
+def _grad_data_infer(ctx: InferCtx) -> list[TensorType]:
+    xs = _grad_shape(ctx, "x_shape")
+    _grad_check(ctx, xs, ctx.shape(1), ctx.shape(0))
+    return [TensorType(xs, ctx.dtype(0))]
+
+
+def _grad_filter_infer(ctx: InferCtx) -> list[TensorType]:
+    ws = _grad_shape(ctx, "w_shape")
+    _grad_check(ctx, ctx.shape(0), ws, ctx.shape(1))
+    return [TensorType(ws, ctx.dtype(0))]
+
+
+def _data_transpose_attrs(
+    xs: tuple[int, ...], ws: tuple[int, ...], a: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ConvTranspose that is the data's gradient (spread_back's attributes)."""
+    geo = _conv_window(xs, ws, Attrs(dict(a)))
+    spatial = xs[2:]
+    nd = len(spatial)
+    back = [
+        (geo.out[i] - 1) * geo.strides[i] - geo.pad_begin[i] - geo.pad_end[i] + geo.spans[i]
+        for i in range(nd)
+    ]
+    return {
+        "group": int(a["group"]),
+        "strides": list(geo.strides),
+        "dilations": list(geo.dilations),
+        "pads": [*geo.pad_begin, *geo.pad_end],
+        "output_padding": [spatial[i] - back[i] for i in range(nd)],
+    }
+
+
+def _grad_data_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    dy, w = xs[0], xs[1]
+    assert dy is not None and w is not None
+    x_shape = tuple(int(n) for n in a["x_shape"])
+    attrs = _data_transpose_attrs(x_shape, w.shape, _grad_forward(a))
+    ct = Attrs(attrs).merged(_CONV_TRANSPOSE_ATTRS)
+    return _conv_transpose_ref([dy, w], ct)
+
+
+def _grad_filter_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    """_window_weight_grad's Conv with batch and channels exchanged, in NumPy."""
+    x, dy = xs[0], xs[1]
+    assert x is not None and dy is not None
+    fwd = _grad_forward(a)
+    ws = tuple(int(n) for n in a["w_shape"])
+    geo = _conv_window(x.shape, ws, fwd)
+    group = int(fwd["group"])
+    n, cs, sp = x.shape[0], x.shape[1], list(x.shape[2:])
+    cq, pos = dy.shape[1], list(dy.shape[2:])
+    nd = len(sp)
+    csg, cqg = cs // group, cq // group
+    axes = list(range(3, 3 + nd))
+    st = x.reshape(n, group, csg, *sp).transpose(2, 1, 0, *axes).reshape(csg, group * n, *sp)
+    gt = dy.reshape(n, group, cqg, *pos).transpose(1, 2, 0, *axes).reshape(cq, n, *pos)
+    need_end = [
+        max(0, (pos[i] - 1) * geo.strides[i] + (ws[2 + i] - 1) * geo.dilations[i] + 1 - sp[i]
+            - geo.pad_begin[i])
+        for i in range(nd)
+    ]  # fmt: skip
+    conv = Attrs(
+        {
+            "group": group,
+            "strides": list(geo.dilations),
+            "dilations": list(geo.strides),
+            "pads": [
+                *geo.pad_begin,
+                *(max(e, m) for e, m in zip(geo.pad_end, need_end, strict=True)),
+            ],
+        }
+    ).merged(_CONV_ATTRS)
+    r = _conv_ref([np.ascontiguousarray(st), np.ascontiguousarray(gt)], conv)
+    r = r[(slice(None), slice(None), *(slice(0, k) for k in ws[2:]))]
+    return np.ascontiguousarray(r.transpose(1, 0, *range(2, 2 + nd)))
+
+
+def _grad_operands(
+    ins: list[TensorType | None], a: Attrs
+) -> tuple[TensorType, tuple[int, ...], tuple[int, ...]]:
+    """A gradient op's output gradient type and the forward's x and w shapes."""
+    a0, a1 = ins[0], ins[1]
+    assert a0 is not None and a1 is not None
+    if a.get("x_shape") is not None:  # ConvGradData(dy, w)
+        return a0, tuple(int(n) for n in a["x_shape"]), a1.shape
+    return a1, a0.shape, tuple(int(n) for n in a["w_shape"])  # ConvGradFilter(x, dy)
+
+
+def _grad_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    # The forward's multiply-adds: each output gradient element meets every tap of its window.
+    dy, _, ws = _grad_operands(ins, a)
+    return 2 * dy.numel * math.prod(ws[1:])
+
+
+def _grad_workspace(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
+    # As the forward's (_conv_workspace): the input's columns, which the deterministic
+    # backward algorithms stay within.
+    dy, xs, ws = _grad_operands(ins, a)
+    pixels = dy.numel // max(1, dy.shape[1])
+    return LIBRARY_SCRATCH + pixels * xs[1] * math.prod(ws[2:]) * dy.dtype.itemsize
+
+
+def _grad_emit(prog: Program, node: Node, which: str) -> None:
+    """One backward library call through a plan made in create()."""
+    a, b = node.inputs[0], node.inputs[1]
+    assert a is not None and b is not None
+    out = node.outputs[0]
+    attrs = node_attrs(node)
+    fwd = _grad_forward(attrs)
+    if which == "kData":
+        dy, w = a, b
+        xs, ws = tuple(int(n) for n in attrs["x_shape"]), w.type.shape
+        operand = w
+    else:
+        x, dy = a, b
+        xs, ws = x.type.shape, tuple(int(n) for n in attrs["w_shape"])
+        operand = x
+    if out.type.numel == 0:
+        return
+    fields = library_geometry(xs, ws, dy.type.dtype, fwd)
+    if fields is None:
+        raise prog.fail("its convolution does not run through the library (Conv's VJP emits none)")
+    plan = prog.library_plan(
+        "conv_bwd",
+        "conv.cu.j2",
+        "conv_bwd_plan",
+        handle=prog.conv,
+        geometry=fields,
+        type=_LIBRARY_TYPES[dy.type.dtype],
+        tf32=prog.tf32,
+        which=which,
+        workspace=prog.library_workspace(node),
+    )
+    prog.call(
+        "conv.cu.j2",
+        "conv_bwd_run",
+        f"{node.op} {node.name}",
+        plan=plan,
+        a=prog.cptr(operand),
+        dy=prog.cptr(dy),
+        out=prog.ptr(out),
+        stream=prog.stream,
+    )
+
+
+defop(
+    "ConvGradData",
+    FAMILY,
+    infer=_grad_data_infer,
+    reference=_grad_data_ref,
+    attrs={**_CONV_ATTRS, "x_shape": None},
+    inputs=2,
+    flops=_grad_flops,
+    emit=lambda prog, node: _grad_emit(prog, node, "kData"),
+    library="conv",
+    workspace=_grad_workspace,
+    narrow=NARROW,
+)
+defop(
+    "ConvGradFilter",
+    FAMILY,
+    infer=_grad_filter_infer,
+    reference=_grad_filter_ref,
+    attrs={**_CONV_ATTRS, "w_shape": None},
+    inputs=2,
+    flops=_grad_flops,
+    emit=lambda prog, node: _grad_emit(prog, node, "kFilter"),
+    library="conv",
+    workspace=_grad_workspace,
+    narrow=NARROW,
 )
 
 
@@ -928,16 +1162,7 @@ defop(
     FAMILY,
     infer=_conv_transpose_infer,
     reference=_conv_transpose_ref,
-    attrs={
-        "auto_pad": "NOTSET",
-        "group": 1,
-        "dilations": None,
-        "kernel_shape": None,
-        "output_padding": None,
-        "output_shape": None,
-        "pads": None,
-        "strides": None,
-    },
+    attrs=_CONV_TRANSPOSE_ATTRS,
     inputs=(2, 3),
     flops=_conv_transpose_flops,
     sbp=_conv_sbp(w_out=1, w_in=0),

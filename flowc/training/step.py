@@ -228,11 +228,25 @@ def _lower_batchnorms(graph: Graph) -> dict[Value, Value]:
         lowered = lower_train_batchnorm(adapter)
         for old, new in zip(node.outputs, lowered, strict=True):
             replaced[old] = new
-        mean, var = node.inputs[3], node.inputs[4]
-        assert mean is not None and var is not None
+        mean, var = (_stored(v) for v in (node.inputs[3], node.inputs[4]))
         nexts[mean], nexts[var] = lowered[1], lowered[2]
     graph.outputs = [replaced.get(o, o) for o in graph.outputs]
     return nexts
+
+
+def _stored(v: Value | None) -> Value:
+    """The state input a running statistic is read from: itself, or under mixed precision
+    the float32 input its narrow Cast reads."""
+    assert v is not None
+    p = v.producer
+    if (
+        p is not None
+        and p.op == "Cast"
+        and p.inputs[0] is not None
+        and p.inputs[0].producer is None
+    ):
+        return p.inputs[0]
+    return v
 
 
 def _step_counter(graph: Graph, spec: TrainSpec) -> Value:

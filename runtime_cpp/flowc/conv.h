@@ -24,6 +24,7 @@
 // residual and activation). plan_path() says which one a plan takes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -582,5 +583,288 @@ inline Status conv2d_forward(ConvHandle& h, const ConvDesc& d, const void* x, co
   destroy_plan(&p);
   return s;
 }
+
+// -- the backward: data and filter gradients (training) --------------------------------------
+//
+// A ConvBwdPlan computes one of a forward convolution's gradients, for the ConvDesc of that
+// forward (no epilogue): the data's, dx = conv^T(dy, w) (cudnnConvolutionBackwardData), or
+// the filter's, dw = sum over the batch of dy (x) x's windows (cudnnConvolutionBackwardFilter).
+// Training must be reproducible, so only cuDNN's deterministic algorithms are taken (the
+// heuristic's or FLOWC_TUNE's list, filtered by CUDNN_DETERMINISTIC and the workspace bound);
+// exact float32 leaves out the transform algorithms as the forward does. The host computes
+// the same sums with GEMMs over im2col's columns (col2im adds the data's back), in float,
+// rounding narrow results once.
+
+enum class ConvGrad { kData, kFilter };
+
+#if defined(FLOWC_HOST)
+
+struct ConvBwdPlan {
+  ConvDesc d;
+  ConvGrad which = ConvGrad::kData;
+  ConvHandle* handle = nullptr;
+};
+
+inline Status plan_conv_backward(ConvHandle& h, const ConvDesc& d, ConvGrad which, ConvBwdPlan* p) {
+  if (Status s = validate(d); !s.ok()) return s;
+  if (d.epilogue()) return InvalidArgument("conv2d backward: a gradient has no epilogue");
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("conv2d backward: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
+  }
+  p->d = d;
+  p->which = which;
+  p->handle = &h;
+  return Status::Ok();
+}
+
+inline void destroy_plan(ConvBwdPlan* p) { *p = ConvBwdPlan{}; }
+
+// Adds one image's and one group's columns ([(c/g)*r*s] x [oh*ow]) back onto its input
+// planes: im2col's adjoint.
+inline void col2im_add(const ConvDesc& d, const float* col, int64_t group, float* x) {
+  const int64_t cg = d.c / d.groups, oh = d.out_h(), ow = d.out_w();
+  for (int64_t ci = 0; ci < cg; ++ci) {
+    float* plane = x + (group * cg + ci) * d.h * d.w;
+    for (int64_t i = 0; i < d.r; ++i) {
+      for (int64_t j = 0; j < d.s; ++j) {
+        const float* row = col + ((ci * d.r + i) * d.s + j) * oh * ow;
+        for (int64_t y = 0; y < oh; ++y) {
+          const int64_t iy = y * d.stride_h - d.pad_h + i * d.dil_h;
+          if (iy < 0 || iy >= d.h) continue;
+          for (int64_t xo = 0; xo < ow; ++xo) {
+            const int64_t ix = xo * d.stride_w - d.pad_w + j * d.dil_w;
+            if (ix >= 0 && ix < d.w) plane[iy * d.w + ix] += row[y * ow + xo];
+          }
+        }
+      }
+    }
+  }
+}
+
+// dx from dy and w (float): per image and group, W_g^T dY_g into columns, then col2im.
+inline void conv_backward_data_float(const ConvDesc& d, const float* W, const float* DY, float* DX) {
+  const int64_t cg = d.c / d.groups, kg = d.k / d.groups;
+  const int64_t rows = cg * d.r * d.s, cols = d.out_h() * d.out_w();
+  std::vector<float> col(static_cast<size_t>(rows * cols));
+  std::fill(DX, DX + d.n * d.c * d.h * d.w, 0.0f);
+  for (int64_t img = 0; img < d.n; ++img) {
+    for (int64_t g = 0; g < d.groups; ++g) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(cols),
+                  static_cast<int>(kg), 1.0f, W + g * kg * rows, static_cast<int>(rows),
+                  DY + (img * d.k + g * kg) * cols, static_cast<int>(cols), 0.0f, col.data(),
+                  static_cast<int>(cols));
+      col2im_add(d, col.data(), g, DX + img * d.c * d.h * d.w);
+    }
+  }
+}
+
+// dw from x and dy (float): per group, the sum over images of dY_g im2col(x)^T.
+inline void conv_backward_filter_float(const ConvDesc& d, const float* X, const float* DY, float* DW) {
+  const int64_t cg = d.c / d.groups, kg = d.k / d.groups;
+  const int64_t rows = cg * d.r * d.s, cols = d.out_h() * d.out_w();
+  std::vector<float> col(static_cast<size_t>(rows * cols));
+  std::fill(DW, DW + d.k * rows, 0.0f);
+  for (int64_t img = 0; img < d.n; ++img) {
+    for (int64_t g = 0; g < d.groups; ++g) {
+      im2col(d, X + img * d.c * d.h * d.w, g, col.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(kg), static_cast<int>(rows),
+                  static_cast<int>(cols), 1.0f, DY + (img * d.k + g * kg) * cols, static_cast<int>(cols),
+                  col.data(), static_cast<int>(cols), 1.0f, DW + g * kg * rows, static_cast<int>(rows));
+    }
+  }
+}
+
+// `a` is w (data) or x (filter), `dy` the output's gradient, `out` dx or dw.
+inline Status run_conv_backward(ConvBwdPlan& p, const void* a, const void* dy, void* out,
+                                cudaStream_t stream) {
+  if (p.handle == nullptr) return InvalidArgument("conv2d backward: the plan was not made");
+  const ConvDesc d = p.d;
+  const uintptr_t elem = element_size(d.type);
+  const void* ptrs[3] = {a, dy, out};
+  for (const void* q : ptrs) {
+    if (q == nullptr || reinterpret_cast<uintptr_t>(q) % elem != 0)
+      return LibraryError("conv2d backward: a tensor is null or not aligned to its element size");
+  }
+  p.handle->stream = stream;  // cudnnSetStream
+  const ConvGrad which = p.which;
+  cudaError_t e = sim::library_call(stream, &p.handle->warm, [d, which, a, dy, out] {
+    const int64_t xn = d.n * d.c * d.h * d.w, wn = d.k * (d.c / d.groups) * d.r * d.s;
+    const int64_t yn = d.n * d.k * d.out_h() * d.out_w();
+    const int64_t an = which == ConvGrad::kData ? wn : xn, on = which == ConvGrad::kData ? xn : wn;
+    const bool narrow = d.type != DataType::kF32;
+    std::vector<float> af, yf, of;
+    const float* A = static_cast<const float*>(a);
+    const float* DY = static_cast<const float*>(dy);
+    float* O = static_cast<float*>(out);
+    if (narrow) {
+      af = widened(a, d.type, an);
+      yf = widened(dy, d.type, yn);
+      of.resize(static_cast<size_t>(on));
+      A = af.data();
+      DY = yf.data();
+      O = of.data();
+    }
+    if (which == ConvGrad::kData) {
+      conv_backward_data_float(d, A, DY, O);
+    } else {
+      conv_backward_filter_float(d, A, DY, O);
+    }
+    if (d.type == DataType::kF16) {
+      for (int64_t i = 0; i < on; ++i) static_cast<f16*>(out)[i] = f16(O[i]);
+    } else if (d.type == DataType::kBF16) {
+      for (int64_t i = 0; i < on; ++i) static_cast<bf16*>(out)[i] = bf16(O[i]);
+    }
+  });
+  if (e != cudaSuccess) return LibraryError(std::string("conv2d backward: ") + cudaGetErrorString(e));
+  return Status::Ok();
+}
+
+#else
+
+struct ConvBwdPlan {
+  ConvDesc d;
+  ConvGrad which = ConvGrad::kData;
+  cudnnHandle_t cudnn = nullptr;  // the stream's handle and workspace (not owned)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnConvolutionBwdDataAlgo_t data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+  cudnnConvolutionBwdFilterAlgo_t filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+};
+
+inline void destroy_plan(ConvBwdPlan* p) {
+  if (p->conv) cudnnDestroyConvolutionDescriptor(p->conv);
+  if (p->w) cudnnDestroyFilterDescriptor(p->w);
+  if (p->y) cudnnDestroyTensorDescriptor(p->y);
+  if (p->x) cudnnDestroyTensorDescriptor(p->x);
+  *p = ConvBwdPlan{};
+}
+
+// Whether a backward algorithm is a transform one (excluded from exact float32).
+inline bool conv_bwd_transform(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+inline bool conv_bwd_transform(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
+// The first of cuDNN's ranked algorithms that is deterministic, fits the workspace, keeps
+// tensor cores out of exact float32 and transforms out of it too.
+template <class Perf>
+inline bool pick_backward(const Perf* perf, int found, const ConvBwdPlan& p, bool tensor_ok, int* chosen) {
+  const bool exact = p.d.type == DataType::kF32 && p.d.math == ConvMath::kExact;
+  for (int a = 0; a < found; ++a) {
+    const bool tensor =
+        perf[a].mathType == CUDNN_TENSOR_OP_MATH || perf[a].mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+    if (perf[a].status != CUDNN_STATUS_SUCCESS || perf[a].memory > p.workspace_bytes) continue;
+    if (perf[a].determinism != CUDNN_DETERMINISTIC) continue;
+    if ((tensor && !tensor_ok) || (exact && conv_bwd_transform(perf[a].algo))) continue;
+    *chosen = static_cast<int>(perf[a].algo);
+    return true;
+  }
+  return false;
+}
+
+inline Status plan_conv_backward(ConvHandle& h, const ConvDesc& d, ConvGrad which, ConvBwdPlan* p) {
+  if (Status s = validate(d); !s.ok()) return s;
+  if (d.epilogue()) return InvalidArgument("conv2d backward: a gradient has no epilogue");
+  destroy_plan(p);
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument("conv2d backward: the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
+  }
+  p->d = d;
+  p->which = which;
+  p->cudnn = h.cudnn;
+  p->workspace = h.workspace;
+  p->workspace_bytes = d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
+                           ? static_cast<size_t>(d.workspace)
+                           : h.workspace_bytes;
+  const cudnnDataType_t t = cudnn_type(d.type);
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  bool ok = cudnnCreateTensorDescriptor(&p->x) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateTensorDescriptor(&p->y) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateFilterDescriptor(&p->w) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateConvolutionDescriptor(&p->conv) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
+                 CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
+                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetConvolution2dDescriptor(p->conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
+                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetConvolutionGroupCount(p->conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
+                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
+  const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
+  ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==
+                 CUDNN_STATUS_SUCCESS;
+  if (!ok) {
+    destroy_plan(p);
+    return LibraryError("conv2d backward: cuDNN rejected a descriptor");
+  }
+  const bool tune = detail::env_flag("FLOWC_TUNE");
+  int found = 0, chosen = -1;
+  cudnnStatus_t st;
+  if (which == ConvGrad::kData) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    st = tune ? cudnnFindConvolutionBackwardDataAlgorithm(p->cudnn, p->w, p->y, p->conv, p->x,
+                                                          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf)
+              : cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                    p->cudnn, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf);
+    if (st == CUDNN_STATUS_SUCCESS && pick_backward(perf, found, *p, tensor_ok, &chosen))
+      p->data_algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(chosen);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    st =
+        tune
+            ? cudnnFindConvolutionBackwardFilterAlgorithm(
+                  p->cudnn, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf)
+            : cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                  p->cudnn, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf);
+    if (st == CUDNN_STATUS_SUCCESS && pick_backward(perf, found, *p, tensor_ok, &chosen))
+      p->filter_algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(chosen);
+  }
+  if (st != CUDNN_STATUS_SUCCESS) {
+    destroy_plan(p);
+    return LibraryError(std::string("conv2d backward: choosing an algorithm: ") + cudnnGetErrorString(st));
+  }
+  if (chosen < 0) {
+    destroy_plan(p);
+    return NotSupported("conv2d backward: no deterministic cuDNN algorithm fits the workspace (" +
+                        std::to_string(p->workspace_bytes) + " bytes)");
+  }
+  return Status::Ok();
+}
+
+inline Status run_conv_backward(ConvBwdPlan& p, const void* a, const void* dy, void* out,
+                                cudaStream_t stream) {
+  if (p.conv == nullptr) return InvalidArgument("conv2d backward: the plan was not made");
+  if (cudnnSetStream(p.cudnn, stream) != CUDNN_STATUS_SUCCESS)
+    return LibraryError("conv2d backward: cudnnSetStream failed");
+  const float one = 1.0f, zero = 0.0f;
+  const cudnnStatus_t st =
+      p.which == ConvGrad::kData
+          ? cudnnConvolutionBackwardData(p.cudnn, &one, p.w, a, p.y, dy, p.conv, p.data_algo, p.workspace,
+                                         p.workspace_bytes, &zero, p.x, out)
+          : cudnnConvolutionBackwardFilter(p.cudnn, &one, p.x, a, p.y, dy, p.conv, p.filter_algo, p.workspace,
+                                           p.workspace_bytes, &zero, p.w, out);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    return LibraryError(std::string(p.which == ConvGrad::kData ? "cudnnConvolutionBackwardData: "
+                                                               : "cudnnConvolutionBackwardFilter: ") +
+                        cudnnGetErrorString(st));
+  }
+  return Status::Ok();
+}
+
+#endif
 
 }  // namespace flowc
