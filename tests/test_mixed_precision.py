@@ -131,3 +131,18 @@ def test_fp16_skips_overflowing_steps_and_scales_as_grad_scaler(tmp_path: Path) 
     assert json.dumps(records)  # the log's records are JSON
     finite = [loss for loss, s in zip(rest.losses, rest.skipped, strict=True) if not s]
     assert finite[-1] < finite[0]
+
+
+def test_inspect_says_how_a_mixed_precision_step_trains() -> None:
+    import subprocess
+    import sys
+
+    model = SHARED_MODELS / "mlp.onnx"
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(model), "--train", "--loss",
+         "cross_entropy:y,labels", "--optimizer", "adamw:lr=0.01", "--precision", "fp16"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "fp16 mixed precision: activations and their gradients fp16" in r.stdout
+    assert "dynamic loss scaling from 65536 (x2 after 2000 finite steps" in r.stdout

@@ -101,7 +101,7 @@ def inspect(
         import dataclasses
 
         training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
-        _inspect_training(model, train, training, memory, print_ir)
+        _inspect_training(model, train, training, memory, print_ir, precision)
         return
 
     show_schedule = show_schedule or gantt is not None
@@ -253,8 +253,12 @@ def _inspect_training(
     training: TrainArgs,
     memory: bool,
     print_ir: bool,
+    precision: str = "fp32",
 ) -> None:
-    """`flowc inspect --train`: what the training step holds and keeps."""
+    """`flowc inspect --train`: what the training step holds and keeps (``precision``: as
+    `flowc train --precision` compiles it)."""
+    import dataclasses
+
     from flowc.compiler import load_training, plan_schedule, schedule_graph
     from flowc.trainer import spec_of, with_train_block
 
@@ -263,7 +267,7 @@ def _inspect_training(
             "the training options need --train", hint="flowc inspect MODEL --train ..."
         )
     training = with_train_block(model.path, training)
-    spec = spec_of(training, "flowc inspect --train")
+    spec = dataclasses.replace(spec_of(training, "flowc inspect --train"), precision=precision)
     step = load_training(model, spec, batch=training.batch)
     graph = step.graph
     console = err if print_ir else out
@@ -305,6 +309,18 @@ def _inspect_training(
     if step.recompute is not None:
         for line in step.recompute.lines():
             console.print(escape(line))
+    if precision in ("bf16", "fp16"):
+        s = spec.scaling
+        console.print(
+            f"{precision} mixed precision: activations and their gradients {precision}; "
+            "parameters, optimizer state, gradient sums and the loss float32"
+            + (
+                f"; dynamic loss scaling from {s.init:g} (x{s.growth:g} after {s.interval} "
+                f"finite steps, x{s.backoff:g} on overflow)"
+                if step.loss_scaled
+                else ""
+            )
+        )
     if step.shared:
         console.print(
             "initializers used by several nodes (ties, or an exporter's deduplication; their "
