@@ -44,6 +44,13 @@ _case("padding mask", _attrs(), [_pad], {3: _pad})
 _case("causal", _attrs(causal=1), [], {})
 _keep = R.random((B, 1, SQ, SK)) > 0.3
 _case("where keep_true", _attrs(where="keep_true", where_fill=-3.0), [None, _keep], {4: _keep})
+_key = np.asarray(3, np.int64)  # the step a dropout's mask is drawn at
+_case(
+    "dropout",
+    _attrs(dropout=0.3, dropout_stream=2, seed=5),
+    [None, None, _key],
+    {5: _key},
+)
 _bias = r(1, H, SQ, SK)
 _case(
     "where, then a mask",
@@ -82,6 +89,7 @@ def test_vjp_through_layouts_and_chunks() -> None:
 
 
 def test_the_backward_kernels_on_the_host_match_float64(tmp_path: Path) -> None:
+    # A padding bias (trained), a where condition, causal, dropout on the probabilities.
     from flowc.autodiff import gradients
     from flowc.ir.builder import GraphBuilder
     from flowc.ir.dtype import DType
@@ -106,8 +114,12 @@ def test_the_backward_kernels_on_the_host_match_float64(tmp_path: Path) -> None:
             "where": "keep_true",
             "where_fill": -5.0,
             "causal": 1,
+            "dropout": 0.25,
+            "dropout_stream": 1,
+            "seed": 7,
         }
-        y = gb.emit("FusedAttention", [q, k, v, bias, keep], attrs)[0]
+        step = gb.constant("step", np.asarray(4, np.int64))
+        y = gb.emit("FusedAttention", [q, k, v, bias, keep, step], attrs)[0]
         w = gb.constant(
             "w", np.linspace(-1, 1, b * sq * h * dv).reshape(b, sq, h * dv).astype(dt.np)
         )
@@ -160,3 +172,40 @@ def test_bert_tiny_trains_with_its_attention_fused_as_jax_does(tmp_path: Path) -
     want = _jax_losses(graph, arrays, 10)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got.losses, want, strict=True))
     assert worst < 1e-5, worst
+
+
+def test_a_fused_dropout_draws_the_unfused_mask() -> None:
+    """fuse_attention takes a training dropout of the probabilities into the node; its
+    forward equals the unfused graph's (TrainDropout's mask over the same elements)."""
+    from flowc.interpreter import evaluate
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Graph
+    from flowc.ir.types import TensorType
+    from flowc.passes.fuse_attention import fuse_attention
+
+    def graph() -> Graph:
+        g = Graph("attn")
+        gb = GraphBuilder(g, fold=False)
+        q = g.add_input("q", TensorType((B, H, SQ, D), DType.F32))
+        k = g.add_input("k", TensorType((B, H, SK, D), DType.F32))
+        v = g.add_input("v", TensorType((B, H, SK, DV), DType.F32))
+        step = g.add_input("train/step", TensorType((), DType.I64))
+        kt = gb.emit("Transpose", [k], {"perm": [0, 1, 3, 2]})[0]
+        s = gb.emit("MatMul", [q, kt])[0]
+        p = gb.emit("Softmax", [s], {"axis": -1})[0]
+        pd = gb.emit("TrainDropout", [p, step], {"ratio": 0.4, "stream": 3, "seed": 11})[0]
+        g.outputs = [gb.emit("MatMul", [pd, v])[0]]
+        return g
+
+    feeds = {"q": r(B, H, SQ, D), "k": r(B, H, SK, D), "v": r(B, H, SK, DV)}
+    feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
+    feeds["train/step"] = np.asarray(6, np.int64)
+    plain = graph()
+    (want,) = evaluate(plain, feeds).values()
+    fused = fuse_attention(graph())
+    node = next(n for n in fused.nodes if n.op == "FusedAttention")
+    assert float(node.attrs["dropout"]) == 0.4 and int(node.attrs["dropout_stream"]) == 3
+    assert not any(n.op == "TrainDropout" for n in fused.nodes)
+    got = evaluate(fused, feeds)[fused.outputs[0].name]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -41,6 +41,7 @@ from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
+from flowc.ops.random import dropout_keep, seed_words
 from flowc.ops.reduce import kernel_ctype
 from flowc.ops.registry import InferCtx, SbpSignature, defop, get_op, set_vjp
 
@@ -264,6 +265,26 @@ def _check_attrs(ctx: InferCtx) -> None:
             raise ctx.fail(f"{name} must be 0 or 1, not {a[name]!r}")
     if str(a["where"]) not in WHERE_MODES:
         raise ctx.fail(f"where must be one of {', '.join(WHERE_MODES)}, not {a['where']!r}")
+    ratio = a["dropout"]
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio < 1.0:
+        raise ctx.fail(f"dropout must be a number in [0, 1), not {ratio!r}")
+    for name in ("dropout_stream", "seed"):
+        v = a[name]
+        if not _is_int(v) or not 0 <= v < 2**63:
+            raise ctx.fail(f"{name} must be an integer in [0, 2**63), not {v!r}")
+
+
+def _check_dropout_key(ctx: InferCtx, at: int) -> None:
+    """A training dropout on the probabilities (dropout > 0) reads its key (the step, an
+    int64 scalar) at input ``at``; without one there is no such input."""
+    wants = float(ctx.attrs["dropout"]) > 0.0
+    if ctx.has(at) != wants:
+        raise ctx.fail(
+            f"dropout > 0 goes with its key (input {at}, the step as an int64 scalar), and "
+            "only then"
+        )
+    if wants and (ctx.dtype(at) != DType.I64 or ctx.shape(at) != ()):
+        raise ctx.fail(f"the dropout key (input {at}) must be an int64 scalar")
 
 
 def _infer(ctx: InferCtx) -> list[TensorType]:
@@ -295,6 +316,7 @@ def _infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(str(e)) from None
     if ctx.has(4) != (str(a["where"]) != "none"):
         raise ctx.fail("a where condition (input 4) goes with where != none, and only then")
+    _check_dropout_key(ctx, 5)
     return [TensorType(g.out_shape, dt)]
 
 
@@ -338,6 +360,7 @@ def _reference(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         p = e / np.sum(e, axis=-1, keepdims=True)
         if int(a["nan_zero"]):
             p = np.where(np.isnan(p), 0, p)
+        p = p * _dropout_scale(a, g, xs[5] if len(xs) > 5 else None)
         o = np.matmul(p, vl)
     code = int(a["out_dtype"])
     out = np.zeros(g.out_shape, DType.from_onnx(code).np if code else q.dtype)
@@ -360,10 +383,38 @@ def _type_geometry(ins: list[TensorType | None], a: Attrs) -> Geometry | None:
         return None
 
 
+def _dropout_params(a: Attrs) -> dict[str, object]:
+    """The kernels' dropout parameters (ratio 0: none): the keep threshold, the kept scale,
+    TrainDropout's stream and the seed's Philox key words."""
+    ratio = float(a["dropout"])
+    k0, k1 = seed_words(int(a["seed"]))
+    return {
+        "dropout": ratio > 0.0,
+        "ratio": c_float(ratio),
+        "keep_scale": c_float(1.0 / (1.0 - ratio)),
+        "stream": f"{int(a['dropout_stream']) & 0xFFFFFFFF}u",
+        "k0": f"{k0}u",
+        "k1": f"{k1}u",
+    }
+
+
 def _strided(expr: str, view: Operand) -> list[str]:
     """A kernel's pointer and b, h, s, d stride arguments for an operand's view."""
     base = f"{expr} + {view.offset}" if view.offset else expr
     return [base, *(f"(int64_t){s}" for s in view.strides)]
+
+
+def _dropout_scale(a: Attrs, g: Geometry, key: np.ndarray | None) -> np.ndarray | float:
+    """The probabilities' dropout as a factor per [b, h, i, j]: 1 / (1 - ratio) where kept, 0
+    where dropped, the mask TrainDropout draws over the unfused [b, h, Sq, Sk] probabilities
+    (so fused and unfused draw the same); 1 without dropout."""
+    ratio = float(a["dropout"])
+    if ratio == 0.0 or key is None:
+        return 1.0
+    keep = dropout_keep(
+        (g.b, g.h, g.sq, g.sk), ratio, int(a["seed"]), int(a["dropout_stream"]), int(key)
+    )
+    return np.where(keep, 1.0 / (1.0 - ratio), 0.0)
 
 
 def _flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) -> int:
@@ -386,8 +437,11 @@ def _split_axis(layout: str, letter: str) -> int | bool | None:
 
 
 def _sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
-    """Batches and heads are independent: split either on every operand that has it."""
+    """Batches and heads are independent: split either on every operand that has it (not
+    with a dropout of the probabilities, whose mask is drawn by the global element index)."""
     a = ctx.attrs
+    if float(a["dropout"]) > 0.0:
+        return []
     sigs = []
     for letter, at in (("b", 0), ("h", 1)):
         given: dict[int, sr.Sbp] = {}
@@ -452,6 +506,7 @@ def _emit(prog: Program, node: Node) -> None:
         mask_first=bool(int(a["mask_first"])),
         causal=bool(int(a["causal"])),
         nan_zero=bool(int(a["nan_zero"])),
+        **_dropout_params(a),
     )
 
     args = [
@@ -463,6 +518,9 @@ def _emit(prog: Program, node: Node) -> None:
         args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
     if cond is not None:
         args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
+    key = node.inputs[5] if len(node.inputs) > 5 else None
+    if key is not None:
+        args.append(prog.cptr(key))
     args += _strided(prog.ptr(y), g.views["out"])
     args += [
         str(g.h),
@@ -498,8 +556,13 @@ defop(
         "nan_zero": 0,
         # The output's ONNX element type; 0: q's.
         "out_dtype": 0,
+        # A training dropout of the probabilities (TrainDropout's ratio, stream and seed;
+        # its key, the step, is input 5): fused, it draws TrainDropout's mask.
+        "dropout": 0.0,
+        "dropout_stream": 0,
+        "seed": 0,
     },
-    inputs=(3, 5),
+    inputs=(3, 6),
     flops=_flops,
     sbp=_sbp,
     emit=_emit,
@@ -528,6 +591,7 @@ def _grad_infer(ctx: InferCtx) -> list[TensorType]:
             raise ctx.fail(f"{what} has shape {list(ctx.shape(i))}, not {list(g.out_shape)}")
     if ctx.has(6) != (str(a["where"]) != "none"):
         raise ctx.fail("a where condition (input 6) goes with where != none, and only then")
+    _check_dropout_key(ctx, 7)
     dt = ctx.dtype(0)
     outs = [
         TensorType((g.b, g.h, g.sq, g.d), dt),
@@ -592,7 +656,9 @@ def _grad_reference(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
         lse = np.where(total > 0, top + np.log(total), np.inf)
         p = np.where(np.isinf(lse) | np.isinf(s), 0.0, np.exp(s - lse))
     delta = np.sum(dol * ol, axis=-1, keepdims=True)
-    dp = np.matmul(dol, np.swapaxes(vl, -1, -2))
+    # With dropout, O = (P * M) V: V's gradient weighs by P * M, and P's is M * dO V^T.
+    drop = _dropout_scale(a, g, xs[7] if len(xs) > 7 else None)
+    dp = np.matmul(dol, np.swapaxes(vl, -1, -2)) * drop
     raw = p * (dp - delta)
     ds = np.where(through, raw, 0.0) * float(a["scale"])
     dt = q.dtype
@@ -600,7 +666,7 @@ def _grad_reference(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
     outs = [
         np.matmul(ds, kl).astype(dt),
         np.matmul(np.swapaxes(ds, -1, -2), ql).astype(dt),
-        np.matmul(np.swapaxes(p, -1, -2), dol).astype(dt),
+        np.matmul(np.swapaxes(p * drop, -1, -2), dol).astype(dt),
         stats,
     ]
     if int(a["mask_grad"]):
@@ -650,6 +716,7 @@ def _grad_emit(prog: Program, node: Node) -> None:
         where=where,
         mask_first=bool(int(a["mask_first"])),
         causal=bool(int(a["causal"])),
+        **_dropout_params(a),
     )
     rows = prog.kernel(
         "attention.cu.j2", "attention_grad_rows", mask_grad=dmask is not None, **params
@@ -668,6 +735,9 @@ def _grad_emit(prog: Program, node: Node) -> None:
         args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
     if cond is not None:
         args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
+    key = node.inputs[7] if len(node.inputs) > 7 else None
+    if key is not None:
+        args.append(prog.cptr(key))
     args += [
         prog.ptr(stats),
         f"(int64_t){g.b * g.h}",
@@ -698,7 +768,7 @@ defop(
     # The forward's, and mask_grad: 1 when the additive mask is trained (a fifth output, the
     # scores' gradient [b, h, Sq, Sk] float32, which only then exists).
     attrs={**get_op(OP).attrs, "mask_grad": 0},
-    inputs=(5, 7),
+    inputs=(5, 8),
     outputs=(4, 5),
     flops=_grad_flops,
     # It reads and writes bfloat16/float16 itself (computing in float32), as the forward.

@@ -103,7 +103,8 @@ def import_train_dropout(n: AdapterNode, x: Value) -> list[Value]:
     return outs
 
 
-def _words_of_seed(seed: int) -> tuple[int, int]:
+def seed_words(seed: int) -> tuple[int, int]:
+    """The Philox key of a training seed: its low and high 32 bits."""
     return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
 
 
@@ -120,7 +121,7 @@ def dropout_keep(
     counter[:, 1] = (q >> _SHIFT).astype(np.uint32)
     counter[:, 2] = np.uint32(stream & 0xFFFFFFFF)
     counter[:, 3] = np.uint32(step & 0xFFFFFFFF)
-    u = to_unit_float(philox4x32_10(counter, _words_of_seed(seed)).reshape(-1)[:n])
+    u = to_unit_float(philox4x32_10(counter, seed_words(seed)).reshape(-1)[:n])
     return (u >= np.float32(ratio)).reshape(shape)
 
 
@@ -158,7 +159,7 @@ def _dropout_emit(prog: Program, node: Node) -> None:
     assert x is not None and step is not None
     a = node.attrs.merged(DROPOUT_ATTRS)
     ratio = float(a["ratio"])
-    k0, k1 = _words_of_seed(int(a["seed"]))
+    k0, k1 = seed_words(int(a["seed"]))
     name = prog.kernel(
         "elementwise.cu.j2",
         "train_dropout",

@@ -347,12 +347,20 @@ def _fuse(
         return False
     if int(node_attrs(sm)["axis"]) % x.type.rank != x.type.rank - 1:
         return False
-    # Forwards: the NaN guard, then P V.
+    # Forwards: the NaN guard and a training dropout (either order: the guard maps NaN to 0,
+    # which a dropped element is too), then P V.
     p = _cast_forward(sm.outputs[0], users, outs)
     nan_zero = False
     us = users.get(p, [])
     if p in outs:
         return False
+    dropout: Node | None = None
+    if len(us) == 1 and us[0].op == "TrainDropout" and us[0].inputs[0] is p:
+        dropout = us[0]
+        p = _cast_forward(dropout.outputs[0], users, outs)
+        us = users.get(p, [])
+        if p in outs:
+            return False
     if len(us) == 2 and {u.op for u in us} == {"IsNaN", "Where"}:
         isnan = next(u for u in us if u.op == "IsNaN")
         guard = next(u for u in us if u.op == "Where")
@@ -379,6 +387,14 @@ def _fuse(
         if _scalar(guard.inputs[1]) != 0.0 or guard.outputs[0].type.shape != p.type.shape:
             return False
         p = _cast_forward(guard.outputs[0], users, outs)
+        us = users.get(p, [])
+        if p in outs:
+            return False
+    if dropout is None and len(us) == 1 and us[0].op == "TrainDropout" and us[0].inputs[0] is p:
+        # A training dropout of the probabilities: the kernels draw its mask (keyed by the
+        # element's index in these [b, h, Sq, Sk] probabilities, as it does).
+        dropout = us[0]
+        p = _cast_forward(dropout.outputs[0], users, outs)
         us = users.get(p, [])
         if p in outs:
             return False
@@ -471,7 +487,16 @@ def _fuse(
         "nan_zero": int(nan_zero),
         "out_dtype": final.type.dtype.onnx,
     }
-    inputs: list[Value | None] = [q.value, k.value, v.value, mask, cond]
+    key: Value | None = None
+    if dropout is not None:
+        drop = node_attrs(dropout)
+        attrs.update(
+            dropout=float(drop["ratio"]),
+            dropout_stream=int(drop["stream"]),
+            seed=int(drop["seed"]),
+        )
+        key = dropout.inputs[1]
+    inputs: list[Value | None] = [q.value, k.value, v.value, mask, cond, key]
     while inputs[-1] is None:
         inputs.pop()
     node = Node(OP, inputs, [], attrs, name=sm.name)

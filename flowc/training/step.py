@@ -259,9 +259,19 @@ def _step_counter(graph: Graph, spec: TrainSpec) -> Value:
     graph.inputs.remove(step_in)
     graph.inputs.append(step_in)  # after the batch, as a step without dropout has it
     for node in graph.nodes:
-        if node.op == "TrainDropout":
+        if node.op == "TrainDropout" or _fused_dropout(node):
             node.attrs = Attrs({**node.attrs, "seed": spec.seed})
     return step_in
+
+
+def _fused_dropout(node: Node) -> bool:
+    """A FusedAttention that draws a dropout of its probabilities (its key: input 5)."""
+    return node.op == "FusedAttention" and float(node.attrs.get("dropout", 0.0)) > 0.0
+
+
+def _dropout_key_input(node: Node) -> int:
+    """Where a training dropout (TrainDropout, or one fused into attention) reads its key."""
+    return 5 if node.op == "FusedAttention" else 1
 
 
 def _loss_and_gradients(
@@ -318,13 +328,14 @@ def _loss_and_gradients(
                 micro[k][first] = _rows(b, big, k, rows)
         # Micro-batch k's dropouts draw with key step * K + k: no two micro-batches or
         # steps draw the same mask.
-        drops = [n for n in forward if n.op == "TrainDropout"]
+        drops = [n for n in forward if n.op == "TrainDropout" or _fused_dropout(n)]
         step_in = next((v for v in graph.inputs if v.name == STEP), None)
         if drops and step_in is not None:
             kk = b.constant("train/micro_batches", np.asarray(k_count, np.int64))
             key0 = b.emit("Mul", [step_in, kk], name="train/dropout_key")[0]
             for n in drops:
-                n.inputs = [n.inputs[0], key0]
+                at = _dropout_key_input(n)
+                n.inputs = [*n.inputs[:at], key0, *n.inputs[at + 1 :]]
             for k in range(1, k_count):
                 kc = b.constant(f"train/micro_batch{k}", np.asarray(k, np.int64))
                 micro[k][key0] = b.emit("Add", [key0, kc], name=f"train/dropout_key@mb{k}")[0]
@@ -625,6 +636,13 @@ def inference_graph(step: TrainingStep) -> Graph:
         assert x is not None
         g.replace_uses(node.outputs[0], x)
         g.nodes.remove(node)
+    # A dropout fused into attention: none at inference either (its key input goes).
+    for node in g.nodes:
+        if _fused_dropout(node):
+            node.attrs = Attrs({**node.attrs, "dropout": 0.0})
+            node.inputs = node.inputs[:5]
+            while node.inputs and node.inputs[-1] is None:
+                node.inputs.pop()
     g.inputs = [v for v in g.inputs if v.name != STEP]
     # Batch norms normalize with the running statistics, which the step keeps.
     for node in g.nodes:
