@@ -398,6 +398,20 @@ def _dropout_params(a: Attrs) -> dict[str, object]:
     }
 
 
+def _extra_args(
+    prog: Program, g: Geometry, mask: Value | None, cond: Value | None, key: Value | None
+) -> list[str]:
+    """The kernels' optional arguments: the additive mask and the where condition with their
+    [b, h, i, j] strides, then the dropout's key."""
+    args: list[str] = []
+    for x in (mask, cond):
+        if x is not None:
+            args += [prog.cptr(x), *(f"(int64_t){s}" for s in mask_strides(x.type.shape, g))]
+    if key is not None:
+        args.append(prog.cptr(key))
+    return args
+
+
 def _strided(expr: str, view: Operand) -> list[str]:
     """A kernel's pointer and b, h, s, d stride arguments for an operand's view."""
     base = f"{expr} + {view.offset}" if view.offset else expr
@@ -514,13 +528,7 @@ def _emit(prog: Program, node: Node) -> None:
         *_strided(prog.cptr(k), g.views["k"]),
         *_strided(prog.cptr(v), g.views["v"]),
     ]
-    if mask is not None:
-        args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
-    if cond is not None:
-        args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
-    key = node.inputs[5] if len(node.inputs) > 5 else None
-    if key is not None:
-        args.append(prog.cptr(key))
+    args += _extra_args(prog, g, mask, cond, node.inputs[5] if len(node.inputs) > 5 else None)
     args += _strided(prog.ptr(y), g.views["out"])
     args += [
         str(g.h),
@@ -731,13 +739,7 @@ def _grad_emit(prog: Program, node: Node) -> None:
         prog.cptr(o) + (f" + {out_view.offset}" if out_view.offset else ""),
         *_strided(prog.cptr(do), out_view),
     ]
-    if mask is not None:
-        args += [prog.cptr(mask), *(f"(int64_t){s}" for s in mask_strides(mask.type.shape, g))]
-    if cond is not None:
-        args += [prog.cptr(cond), *(f"(int64_t){s}" for s in mask_strides(cond.type.shape, g))]
-    key = node.inputs[7] if len(node.inputs) > 7 else None
-    if key is not None:
-        args.append(prog.cptr(key))
+    args += _extra_args(prog, g, mask, cond, node.inputs[7] if len(node.inputs) > 7 else None)
     args += [
         prog.ptr(stats),
         f"(int64_t){g.b * g.h}",
