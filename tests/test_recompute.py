@@ -173,3 +173,31 @@ def test_a_train_block_may_ask_for_recomputation(tmp_path: Path) -> None:
     # The command line wins.
     spec = spec_of(with_train_block(program, TrainArgs(recompute="all")), "flowc train")
     assert spec.recompute == "all"
+
+
+def test_a_long_recomputed_chain_is_copied_without_recursion() -> None:
+    """3,000 Tanh in a row, every one recomputed: the copies are made in dependency order
+    (each before its readers), with no recursion through the chain."""
+    from flowc.autodiff import gradients
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Graph
+    from flowc.ir.types import TensorType
+    from flowc.training.recompute import StepParts, apply
+
+    g = Graph("chain")
+    b = GraphBuilder(g, fold=False)
+    x = g.add_input("x", TensorType((4,), DType.F32))
+    h = x
+    for _ in range(3000):
+        h = b.emit("Tanh", [h])[0]
+    loss = b.emit("ReduceSum", [h], {"keepdims": 0})[0]
+    grads = gradients(g, loss, [x])
+    g.outputs = [loss, grads[x]]  # type: ignore[list-item]
+    forward = [n for n in StepParts.of(g).forward if n.op == "Tanh"]
+    copied = apply(g, set(forward[1:]))
+    assert len(copied) == 2999
+    seen = set(g.inputs)
+    for node in g.nodes:
+        assert all(i is None or i in seen or i.const is not None for i in node.inputs)
+        seen.update(node.outputs)

@@ -174,22 +174,36 @@ def apply(graph: Graph, chosen: set[Node]) -> list[Node]:
     order: list[Node] = []
 
     def copy_of(v: Value) -> Value:
-        if v in copies:
-            return copies[v]
-        node = made_by[v]
-        ins = [None if i is None else (copy_of(i) if i in made_by else i) for i in node.inputs]
-        dup = graph.add_node(
-            node.op,
-            ins,
-            [o.type for o in node.outputs],
-            node.attrs,
-            name=f"{node.name or node.op}{COPY_SUFFIX}",
-            output_names=[f"{o.name}{COPY_SUFFIX}" for o in node.outputs],
-        )
-        for o, c in zip(node.outputs, dup.outputs, strict=True):
-            copies[o] = c
-        order.append(dup)
-        copied.append(node)
+        """``v``'s copy, made with the copies it reads first (depth first, without
+        recursion: a recomputed chain may be thousands of nodes long)."""
+        stack = [made_by[v]]
+        while stack:
+            node = stack[-1]
+            if node.outputs[0] in copies:
+                stack.pop()
+                continue
+            pending = [
+                made_by[i]
+                for i in node.inputs
+                if i is not None and i in made_by and i not in copies
+            ]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            ins = [None if i is None else copies.get(i, i) for i in node.inputs]
+            dup = graph.add_node(
+                node.op,
+                ins,
+                [o.type for o in node.outputs],
+                node.attrs,
+                name=f"{node.name or node.op}{COPY_SUFFIX}",
+                output_names=[f"{o.name}{COPY_SUFFIX}" for o in node.outputs],
+            )
+            for o, c in zip(node.outputs, dup.outputs, strict=True):
+                copies[o] = c
+            order.append(dup)
+            copied.append(node)
         return copies[v]
 
     for node in list(graph.nodes):
