@@ -129,6 +129,18 @@ inline Status check_conv_pointers(const ConvDesc& d, const void* x, const void* 
   return Status::Ok();
 }
 
+// A call whose workspace bound exceeds its stream's handle's: refused at plan time
+// (`what`: "conv2d" or "conv2d backward").
+template <class Handle>
+inline Status check_workspace(const Handle& h, const ConvDesc& d, const char* what) {
+  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
+    return InvalidArgument(std::string(what) + ": the call may use " + std::to_string(d.workspace) +
+                           " bytes of workspace but its stream's handle has " +
+                           std::to_string(h.workspace_bytes));
+  }
+  return Status::Ok();
+}
+
 inline float load_as_float(const void* p, DataType t, int64_t i) {
   switch (t) {
     case DataType::kF16:
@@ -228,11 +240,7 @@ struct ConvPlan {
 
 inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
-  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
-    return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " +
-                           std::to_string(h.workspace_bytes));
-  }
+  if (Status s = detail::check_workspace(h, d, "conv2d"); !s.ok()) return s;
   p->d = d;
   p->handle = &h;
   // cuDNN's fused call needs a bias; its identity activation runs only with
@@ -459,50 +467,63 @@ inline Status choose_algorithm(ConvPlan* p, bool tensor_ok) {
                       " bytes)");
 }
 
+// Whether a call may use tensor cores: everything but exact float32.
+inline bool conv_tensor_ok(const ConvDesc& d) {
+  return d.type != DataType::kF32 || d.math == ConvMath::kTF32;
+}
+
+// The call's workspace bound, not the whole stream's: algorithms are chosen within it.
+inline size_t call_workspace(const ConvHandle& h, const ConvDesc& d) {
+  return d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
+             ? static_cast<size_t>(d.workspace)
+             : h.workspace_bytes;
+}
+
+// Creates and sets the descriptors of x, w, the convolution and y for `d` (forward and
+// backward plans alike); false if cuDNN rejects one (the caller destroys what was made).
+inline bool make_conv_descriptors(const ConvDesc& d, cudnnTensorDescriptor_t* x, cudnnFilterDescriptor_t* w,
+                                  cudnnConvolutionDescriptor_t* conv, cudnnTensorDescriptor_t* y) {
+  const cudnnDataType_t t = cudnn_type(d.type);
+  const auto i = [](int64_t v) { return static_cast<int>(v); };
+  bool ok = cudnnCreateTensorDescriptor(x) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateTensorDescriptor(y) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateFilterDescriptor(w) == CUDNN_STATUS_SUCCESS &&
+            cudnnCreateConvolutionDescriptor(conv) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(*x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
+                 CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetFilter4dDescriptor(*w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
+                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
+  // Float32 accumulation whatever the storage type (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16).
+  ok = ok && cudnnSetConvolution2dDescriptor(*conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
+                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
+                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetConvolutionGroupCount(*conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(*y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
+                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
+  // Exact fp32 must say so: cuDNN's default math lets float32 convolutions use TF32.
+  return ok && cudnnSetConvolutionMathType(
+                   *conv, conv_tensor_ok(d) ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) == CUDNN_STATUS_SUCCESS;
+}
+
 inline Status plan_conv(ConvHandle& h, const ConvDesc& d, ConvPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
   destroy_plan(p);
-  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
-    return InvalidArgument("conv2d: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " +
-                           std::to_string(h.workspace_bytes));
-  }
+  if (Status s = detail::check_workspace(h, d, "conv2d"); !s.ok()) return s;
   p->d = d;
   p->cudnn = h.cudnn;
   p->workspace = h.workspace;
-  // The call's bound, not the whole stream's workspace: algorithms are chosen within it.
-  p->workspace_bytes = d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
-                           ? static_cast<size_t>(d.workspace)
-                           : h.workspace_bytes;
+  p->workspace_bytes = call_workspace(h, d);
   const cudnnDataType_t t = cudnn_type(d.type);
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
-  bool ok = cudnnCreateTensorDescriptor(&p->x) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateTensorDescriptor(&p->y) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateTensorDescriptor(&p->bias) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateFilterDescriptor(&p->w) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateConvolutionDescriptor(&p->conv) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateActivationDescriptor(&p->act) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
+  bool ok = make_conv_descriptors(d, &p->x, &p->w, &p->conv, &p->y);
+  ok = ok && cudnnCreateTensorDescriptor(&p->bias) == CUDNN_STATUS_SUCCESS &&
+       cudnnCreateActivationDescriptor(&p->act) == CUDNN_STATUS_SUCCESS;
+  ok = ok && cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, static_cast<int>(d.k), 1, 1) ==
                  CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
-                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
-  // Float32 accumulation whatever the storage type (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16).
-  ok = ok && cudnnSetConvolution2dDescriptor(p->conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
-                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
-                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetConvolutionGroupCount(p->conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
-                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
-  ok = ok &&
-       cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, t, 1, i(d.k), 1, 1) == CUDNN_STATUS_SUCCESS;
   ok = ok &&
        cudnnSetActivationDescriptor(p->act, d.relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
                                     kConvReluPropagatesNan ? CUDNN_PROPAGATE_NAN : CUDNN_NOT_PROPAGATE_NAN,
                                     0.0) == CUDNN_STATUS_SUCCESS;
-  // Exact fp32 must say so: cuDNN's default math lets float32 convolutions use TF32.
-  const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
-  ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==
-                 CUDNN_STATUS_SUCCESS;
+  const bool tensor_ok = conv_tensor_ok(d);
   if (!ok) {
     destroy_plan(p);
     return LibraryError("conv2d: cuDNN rejected a descriptor");
@@ -608,11 +629,7 @@ struct ConvBwdPlan {
 inline Status plan_conv_backward(ConvHandle& h, const ConvDesc& d, ConvGrad which, ConvBwdPlan* p) {
   if (Status s = validate(d); !s.ok()) return s;
   if (d.epilogue()) return InvalidArgument("conv2d backward: a gradient has no epilogue");
-  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
-    return InvalidArgument("conv2d backward: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " +
-                           std::to_string(h.workspace_bytes));
-  }
+  if (Status s = detail::check_workspace(h, d, "conv2d backward"); !s.ok()) return s;
   p->d = d;
   p->which = which;
   p->handle = &h;
@@ -776,37 +793,14 @@ inline Status plan_conv_backward(ConvHandle& h, const ConvDesc& d, ConvGrad whic
   if (Status s = validate(d); !s.ok()) return s;
   if (d.epilogue()) return InvalidArgument("conv2d backward: a gradient has no epilogue");
   destroy_plan(p);
-  if (d.workspace > 0 && h.workspace_bytes < static_cast<size_t>(d.workspace)) {
-    return InvalidArgument("conv2d backward: the call may use " + std::to_string(d.workspace) +
-                           " bytes of workspace but its stream's handle has " +
-                           std::to_string(h.workspace_bytes));
-  }
+  if (Status s = detail::check_workspace(h, d, "conv2d backward"); !s.ok()) return s;
   p->d = d;
   p->which = which;
   p->cudnn = h.cudnn;
   p->workspace = h.workspace;
-  p->workspace_bytes = d.workspace >= 0 && static_cast<size_t>(d.workspace) < h.workspace_bytes
-                           ? static_cast<size_t>(d.workspace)
-                           : h.workspace_bytes;
-  const cudnnDataType_t t = cudnn_type(d.type);
-  const auto i = [](int64_t v) { return static_cast<int>(v); };
-  bool ok = cudnnCreateTensorDescriptor(&p->x) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateTensorDescriptor(&p->y) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateFilterDescriptor(&p->w) == CUDNN_STATUS_SUCCESS &&
-            cudnnCreateConvolutionDescriptor(&p->conv) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.c), i(d.h), i(d.w)) ==
-                 CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetFilter4dDescriptor(p->w, t, CUDNN_TENSOR_NCHW, i(d.k), i(d.c / d.groups), i(d.r),
-                                        i(d.s)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetConvolution2dDescriptor(p->conv, i(d.pad_h), i(d.pad_w), i(d.stride_h), i(d.stride_w),
-                                             i(d.dil_h), i(d.dil_w), CUDNN_CROSS_CORRELATION,
-                                             CUDNN_DATA_FLOAT) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetConvolutionGroupCount(p->conv, i(d.groups)) == CUDNN_STATUS_SUCCESS;
-  ok = ok && cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, t, i(d.n), i(d.k), i(d.out_h()),
-                                        i(d.out_w())) == CUDNN_STATUS_SUCCESS;
-  const bool tensor_ok = d.type != DataType::kF32 || d.math == ConvMath::kTF32;
-  ok = ok && cudnnSetConvolutionMathType(p->conv, tensor_ok ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) ==
-                 CUDNN_STATUS_SUCCESS;
+  p->workspace_bytes = call_workspace(h, d);
+  const bool ok = make_conv_descriptors(d, &p->x, &p->w, &p->conv, &p->y);
+  const bool tensor_ok = conv_tensor_ok(d);
   if (!ok) {
     destroy_plan(p);
     return LibraryError("conv2d backward: cuDNN rejected a descriptor");
