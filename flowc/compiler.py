@@ -828,13 +828,19 @@ def simulate_pipeline_order(
 
 # -- training ----------------------------------------------------------------------------------
 
-# Before the loss and its backward: the import clean-up and the lowerings, none of the fusions
-# (a fused op has no VJP rule yet); after: the element-wise fusion of the whole step.
+# Before the loss and its backward: the import clean-up and the lowerings; after: the GEMM
+# epilogues (the backward's among them) and the element-wise fusion of the whole step.
 TRAIN_PRE_PASSES = (*DEFAULT_PIPELINE, "lower_ops")
 # lower_ops again: the loss's SoftmaxCrossEntropy, which build_step adds, has no kernel.
-TRAIN_POST_PASSES = (*DEFAULT_PIPELINE, "lower_ops", "fuse_elementwise", "order_state_writes")
+TRAIN_POST_PASSES = (
+    *DEFAULT_PIPELINE,
+    "lower_ops",
+    "fuse_gemm",
+    "fuse_elementwise",
+    "order_state_writes",
+)
 # The fusions whose ops have VJP rules, run on the model before the step is built.
-TRAIN_FUSIONS = ("fuse_attention",)
+TRAIN_FUSIONS = ("fuse_gelu", "fuse_attention")
 # Mixed precision: the storage pass on the model before the step is built (activations and
 # their gradients narrow, the parameters' float32 master copies cast at their use), then
 # widen_types after: what is not a GEMM or a convolution computes in float32.
@@ -842,6 +848,7 @@ NARROW_TRAIN_POST_PASSES = (
     *DEFAULT_PIPELINE,
     "lower_ops",
     "widen_types",
+    "fuse_gemm",
     "fuse_elementwise",
     "order_state_writes",
 )

@@ -246,7 +246,7 @@ def _fused(name: str, precision: str = "fp32") -> list[Node]:
 
 def _counts(nodes: list[Node]) -> dict[str, int]:
     return {
-        "bias": sum(n.inputs[2] is not None for n in nodes),
+        "bias": sum(len(n.inputs) > 2 and n.inputs[2] is not None for n in nodes),
         "residual": sum(len(n.inputs) > 3 and n.inputs[3] is not None for n in nodes),
         "gelu": sum(n.attrs.get("activation") == "gelu_tanh" for n in nodes),
         "relu": sum(n.attrs.get("activation") == "relu" for n in nodes),

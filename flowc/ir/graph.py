@@ -303,6 +303,34 @@ class Graph:
             n.inputs = [new if i is old else i for i in n.inputs]
         self.outputs = [new if o is old else o for o in self.outputs]
 
+    def sort_topologically(self) -> None:
+        """Reorder ``nodes`` so that each comes after the producers of its inputs, moving as
+        little as it can: of the nodes ready at each point, the earliest in the current order
+        goes first (for a rewrite that defined a value later than one of its readers)."""
+        import heapq
+
+        position = {n: k for k, n in enumerate(self.nodes)}
+        waiting: dict[Node, int] = {}
+        readers: dict[Node, list[Node]] = {}
+        for n in self.nodes:
+            producers = {i.producer for i in n.inputs if i is not None and i.producer in position}
+            waiting[n] = len(producers)
+            for p in producers:
+                readers.setdefault(p, []).append(n)
+        ready = [position[n] for n in self.nodes if waiting[n] == 0]
+        heapq.heapify(ready)
+        order: list[Node] = []
+        while ready:
+            n = self.nodes[heapq.heappop(ready)]
+            order.append(n)
+            for r in readers.get(n, []):
+                waiting[r] -= 1
+                if waiting[r] == 0:
+                    heapq.heappush(ready, position[r])
+        if len(order) != len(self.nodes):
+            raise ValueError(f"graph {self.name!r} has a cycle")
+        self.nodes = order
+
     def remove_unused(self) -> int:
         """Drop nodes none of whose outputs are used and constants nobody reads; return count."""
         live: set[Value] = set(self.outputs)

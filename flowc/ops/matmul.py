@@ -94,6 +94,13 @@ _EPILOGUES = {
     "relu": ("kRelu", "kReluBias"),
     "gelu_tanh": ("kGelu", "kGeluBias"),
 }
+# The backward epilogues: (activation, bias_grad) -> flowc::GemmEpilogue.
+_BACKWARD_EPILOGUES = {
+    ("dgelu_tanh", ""): "kDGelu",
+    ("dgelu_tanh", "out"): "kDGeluBgrad",
+    ("none", "a"): "kBgradA",
+    ("none", "b"): "kBgradB",
+}
 
 
 def _elem_type(prog: Program, v: Value) -> str:
@@ -265,6 +272,9 @@ class GemmCall:
     bias: Value | None = None
     residual: Value | None = None
     activation: str = "none"
+    aux: Value | None = None  # dgelu_tanh: the GELU's input, packed like the output
+    bias_grad: Value | None = None  # the bias gradient the epilogue writes
+    bias_grad_of: str = ""  # "a", "b" (op(A) / op(B) summed over k) or "out" (D's columns)
 
 
 def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
@@ -291,6 +301,9 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
         split -= 1
     inner, outer = axes[split:], axes[:split]
     batch = math.prod(ax.size for ax in inner)
+    backward = g.aux is not None or g.bias_grad is not None
+    if backward and (axes or g.alpha != 1.0 or g.residual is not None or g.bias is not None):
+        raise AssertionError(f"{node.name}: a backward epilogue on more than one plain product")
     stride_a, stride_b, stride_c = inner[-1].steps if inner else (m * k, k * n, m * n)
     if batch > 1 and stride_b == 0 and not trans_a and stride_a == m * lda:
         # B is shared by the whole run and A's rows are evenly spaced across it.
@@ -326,7 +339,12 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
         beta=g.beta,
         type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
         tf32=prog.tf32,
-        epilogue=_EPILOGUES[g.activation][g.bias is not None],
+        epilogue=(
+            _BACKWARD_EPILOGUES[g.activation, g.bias_grad_of]
+            if backward
+            else _EPILOGUES[g.activation][g.bias is not None]
+        ),
+        ld_aux=n if g.aux is not None else 0,
         align=(align_a, align_b, align_c),
         workspace=prog.library_workspace(node),
     )
@@ -343,7 +361,9 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
     }
     what = f"{node.op} {node.name}"
     if not outer:
-        prog.call("matmul.cu.j2", "gemm_run", what, **operands)
+        aux = prog.cptr(g.aux) if g.aux is not None else None
+        bias_grad = prog.ptr(g.bias_grad) if g.bias_grad is not None else None
+        prog.call("matmul.cu.j2", "gemm_run", what, aux=aux, bias_grad=bias_grad, **operands)
         return
     count = math.prod(ax.size for ax in outer)
     loop = [{"size": ax.size, "steps": ax.steps} for ax in outer]
@@ -516,7 +536,7 @@ def fused_operands(node: Node) -> tuple[Operand, Operand]:
 
 def _fused_emit(prog: Program, node: Node) -> None:
     at = node.attrs.merged(get_op(node.op).attrs)
-    a, b, bias, res = (*node.inputs, None, None)[:4]
+    a, b, bias, res, aux = (*node.inputs, None, None, None)[:5]
     assert a is not None and b is not None
     out = node.outputs[0]
     av, bv = fused_operands(node)
@@ -527,6 +547,9 @@ def _fused_emit(prog: Program, node: Node) -> None:
     g.activation = str(at["activation"])
     if res is not None:
         g.residual, g.beta = res, float(at["beta"])
+    g.aux = aux
+    if at["bias_grad"]:
+        g.bias_grad, g.bias_grad_of = node.outputs[1], str(at["bias_grad"])
     emit_gemm(prog, node, g)
 
 
@@ -719,8 +742,16 @@ defop(
 # as (offset, *strides) in elements of its buffer for a logical operand of shape a_shape /
 # b_shape (a head split, a Split chunk, without a copy). activation: none, relu, or
 # gelu_tanh (the tanh approximation of GELU, which is what cuBLASLt computes).
+#
+# Training's backward products take cuBLASLt's backward epilogues, on one 2-D product with no
+# bias, residual or alpha: activation dgelu_tanh multiplies the product by the derivative of
+# gelu_tanh at input 4, the GELU's input (the product being the gradient of its output), and
+# bias_grad adds a second output, a bias gradient of shape [len]: "a" sums op(A) over k
+# (m values), "b" op(B) over k (n values), "out" the result's columns (n values; with
+# dgelu_tanh, the bias gradient of the layer whose GELU this is).
 
-ACTIVATIONS = ("none", "relu", "gelu_tanh")
+ACTIVATIONS = ("none", "relu", "gelu_tanh", "dgelu_tanh")
+BIAS_GRADS = ("", "a", "b", "out")
 
 
 def _fused_shapes(ctx: InferCtx) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -761,9 +792,27 @@ def _fused_infer(ctx: InferCtx) -> list[TensorType]:
         raise ctx.fail(f"the bias of shape {list(ctx.shape(2))} must have {b[-1]} elements")
     if ctx.has(3) and ctx.shape(3) != out:
         raise ctx.fail(f"the residual of shape {list(ctx.shape(3))} must be {list(out)}")
-    if ctx.attr("activation") not in ACTIVATIONS:
+    act, bias_grad = ctx.attr("activation"), ctx.attr("bias_grad")
+    if act not in ACTIVATIONS:
         raise ctx.fail(f"activation must be one of {', '.join(ACTIVATIONS)}")
-    return [TensorType(out, dt)]
+    if bias_grad not in BIAS_GRADS:
+        raise ctx.fail(f"bias_grad must be one of {', '.join(map(repr, BIAS_GRADS))}")
+    if act == "dgelu_tanh" and not ctx.has(4):
+        raise ctx.fail("activation dgelu_tanh reads the GELU's input (input 4)")
+    if ctx.has(4) and (act != "dgelu_tanh" or ctx.shape(4) != out):
+        raise ctx.fail(f"input 4 is dgelu_tanh's GELU input, of the output's shape {list(out)}")
+    if act == "dgelu_tanh" or bias_grad:
+        if len(out) != 2 or ctx.has(2) or ctx.has(3) or ctx.attr("alpha") != 1.0:
+            raise ctx.fail(
+                "a backward epilogue (dgelu_tanh, bias_grad) takes one 2-D product with no "
+                "bias, residual or alpha"
+            )
+        if bias_grad == "out" and act != "dgelu_tanh":
+            raise ctx.fail("bias_grad 'out' comes with activation dgelu_tanh")
+    types = [TensorType(out, dt)]
+    if bias_grad:
+        types.append(TensorType((out[0] if bias_grad == "a" else out[1],), dt))
+    return types
 
 
 def _view_array(x: np.ndarray, op: Operand) -> np.ndarray:
@@ -777,8 +826,14 @@ def gelu_tanh(y: np.ndarray) -> np.ndarray:
     return 0.5 * y * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (y + 0.044715 * y**3)))
 
 
-def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
-    a, b, bias, res = (*xs, None, None)[:4]
+def gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    c, k = np.sqrt(2.0 / np.pi), 0.044715
+    t = np.tanh(c * (x + k * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * k * x * x)
+
+
+def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray | list[np.ndarray]:
+    a, b, bias, res, aux = (*xs, None, None, None)[:5]
     assert a is not None and b is not None
     ops = []
     for x, which in ((a, "a"), (b, "b")):
@@ -791,6 +846,19 @@ def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
         else:
             ops.append(np.swapaxes(x, -1, -2) if at[f"trans{which.upper()}"] else x)
     y = _product(ops[0], ops[1])
+    if at["activation"] == "dgelu_tanh" or at["bias_grad"]:
+        acc = np.float64 if a.dtype == np.float64 else np.float32
+        if aux is not None:
+            y = (y.astype(acc) * gelu_tanh_grad(aux.astype(acc))).astype(acc)
+        sums = {
+            "a": lambda: ops[0].astype(acc).sum(axis=-1),
+            "b": lambda: ops[1].astype(acc).sum(axis=-2),
+            "out": lambda: np.asarray(y).astype(acc).sum(axis=-2),
+        }
+        out = np.asarray(y).astype(a.dtype, copy=False)
+        if not at["bias_grad"]:
+            return out
+        return [out, sums[str(at["bias_grad"])]().astype(a.dtype)]
     if at["alpha"] != 1.0:
         y = y * at["alpha"]
     if res is not None:
@@ -804,11 +872,37 @@ def _fused_ref(xs: list[np.ndarray | None], at: Attrs) -> np.ndarray:
     return np.asarray(y).astype(a.dtype, copy=False)
 
 
+def _backward_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """A backward epilogue's product split by rows, columns or (without the GELU gradient,
+    which is not linear) k; the bias gradient follows what it sums: the split rows of op(A)
+    or columns of op(B) are a split of their sums, the sums of one whole operand are whole
+    on every device, and a split of what is summed leaves partial sums."""
+    ta, tb = bool(ctx.attr("transA")), bool(ctx.attr("transB"))
+    a_m, a_k = (1, 0) if ta else (0, 1)
+    b_k, b_n = (1, 0) if tb else (0, 1)
+    grad, dgelu = str(ctx.attr("bias_grad")), ctx.attr("activation") == "dgelu_tanh"
+
+    def sig(given: dict[int, Sbp], out: Sbp, of: dict[str, Sbp]) -> SbpSignature:
+        if dgelu:
+            given[4] = out
+        return sr.sig(ctx, given, [out, of[grad]] if grad else out, len(outs))
+
+    sigs = [
+        sig({0: sr.S(a_m)}, sr.S(0), {"a": sr.S(0), "b": sr.B, "out": sr.P}),
+        sig({1: sr.S(b_n)}, sr.S(1), {"a": sr.B, "b": sr.S(0), "out": sr.S(0)}),
+    ]
+    if not dgelu:
+        sigs.append(sig({0: sr.S(a_k), 1: sr.S(b_k)}, sr.P, {"a": sr.P, "b": sr.P}))
+    return sigs
+
+
 def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     # Splits of the inputs as they are or transposed (transA/transB); a view's offsets and
     # strides are the whole tensor's, so a node with one stays broadcast.
     if ctx.attr("a_view") or ctx.attr("b_view"):
         return []
+    if ctx.attr("activation") == "dgelu_tanh" or ctx.attr("bias_grad"):
+        return _backward_sbp(ctx, outs)
     ta, tb = bool(ctx.attr("transA")), bool(ctx.attr("transB"))
     ra, rb, ro = len(ctx.shape(0)), len(ctx.shape(1)), len(outs[0].shape)
     a_m, a_k = (ra - 1, ra - 2) if ta else (ra - 2, ra - 1)
@@ -846,7 +940,12 @@ def _fused_flops(ins: list[TensorType | None], outs: list[TensorType], at: Attrs
     shape = at["a_shape"] if at["a_view"] else a.shape[::-1] if at["transA"] else a.shape
     assert isinstance(shape, tuple)
     extra = sum(1 for t in ins[2:] if t is not None) + (at["activation"] != "none")
-    return 2 * outs[0].numel * int(shape[-1]) + extra * outs[0].numel
+    sums = 0
+    if at["bias_grad"] == "a" or at["bias_grad"] == "b":
+        sums = outs[1].numel * int(shape[-1])
+    elif at["bias_grad"] == "out":
+        sums = outs[0].numel
+    return 2 * outs[0].numel * int(shape[-1]) + extra * outs[0].numel + sums
 
 
 defop(
@@ -864,8 +963,10 @@ defop(
         "a_view": (),
         "b_shape": (),
         "b_view": (),
+        "bias_grad": "",
     },
-    inputs=(2, 4),
+    inputs=(2, 5),
+    outputs=(1, 2),
     flops=_fused_flops,
     sbp=_fused_sbp,
     emit=_fused_emit,
@@ -900,7 +1001,14 @@ def _matmul_vjp(
     if need[0]:
         dx = grad.op1(b, "MatMul", g2, grad.transpose_last2(b, w2))
         grads[0] = grad.reshape(b, grad.unbroadcast(b, dx, x2.type.shape), xs)
-    if need[1]:
+    if need[1] and len(ws) == 2 and len(xs) >= 3:
+        # One W for every batch item: one product over all the batch's rows (k = their count),
+        # not a batched product of W's size per item summed after.
+        rows = math.prod(xs[:-1])
+        x_rows = grad.reshape(b, x, (rows, xs[-1]))
+        g_rows = grad.reshape(b, g2, (rows, ws[-1]))
+        grads[1] = grad.op1(b, "Gemm", x_rows, g_rows, transA=1)
+    elif need[1]:
         dw = grad.op1(b, "MatMul", grad.transpose_last2(b, x2), g2)
         grads[1] = grad.reshape(b, grad.unbroadcast(b, dw, w2.type.shape), ws)
     return grads

@@ -724,7 +724,7 @@ defop(
 # -- gradients (VJP rules: flowc/ops/grad.py) ---------------------------------------------------
 
 
-def _reduced_axes(node: Node) -> list[int] | None:
+def reduced_axes(node: Node) -> list[int] | None:
     """The axes a ReduceSum/ReduceMean node reduces, normalized; None when it is the
     identity (no axes and noop_with_empty_axes)."""
     x = node.inputs[0]
@@ -745,7 +745,7 @@ def _reduce_vjp(mean: bool) -> grad.VjpFn:
         grads: list[Value | None] = [None] * len(node.inputs)
         if g is None or x is None or not need[0]:
             return grads
-        axes = _reduced_axes(node)
+        axes = reduced_axes(node)
         if axes is None:
             grads[0] = g
             return grads

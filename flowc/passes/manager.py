@@ -31,6 +31,7 @@ def _load() -> None:
         fuse_attention,
         fuse_conv,
         fuse_elementwise,
+        fuse_gelu,
         fuse_gemm,
         lower_ops,
         order_state,

@@ -5,6 +5,9 @@
 // elements apart. C and D share one layout and may be different buffers (C = nullptr: D is C,
 // as in BLAS). bias has n elements, one per column, shared by the batch.
 //
+// Training's backward products take cuBLASLt's backward epilogues (GemmEpilogue::kDGelu and the
+// bias gradients): the extra operands travel in a GemmEpilogueIo.
+//
 // plan_gemm() makes a call's descriptors, layouts, preference and algorithm once (a program's
 // create()); run_gemm() only executes it, ordered on `stream` like a kernel launch. A plan is
 // tied to the handle (and so the workspace) it was made with: one stream's. Where cuBLASLt has
@@ -40,11 +43,50 @@ namespace flowc {
 
 // What happens to alpha * A B + beta * C before it is stored; bias is one value per column of D.
 // The GELU is the tanh approximation (cuBLASLt's): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-enum class GemmEpilogue { kNone, kBias, kReluBias, kGeluBias, kRelu, kGelu };
+//
+// The backward epilogues (one product: batch 1, alpha 1, beta 0):
+// - kDGelu: D = op(A) op(B) * GELU'(aux), aux being the GELU's input saved by the forward (an
+//   m x n matrix, ld_aux elements between its rows): the gradient through a GELU of the
+//   product's gradient. kDGeluBgrad also writes the bias gradient, the sums of D's columns
+//   (n values).
+// - kBgradA writes the sums of op(A) over k (m values: the bias gradient beside dW^T = dY^T X,
+//   whose A is the output gradient); kBgradB the sums of op(B) over k (n values: beside
+//   dW = X^T dY).
+// cuBLASLt names the bias gradients by its own operands, which are flowc's swapped (plan_gemm):
+// kBgradA is CUBLASLT_EPILOGUE_BGRADB. A bias gradient has D's element type; it is summed in
+// float and rounded once.
+enum class GemmEpilogue {
+  kNone,
+  kBias,
+  kReluBias,
+  kGeluBias,
+  kRelu,
+  kGelu,
+  kDGelu,
+  kDGeluBgrad,
+  kBgradA,
+  kBgradB
+};
 
 inline bool epilogue_has_bias(GemmEpilogue e) {
   return e == GemmEpilogue::kBias || e == GemmEpilogue::kReluBias || e == GemmEpilogue::kGeluBias;
 }
+inline bool epilogue_reads_aux(GemmEpilogue e) {
+  return e == GemmEpilogue::kDGelu || e == GemmEpilogue::kDGeluBgrad;
+}
+inline bool epilogue_writes_bias_grad(GemmEpilogue e) {
+  return e == GemmEpilogue::kDGeluBgrad || e == GemmEpilogue::kBgradA || e == GemmEpilogue::kBgradB;
+}
+inline bool epilogue_is_backward(GemmEpilogue e) {
+  return epilogue_reads_aux(e) || epilogue_writes_bias_grad(e);
+}
+
+// The epilogue's operands beside A, B, C and D.
+struct GemmEpilogueIo {
+  const void* bias = nullptr;  // read: kBias, kReluBias, kGeluBias
+  const void* aux = nullptr;   // read: the GELU's input (kDGelu, kDGeluBgrad)
+  void* bias_grad = nullptr;   // written: kDGeluBgrad, kBgradA, kBgradB
+};
 
 struct GemmDesc {
   bool trans_a = false;
@@ -58,6 +100,7 @@ struct GemmDesc {
   DataType type = DataType::kF32;  // of A, B, C, D and bias; accumulation is fp32
   bool tf32 = false;               // fp32 only: let the library round inputs to TF32
   GemmEpilogue epilogue = GemmEpilogue::kNone;
+  int64_t ld_aux = 0;  // kDGelu*: elements between the aux matrix's rows
   // The alignment (bytes) every pointer run_gemm gets for A, B, C/D is known to have: the
   // library may pick algorithms that need it (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES; an
   // algorithm chosen for an alignment the pointers lack fails). Powers of two, at least the
@@ -100,6 +143,17 @@ inline Status validate(const GemmDesc& d) {
         "gemm: a leading dimension is smaller than its row (lda >= " + std::to_string(min_lda) +
         ", ldb >= " + std::to_string(min_ldb) + ", ldc >= " + std::to_string(d.n) + ")");
   }
+  if (epilogue_is_backward(d.epilogue) && (d.batch != 1 || d.alpha != 1.0f || d.beta != 0.0f)) {
+    return InvalidArgument(
+        "gemm: a backward epilogue (GELU or bias gradient) takes one product with alpha 1 and beta 0");
+  }
+  // CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: at least the rows of cuBLASLt's column-major D (flowc's
+  // columns) and divisible by 8.
+  if (epilogue_reads_aux(d.epilogue) && (d.ld_aux < d.n || d.ld_aux % 8 != 0)) {
+    return InvalidArgument("gemm: the GELU input's leading dimension (" + std::to_string(d.ld_aux) +
+                           ") must be at least n (" + std::to_string(d.n) +
+                           ") and a multiple of 8 (cuBLASLt's EPILOGUE_AUX_LD)");
+  }
   // cuBLASLt's type table: CUBLAS_COMPUTE_32F_FAST_TF32 takes 32F A/B/C only.
   if (d.tf32 && d.type != DataType::kF32)
     return InvalidArgument("gemm: tf32 applies to float32 operands only");
@@ -137,7 +191,7 @@ inline uint32_t reduction_schemes(const GemmDesc& d) {
 // The emulator's contract checks at a call (docs/runtime.md, "What the emulator enforces"):
 // every pointer as aligned as the plan declared, the bias at least element-aligned.
 inline Status check_pointers(const GemmDesc& d, const void* a, const void* b, const void* c, const void* out,
-                             const void* bias) {
+                             const GemmEpilogueIo& io) {
   const auto misaligned = [](const void* p, int al) {
     return reinterpret_cast<uintptr_t>(p) % unsigned(al) != 0;
   };
@@ -160,14 +214,23 @@ inline Status check_pointers(const GemmDesc& d, const void* a, const void* b, co
                           op.pref + "_BYTES): the algorithm chosen for it would fail on the GPU");
     }
   }
-  if (bias != nullptr && misaligned(bias, static_cast<int>(element_size(d.type))))
+  const int elem = static_cast<int>(element_size(d.type));
+  if (io.bias != nullptr && misaligned(io.bias, elem))
     return LibraryError("gemm: the bias pointer is not aligned to its element size");
+  if (io.aux != nullptr && misaligned(io.aux, elem))
+    return LibraryError("gemm: the GELU input (aux) pointer is not aligned to its element size");
+  if (io.bias_grad != nullptr && misaligned(io.bias_grad, elem))
+    return LibraryError("gemm: the bias gradient pointer is not aligned to its element size");
   return Status::Ok();
 }
 
-inline Status check_bias(const GemmDesc& d, const void* bias) {
-  if (epilogue_has_bias(d.epilogue) && bias == nullptr)
+inline Status check_epilogue_io(const GemmDesc& d, const GemmEpilogueIo& io) {
+  if (epilogue_has_bias(d.epilogue) && io.bias == nullptr)
     return InvalidArgument("gemm: the epilogue needs a bias");
+  if (epilogue_reads_aux(d.epilogue) && io.aux == nullptr)
+    return InvalidArgument("gemm: the GELU gradient epilogue needs the GELU's input (aux)");
+  if (epilogue_writes_bias_grad(d.epilogue) && io.bias_grad == nullptr)
+    return InvalidArgument("gemm: the epilogue writes a bias gradient but has no buffer for it");
   return Status::Ok();
 }
 
@@ -180,7 +243,15 @@ __host__ __device__ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
 }
 
-__host__ __device__ inline float epilogue(GemmEpilogue e, float x, float b) {
+// d/dx of gelu_tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+__host__ __device__ inline float gelu_tanh_grad(float x) {
+  const float kSqrt2OverPi = 0.7978845608028654f;
+  const float t = tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// aux: the GELU's input at this element (kDGelu*); a bias gradient leaves D as the product.
+__host__ __device__ inline float epilogue(GemmEpilogue e, float x, float b, float aux = 0.0f) {
   switch (e) {
     case GemmEpilogue::kNone:
       return x;
@@ -194,6 +265,12 @@ __host__ __device__ inline float epilogue(GemmEpilogue e, float x, float b) {
       return fmaxf(x, 0.0f);
     case GemmEpilogue::kGelu:
       return gelu_tanh(x);
+    case GemmEpilogue::kDGelu:
+    case GemmEpilogue::kDGeluBgrad:
+      return x * gelu_tanh_grad(aux);
+    case GemmEpilogue::kBgradA:
+    case GemmEpilogue::kBgradB:
+      return x;
   }
   return x;
 }
@@ -277,9 +354,26 @@ void split_k_in_narrow(const GemmDesc& d, const float* a, int64_t lda, const flo
   for (size_t i = 0; i < part.size(); ++i) out[i] = d.beta * out[i] + static_cast<float>(acc[i]);
 }
 
+// The bias gradient of kBgradA / kBgradB: op(A) summed over k (m values) or op(B) (n values), in
+// float, rounded once.
+template <class T>
+void host_operand_sums(const GemmDesc& d, const T* A, const T* B, T* out) {
+  const bool of_a = d.epilogue == GemmEpilogue::kBgradA;
+  const int64_t len = of_a ? d.m : d.n;
+  for (int64_t j = 0; j < len; ++j) {
+    float s = 0.0f;
+    for (int64_t kk = 0; kk < d.k; ++kk) {
+      const T v = of_a ? (d.trans_a ? A[kk * d.lda + j] : A[j * d.lda + kk])
+                       : (d.trans_b ? B[j * d.ldb + kk] : B[kk * d.ldb + j]);
+      s += static_cast<float>(v);
+    }
+    out[j] = T(s);
+  }
+}
+
 template <class T>
 void host_gemm(const GemmDesc& d, uint32_t reductions, const T* A, const T* B, const T* C, T* D,
-               const T* bias) {
+               const T* bias, const T* aux, T* bias_grad) {
   const int64_t a_rows = d.trans_a ? d.k : d.m, a_cols = d.trans_a ? d.m : d.k;
   const int64_t b_rows = d.trans_b ? d.n : d.k, b_cols = d.trans_b ? d.k : d.n;
   const bool wide = std::is_same<T, float>::value;
@@ -325,51 +419,62 @@ void host_gemm(const GemmDesc& d, uint32_t reductions, const T* A, const T* B, c
     }
     if (d.epilogue != GemmEpilogue::kNone || !wide) {
       const bool has_bias = epilogue_has_bias(d.epilogue);
+      const bool column_sums = d.epilogue == GemmEpilogue::kDGeluBgrad;
+      std::vector<float> sums(column_sums ? static_cast<size_t>(d.n) : 0, 0.0f);
       for (int64_t r = 0; r < d.m; ++r) {
         for (int64_t col = 0; col < d.n; ++col) {
           const float bv = has_bias ? static_cast<float>(bias[col]) : 0.0f;
+          const float av = aux != nullptr ? static_cast<float>(aux[r * d.ld_aux + col]) : 0.0f;
+          const float v = epilogue(d.epilogue, pd[r * ldd + col], bv, av);
+          if (column_sums) sums[col] += v;
           // The one rounding of a narrow result.
-          out[r * d.ldc + col] = T(epilogue(d.epilogue, pd[r * ldd + col], bv));
+          out[r * d.ldc + col] = T(v);
         }
       }
+      for (size_t col = 0; col < sums.size(); ++col) bias_grad[col] = T(sums[col]);
     }
+    if (d.epilogue == GemmEpilogue::kBgradA || d.epilogue == GemmEpilogue::kBgradB)
+      host_operand_sums(d, a, b, bias_grad);
   }
 }
 
 template <class T>
 Status enqueue_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* out,
-                    const void* bias, cudaStream_t stream) {
+                    const GemmEpilogueIo& io, cudaStream_t stream) {
   const T* A = static_cast<const T*>(a);
   const T* B = static_cast<const T*>(b);
   const T* C = static_cast<const T*>(c);
   T* D = static_cast<T*>(out);
-  const T* bias_t = static_cast<const T*>(bias);
+  const T* bias = static_cast<const T*>(io.bias);
+  const T* aux = static_cast<const T*>(io.aux);
+  T* bias_grad = static_cast<T*>(io.bias_grad);
   const GemmDesc desc = p.desc;
   const uint32_t reductions = p.reductions;
   // One library call, one queued host operation (the emulator counts it as a launch).
-  cudaError_t e = sim::library_call(stream, &p.handle->warm, [desc, reductions, A, B, C, D, bias_t] {
-    host_gemm(desc, reductions, A, B, C, D, bias_t);
-  });
+  cudaError_t e =
+      sim::library_call(stream, &p.handle->warm, [desc, reductions, A, B, C, D, bias, aux, bias_grad] {
+        host_gemm(desc, reductions, A, B, C, D, bias, aux, bias_grad);
+      });
   return e == cudaSuccess ? Status::Ok() : LibraryError(std::string("gemm: ") + cudaGetErrorString(e));
 }
 
 }  // namespace detail
 
-// D = act(alpha op(A) op(B) + beta C + bias); c = nullptr reads C from d.
+// D = epilogue(alpha op(A) op(B) + beta C); c = nullptr reads C from d.
 inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* d,
-                       const void* bias, cudaStream_t stream) {
+                       const GemmEpilogueIo& io, cudaStream_t stream) {
   if (!p.made) return InvalidArgument("gemm: the plan was not made");
   const GemmDesc& desc = p.desc;
-  if (Status s = check_bias(desc, bias); !s.ok()) return s;
+  if (Status s = check_epilogue_io(desc, io); !s.ok()) return s;
   if (desc.m == 0 || desc.n == 0) return Status::Ok();
-  if (Status s = check_pointers(desc, a, b, c, d, bias); !s.ok()) return s;
+  if (Status s = check_pointers(desc, a, b, c, d, io); !s.ok()) return s;
   switch (desc.type) {
     case DataType::kF32:
-      return detail::enqueue_gemm<float>(p, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<float>(p, a, b, c, d, io, stream);
     case DataType::kF16:
-      return detail::enqueue_gemm<f16>(p, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<f16>(p, a, b, c, d, io, stream);
     case DataType::kBF16:
-      return detail::enqueue_gemm<bf16>(p, a, b, c, d, bias, stream);
+      return detail::enqueue_gemm<bf16>(p, a, b, c, d, io, stream);
   }
   return NotSupported("gemm: unknown element type");
 }
@@ -424,6 +529,14 @@ inline cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_RELU;
     case GemmEpilogue::kGelu:
       return CUBLASLT_EPILOGUE_GELU;
+    case GemmEpilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::kDGeluBgrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBgradA:  // flowc's A is cuBLASLt's B
+      return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::kBgradB:
+      return CUBLASLT_EPILOGUE_BGRADA;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -448,25 +561,63 @@ struct GemmPlan {
 namespace detail {
 
 template <class T>
-__global__ void gemm_epilogue(T* d, const T* bias, GemmEpilogue e, int64_t m, int64_t n, int64_t ldc,
-                              int64_t batch, int64_t stride_c) {
+__global__ void gemm_epilogue(T* d, const T* bias, const T* aux, GemmEpilogue e, int64_t m, int64_t n,
+                              int64_t ldc, int64_t ld_aux, int64_t batch, int64_t stride_c) {
   const int64_t total = batch * m * n;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t col = i % n, row = (i / n) % m, b = i / (m * n);
     T& out = d[b * stride_c + row * ldc + col];
     const float bv = bias ? static_cast<float>(bias[col]) : 0.0f;
-    out = T(epilogue(e, static_cast<float>(out), bv));
+    const float av = aux ? static_cast<float>(aux[row * ld_aux + col]) : 0.0f;
+    out = T(epilogue(e, static_cast<float>(out), bv, av));
   }
 }
 
+// out[j] = sum over i < count of x[i * step_i + j * step_j], j < len, in float: the fallback's
+// bias gradients (D's columns; op(A) or op(B) over k). One thread per sum, in a fixed order.
 template <class T>
-cudaError_t launch_epilogue(const GemmDesc& desc, void* d, const void* bias, cudaStream_t stream) {
+__global__ void gemm_sums(const T* x, T* out, int64_t len, int64_t count, int64_t step_j, int64_t step_i) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < len;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < count; ++i) s += static_cast<float>(x[i * step_i + j * step_j]);
+    out[j] = T(s);
+  }
+}
+
+inline int64_t fallback_blocks(int64_t total) {
+  return (total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096;
+}
+
+template <class T>
+cudaError_t launch_epilogue(const GemmDesc& desc, const void* a, const void* b, void* d,
+                            const GemmEpilogueIo& io, cudaStream_t stream) {
   const int64_t total = desc.batch * desc.m * desc.n;
-  const int64_t blocks = (total + 255) / 256 < 4096 ? (total + 255) / 256 : 4096;
-  FLOWC_LAUNCH((gemm_epilogue<T>), dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
-               static_cast<T*>(d), static_cast<const T*>(bias), desc.epilogue, desc.m, desc.n, desc.ldc,
-               desc.batch, desc.stride_c);
+  if (desc.epilogue != GemmEpilogue::kBgradA && desc.epilogue != GemmEpilogue::kBgradB) {
+    FLOWC_LAUNCH((gemm_epilogue<T>), dim3(static_cast<unsigned>(fallback_blocks(total))), dim3(256), 0,
+                 stream, static_cast<T*>(d), static_cast<const T*>(io.bias), static_cast<const T*>(io.aux),
+                 desc.epilogue, desc.m, desc.n, desc.ldc, desc.ld_aux, desc.batch, desc.stride_c);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  if (!epilogue_writes_bias_grad(desc.epilogue)) return cudaSuccess;
+  // The sums' source: D's columns (its rounded values), or op(A) / op(B) along k.
+  const T* x = static_cast<const T*>(d);
+  int64_t len = desc.n, count = desc.m, step_j = 1, step_i = desc.ldc;
+  if (desc.epilogue == GemmEpilogue::kBgradA) {
+    x = static_cast<const T*>(a);
+    len = desc.m;
+    count = desc.k;
+    step_j = desc.trans_a ? 1 : desc.lda;
+    step_i = desc.trans_a ? desc.lda : 1;
+  } else if (desc.epilogue == GemmEpilogue::kBgradB) {
+    x = static_cast<const T*>(b);
+    count = desc.k;
+    step_j = desc.trans_b ? desc.ldb : 1;
+    step_i = desc.trans_b ? 1 : desc.ldb;
+  }
+  FLOWC_LAUNCH((gemm_sums<T>), dim3(static_cast<unsigned>(fallback_blocks(len))), dim3(256), 0, stream, x,
+               static_cast<T*>(io.bias_grad), len, count, step_j, step_i);
   return cudaGetLastError();
 }
 
@@ -538,6 +689,8 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   bool ok = lt_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, op_first) &&
             lt_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, op_second) &&
             lt_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (epilogue_reads_aux(d.epilogue))
+    ok = ok && lt_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, d.ld_aux);
   ok = ok && lt_layout(&p->a, t, d.trans_b ? d.k : d.n, d.trans_b ? d.n : d.k, d.ldb, d.batch, d.stride_b) &&
        lt_layout(&p->b, t, d.trans_a ? d.m : d.k, d.trans_a ? d.k : d.m, d.lda, d.batch, d.stride_a) &&
        lt_layout(&p->c, t, d.n, d.m, d.ldc, d.batch, d.stride_c);
@@ -580,17 +733,24 @@ inline Status plan_gemm(BlasHandle& h, const GemmDesc& d, GemmPlan* p) {
   return Status::Ok();
 }
 
-// D = act(alpha op(A) op(B) + beta C + bias); c = nullptr reads C from d.
+// D = epilogue(alpha op(A) op(B) + beta C); c = nullptr reads C from d.
 inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* d,
-                       const void* bias, cudaStream_t stream) {
+                       const GemmEpilogueIo& io, cudaStream_t stream) {
   if (!p.made) return InvalidArgument("gemm: the plan was not made");
-  if (Status s = check_bias(p.desc, bias); !s.ok()) return s;
+  if (Status s = check_epilogue_io(p.desc, io); !s.ok()) return s;
   if (p.desc.m == 0 || p.desc.n == 0) return Status::Ok();
-  if (Status s = check_pointers(p.desc, a, b, c, d, bias); !s.ok()) return s;
-  // The bias address is a call's, not the plan's (plans are shared by identical calls); setting
-  // it is a host-side store into the descriptor, read when the call is queued.
-  if (bias != nullptr && !p.epilogue_kernel && !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias)) {
+  if (Status s = check_pointers(p.desc, a, b, c, d, io); !s.ok()) return s;
+  // The bias, aux and bias-gradient addresses are a call's, not the plan's (plans are shared by
+  // identical calls); setting one is a host-side store into the descriptor, read when the call
+  // is queued. The bias gradient takes the bias's pointer attribute.
+  const void* bias_ptr = io.bias_grad != nullptr ? io.bias_grad : io.bias;
+  if (bias_ptr != nullptr && !p.epilogue_kernel &&
+      !lt_set(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr)) {
     return LibraryError("gemm: cuBLASLt rejected the bias pointer");
+  }
+  if (io.aux != nullptr && !p.epilogue_kernel &&
+      !lt_set(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, io.aux)) {
+    return LibraryError("gemm: cuBLASLt rejected the GELU input (aux) pointer");
   }
   const cublasStatus_t st = cublasLtMatmul(p.lt, p.op, &p.desc.alpha, b, p.a, a, p.b, &p.desc.beta, c ? c : d,
                                            p.c, d, p.c, &p.algo, p.workspace, p.workspace_bytes, stream);
@@ -600,13 +760,13 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
     cudaError_t e = cudaSuccess;
     switch (p.desc.type) {
       case DataType::kF32:
-        e = detail::launch_epilogue<float>(p.desc, d, bias, stream);
+        e = detail::launch_epilogue<float>(p.desc, a, b, d, io, stream);
         break;
       case DataType::kF16:
-        e = detail::launch_epilogue<f16>(p.desc, d, bias, stream);
+        e = detail::launch_epilogue<f16>(p.desc, a, b, d, io, stream);
         break;
       case DataType::kBF16:
-        e = detail::launch_epilogue<bf16>(p.desc, d, bias, stream);
+        e = detail::launch_epilogue<bf16>(p.desc, a, b, d, io, stream);
         break;
     }
     if (e != cudaSuccess)
@@ -616,6 +776,14 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
 }
 
 #endif
+
+// D = act(alpha op(A) op(B) + beta C + bias): a forward epilogue's one extra operand.
+inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const void* c, void* d,
+                       const void* bias, cudaStream_t stream) {
+  GemmEpilogueIo io;
+  io.bias = bias;
+  return run_gemm(p, a, b, c, d, io, stream);
+}
 
 // C = op(A) op(B) into C's buffer.
 inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, void* c, cudaStream_t stream) {

@@ -91,6 +91,63 @@ static void check_gemm(flowc::BlasHandle& h, cudaStream_t s, flowc::GemmDesc d) 
   cudaFree(dC);
 }
 
+// A backward epilogue (one packed product, alpha 1, beta 0) against double precision: kDGelu*
+// multiplies by the tanh GELU's derivative at aux, kDGeluBgrad also sums D's columns, kBgradA
+// sums op(A) over k (m values), kBgradB op(B) (n values).
+static void check_gemm_backward(flowc::BlasHandle& h, cudaStream_t s, int64_t m, int64_t n, int64_t k,
+                                bool ta, bool tb, flowc::GemmEpilogue e, const char* name) {
+  flowc::GemmDesc d = flowc::packed_gemm(m, n, k, ta, tb);
+  d.epilogue = e;
+  d.ld_aux = n;
+  std::vector<float> A(m * k), B(k * n), X(m * n);
+  for (auto& v : A) v = frand();
+  for (auto& v : B) v = frand();
+  for (auto& v : X) v = 3.0f * frand();
+  const bool aux = flowc::epilogue_reads_aux(e);
+  const int64_t len = e == flowc::GemmEpilogue::kBgradA ? m : n;
+  std::vector<double> want(m * n), want_bias(len, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += (double)(ta ? A[p * m + i] : A[i * k + p]) * (tb ? B[j * k + p] : B[p * n + j]);
+      if (aux) {
+        const double x = X[i * n + j], c = std::sqrt(2.0 / M_PI),
+                     t = std::tanh(c * (x + 0.044715 * x * x * x));
+        acc *= 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+      }
+      want[i * n + j] = acc;
+      if (e == flowc::GemmEpilogue::kDGeluBgrad) want_bias[j] += acc;
+    }
+  for (int64_t j = 0; j < len; ++j)
+    for (int64_t p = 0; p < k; ++p) {
+      if (e == flowc::GemmEpilogue::kBgradA) want_bias[j] += ta ? A[p * m + j] : A[j * k + p];
+      if (e == flowc::GemmEpilogue::kBgradB) want_bias[j] += tb ? B[j * k + p] : B[p * n + j];
+    }
+  float *dA = to_device(A), *dB = to_device(B), *dX = to_device(X), *dD = nullptr, *dbias = nullptr;
+  FLOWC_CHECK(cudaMalloc(&dD, m * n * sizeof(float)));
+  FLOWC_CHECK(cudaMalloc(&dbias, len * sizeof(float)));
+  flowc::GemmPlan plan;
+  flowc::GemmEpilogueIo io;
+  io.aux = aux ? dX : nullptr;
+  io.bias_grad = flowc::epilogue_writes_bias_grad(e) ? dbias : nullptr;
+  flowc::Status st = flowc::plan_gemm(h, d, &plan);
+  if (st.ok()) st = flowc::run_gemm(plan, dA, dB, nullptr, dD, io, s);
+  FLOWC_CHECK(cudaStreamSynchronize(s));
+  double err = st.ok() ? rel_error(to_host(dD, want.size()), want) : 1.0;
+  if (st.ok() && io.bias_grad != nullptr) err = std::fmax(err, rel_error(to_host(dbias, len), want_bias));
+  const bool ok = st.ok() && err < 1e-5;
+  std::printf("%s gemm %s m=%lld n=%lld k=%lld ta=%d tb=%d err=%.2e %s\n", ok ? "PASS" : "FAIL", name,
+              (long long)m, (long long)n, (long long)k, ta, tb, err, st.message().c_str());
+  failures += ok ? 0 : 1;
+  flowc::destroy_plan(&plan);
+  cudaFree(dA);
+  cudaFree(dB);
+  cudaFree(dX);
+  cudaFree(dD);
+  cudaFree(dbias);
+}
+
 static void check_conv(flowc::ConvHandle& h, cudaStream_t s, flowc::ConvDesc d) {
   const int64_t oh = d.out_h(), ow = d.out_w(), cg = d.c / d.groups, kg = d.k / d.groups;
   std::vector<float> X(d.n * d.c * d.h * d.w), W(d.k * cg * d.r * d.s);
@@ -321,6 +378,40 @@ int main(int argc, char** argv) {
   d.stride_c = d.m * d.ldc + 7;
   d.beta = 1.0f;
   check_gemm(blas, s, d);
+  const struct {
+    flowc::GemmEpilogue e;
+    const char* name;
+  } backward[] = {{flowc::GemmEpilogue::kDGelu, "dgelu"},
+                  {flowc::GemmEpilogue::kDGeluBgrad, "dgelu+bgrad"},
+                  {flowc::GemmEpilogue::kBgradA, "bgrad(A)"},
+                  {flowc::GemmEpilogue::kBgradB, "bgrad(B)"}};
+  for (const auto& b : backward) {
+    check_gemm_backward(blas, s, 9, 16, 13, false, true, b.e, b.name);
+    check_gemm_backward(blas, s, 24, 8, 5, true, false, b.e, b.name);
+  }
+  {
+    // The backward epilogues' rules: the GELU input's leading dimension, its presence, one
+    // product with alpha 1 and beta 0.
+    flowc::GemmDesc g = flowc::packed_gemm(4, 12, 4);
+    g.epilogue = flowc::GemmEpilogue::kDGelu;
+    g.ld_aux = 12;
+    flowc::GemmPlan gp;
+    expect(says(flowc::plan_gemm(blas, g, &gp), "multiple of 8"),
+           "gemm refuses a GELU input whose leading dimension is no multiple of 8");
+    g.ld_aux = 16;
+    g.beta = 1.0f;
+    expect(says(flowc::plan_gemm(blas, g, &gp), "alpha 1 and beta 0"),
+           "gemm refuses a backward epilogue with beta");
+    g.beta = 0.0f;
+    float* rules_buf = nullptr;
+    FLOWC_CHECK(cudaMalloc(&rules_buf, 64 * sizeof(float)));
+    expect(flowc::plan_gemm(blas, g, &gp).ok() &&
+               says(flowc::run_gemm(gp, rules_buf, rules_buf, nullptr, rules_buf, flowc::GemmEpilogueIo{}, s),
+                    "needs the GELU's input"),
+           "gemm refuses a GELU gradient without the GELU's input");
+    flowc::destroy_plan(&gp);
+    cudaFree(rules_buf);
+  }
   flowc::GemmDesc bad = flowc::packed_gemm(4, 4, 4);
   bad.lda = 2;
   bool rejected = !flowc::gemm(blas, bad, nullptr, nullptr, nullptr, s).ok();
