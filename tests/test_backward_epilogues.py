@@ -205,3 +205,21 @@ def test_a_gelu_mlp_trains_with_the_backward_epilogues_as_jax_does(
         want.append(float(loss))
     worst = max(abs(a - b) / abs(b) for a, b in zip(got.losses, want, strict=True))
     assert worst < tol, (worst, got.losses[:3], want[:3])
+
+
+def test_the_backward_epilogues_build_for_cuda_without_a_warning(tmp_path: Path) -> None:
+    """The GELU MLP's bf16 step (DGELU_BGRAD, BGRADA and BGRADB on cuBLASLt, their aux and
+    bias-gradient pointers) compiled and linked with nvcc, warning-free."""
+    from conftest import require_cuda_build_toolchain
+
+    require_cuda_build_toolchain()
+    spec = spec_from("mse:y,y_true", "adamw:lr=0.01")
+    _, project = compile_step(
+        _gelu_mlp(tmp_path / "mlp.onnx"), spec, tmp_path / "s", batch=4, target="cuda",
+        precision="bf16",
+    )  # fmt: skip
+    source = "".join(p.read_text() for p in project.path.rglob("*.cu"))
+    for epilogue in ("kDGeluBgrad", "kBgradA", "kBgradB"):
+        assert f"flowc::GemmEpilogue::{epilogue}" in source, epilogue
+    bdir = build(project.path, "cuda", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
