@@ -402,12 +402,15 @@ class Project:
     def load(
         self, target: str | None = None, *, weights: str | os.PathLike[str] | None = None
     ) -> Model:
-        """The built library loaded into this process (one-device projects): a Model whose
-        run() takes arrays and returns arrays."""
+        """The built library loaded into this process: a Model whose run() takes arrays and
+        returns arrays. A multi-rank project loads only in a process mpirun started as one
+        of its ranks (every rank loads it and makes the same calls; `flowc train --mesh`
+        drives its ranks so)."""
         chosen, _ = resolve_target(target, self.path)
-        if self.ranks > 1:
+        if self.ranks > 1 and launched_ranks() != self.ranks:
             raise InputError(
-                f"{shown(self.path)} runs on {self.ranks} ranks: load() takes one-device projects",
+                f"{shown(self.path)} runs on {self.ranks} ranks: load() takes one-device projects, "
+                f"or runs in each of {self.ranks} processes mpirun starts",
                 hint="run it with Project.run() or `flowc run` (mpirun starts the ranks)",
             )
         check_built(self.path, chosen)
@@ -421,7 +424,18 @@ class Project:
             target=chosen,
             state=_specs(self.info.get("state", [])),
             train_inputs=_specs(self.info.get("train_inputs", [])),
+            ranks=self.ranks,
         )
+
+
+def launched_ranks() -> int:
+    """How many ranks the MPI job this process is one of has (1: none), from the launcher's
+    environment (Open MPI's, or PMI's)."""
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 1
 
 
 def _check_names(feeds: Mapping[str, Any], inputs: Sequence[Mapping[str, Any]]) -> None:
@@ -600,6 +614,7 @@ class Model:
         target: str,
         state: list[TensorSpec] | None = None,
         train_inputs: list[TensorSpec] | None = None,
+        ranks: int = 1,
     ) -> None:
         # run()'s inputs and outputs (a training program's: its inference with the current
         # parameters), and train_step()'s inputs (the batch and the labels).
@@ -608,7 +623,10 @@ class Model:
         # A training step's state, which the model keeps (read_state, save_checkpoint, ...).
         self.state = list(state or [])
         self._handle: ctypes.c_void_p | None = None
-        if not weights.is_file():
+        self.ranks = ranks
+        # A multi-rank program's create() reads weights.rank<R>.bin beside the name given.
+        shown_weights = weights.with_name(f"{weights.stem}.rank0{weights.suffix}")
+        if not (weights if ranks == 1 else shown_weights).is_file():
             raise InputError(
                 f"{weights}: no such weights file", hint="give a weights file flowc wrote"
             )
@@ -666,6 +684,20 @@ class Model:
             )
         self._handle = handle
         self._cuda = _CudaRuntime() if target == "cuda" else None
+        rank = fn("rank")
+        rank.argtypes = [ctypes.c_void_p]
+        self.rank = int(rank(handle))
+        # A library from before these calls has one rank and needs neither.
+        self._finish = getattr(lib, prefix + "finish", None)
+        self._abort_all = getattr(lib, prefix + "abort_all", None)
+        if self._abort_all is not None:
+            self._abort_all.argtypes = [ctypes.c_int]
+
+    def abort_all(self, exit_code: int) -> None:
+        """End every rank of a multi-rank job (this process too)."""
+        if self._abort_all is not None:
+            self._abort_all(exit_code)
+        raise SystemExit(exit_code)
 
     def __enter__(self) -> Model:
         return self
@@ -681,6 +713,8 @@ class Model:
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
             self._destroy(handle)
+            if self.ranks > 1 and self._finish is not None:
+                self._finish()  # the communicators, and MPI if create() started it
 
     def _error(self, what: str) -> FlowcError:
         text = self._last_error(self._handle) or b""

@@ -449,12 +449,33 @@ def compile_step(
 ) -> tuple[TrainingStep, Project]:
     """The training step of MODEL compiled into project OUT (not built)."""
     from flowc.codegen.project import check_project_dir
-    from flowc.compiler import compile_graph, load_training
+    from flowc.compiler import (
+        PipelineSpec,
+        compile_graph,
+        load_training,
+        parallelize,
+        placement_target,
+    )
 
     opts = compile_options(model_path, target=target, **options)
     precision = opts.schedule.precision
     spec = dataclasses.replace(spec, precision=precision)
     check_project_dir(out, opts.force)
+    placement = placement_target(opts.model, opts.parallel)
+    if isinstance(placement, PipelineSpec):
+        raise InputError(
+            "--pipeline compiles inference programs for now; a training step is placed on a "
+            "mesh (--mesh N --parallel data|auto)",
+            hint="leave --pipeline out",
+        )
+    if placement is not None and spec.recompute != "none":
+        raise InputError(
+            f"--recompute {spec.recompute} applies to one-device steps for now",
+            hint="leave --recompute out with --mesh",
+        )
+    if placement is not None:
+        # On a mesh --mem-limit bounds each device's bytes, which the placement measures.
+        spec = dataclasses.replace(spec, mem_limit=None)
     if spec.mem_limit is not None and opts.schedule.streams is not None:
         raise InputError(
             "--mem-limit is checked on the step's order of least peak memory, which --streams "
@@ -466,15 +487,23 @@ def compile_step(
     if step.recompute is not None:
         for line in step.recompute.lines():
             progress(line)
-    progress(f"generating {out}/ ({len(step.graph.nodes)} nodes, {len(step.params)} parameters)")
     # A training step keeps activations, gradients and their updates: memory is what binds
     # it, so it runs in the order of least peak memory (with accumulation, each micro-batch's
     # backward before the next one's forward), on one stream unless --streams asks for the
     # latency schedule on more (gpt2_tiny: 2.3 MB of arena against 7.9 MB on four streams).
     streams = opts.schedule.streams
     schedule_for = "memory" if streams is None or step.micro_batches > 1 else "latency"
+    graph, physical, inference = step.graph, None, step.inference
+    if placement is not None:
+        progress(f"placing the step on mesh {placement.mesh} ({placement.method})")
+        placed = parallelize(step.graph, dataclasses.replace(placement, streams=1))
+        graph, physical = placed.physical.graph, placed.physical
+        # run() of a training program on a mesh infers nothing yet: its forward would need
+        # its own placement.
+        inference = None
+    progress(f"generating {out}/ ({len(graph.nodes)} nodes, {len(step.params)} parameters)")
     compile_graph(
-        step.graph,
+        graph,
         out,
         prefix=opts.prefix,
         source=Path(model_path).name,
@@ -484,7 +513,8 @@ def compile_step(
         streams=streams,
         schedule_for=schedule_for,
         precision=precision,
-        inference=step.inference,
+        inference=inference,
+        physical=physical,
     )
     return step, Project(out)
 
@@ -518,13 +548,27 @@ def train(
     save_every: int | None = None,
     resume: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
+    rank_of: str | os.PathLike[str] | None = None,
+    rank_result: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> TrainResult:
     """`flowc train`: compile MODEL's training step, build it, run ``steps`` steps over
     ``data`` (after those of the checkpoint ``resume`` names); with ``checkpoint_dir``, save
     at the end (and every ``save_every`` steps); with ``export``, write MODEL with its
-    trained initializers."""
+    trained initializers.
+
+    On a mesh (``mesh=``) the step is placed (``parallel=``: data, auto or none), compiled
+    and built once, then mpirun starts one process per device, each running this function
+    with ``rank_of`` (the built project): every rank makes the same steps on the same
+    batches, rank 0 alone logs and saves, and its result comes back here (through the file
+    ``rank_result``)."""
+    call = {k: v for k, v in locals().items() if k not in ("progress", "options")}
+    call.update(options)
     say = progress or _quiet
+    if options.get("mesh") is not None and mem_limit is not None:
+        # On a mesh the limit is each device's, which the placement keeps.
+        options = {**options, "mem_limit": str(mem_limit)}
+        mem_limit = None
     # What is not given, a .flow program's train block may give (the arguments win).
     given = with_train_block(
         model,
@@ -592,12 +636,16 @@ def train(
     if resume is not None and batch is not None:
         check_resume(batch)  # before the (slow) compile
     chosen, why = resolve_target(target)
-    say(f"target {chosen} ({why})")
+    if rank_of is None:
+        say(f"target {chosen} ({why})")
     with tempfile.TemporaryDirectory(prefix="flowc-train-") as tmp:
         out = Path(project) if project is not None else Path(tmp) / "step"
-        step, proj = compile_step(
-            model, spec, out, batch=batch, target=target, progress=say, **options
-        )
+        if rank_of is not None:
+            step, proj = _rank_step(model, spec, batch, target, options), Project(rank_of)
+        else:
+            step, proj = compile_step(
+                model, spec, out, batch=batch, target=target, progress=say, **options
+            )
         if batch is None:
             # A .flow program's types are static: its batch is its inputs' axis 0.
             first_input = next(v for v in step.graph.inputs if v.name in step.batch)
@@ -605,7 +653,8 @@ def train(
             if resume is not None:
                 check_resume(batch)
         arrays = load_data(Path(data), step)
-        proj.build(chosen, progress=say)
+        if rank_of is None:
+            proj.build(chosen, progress=say)
         logits = next((v for v in step.graph.values() if v.name == spec.loss.prediction), None)
         classes = None
         if spec.loss.kind == "cross_entropy" and logits is not None:
@@ -614,7 +663,8 @@ def train(
         if resume is not None:
             state, info = load_checkpoint(Path(resume), step)
             first = int(info["step"])
-            say(f"resuming after step {first}")
+            if rank_of is None:
+                say(f"resuming after step {first}")
         meta = {
             "batch": batch,
             "accumulate": accumulate,
@@ -623,44 +673,140 @@ def train(
             "model": Path(model).name,
         }
         folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        if proj.ranks > 1 and rank_of is None:
+            result = _run_ranks(proj, chosen, call, Path(tmp), say)
+        else:
+            lead = True
 
-        def saver(done: int, current: Model) -> None:
-            if (
-                folder is not None
-                and save_every
-                and done % save_every == 0
-                and done < first + steps
-            ):
-                save_checkpoint(folder, step, current.read_state(), done, meta)
+            def saver(done: int, current: Model) -> None:
+                if (
+                    lead
+                    and folder is not None
+                    and save_every
+                    and done % save_every == 0
+                    and done < first + steps
+                ):
+                    save_checkpoint(folder, step, current.read_state(), done, meta)
 
-        writer = _LogWriter(Path(log)) if log is not None else None
-        try:
-            with proj.load(chosen) as compiled:
-                result = run_steps(
-                    compiled,
-                    step,
-                    arrays,
-                    steps=steps,
-                    batch=batch,
-                    shuffle=shuffle,
-                    seed=seed,
-                    classes=classes,
-                    skip_nonfinite=skip_nonfinite,
-                    log=writer.write if writer else None,
-                    progress=say,
-                    state=state,
-                    first=first,
-                    on_step=saver,
-                )
-        finally:
-            if writer is not None:
-                writer.close()
+            writer = None
+            try:
+                with proj.load(chosen) as compiled:
+                    # On a mesh every rank makes the same steps; rank 0 alone reports.
+                    lead = compiled.rank == 0
+                    if log is not None and lead:
+                        writer = _LogWriter(Path(log))
+                    result = run_steps(
+                        compiled,
+                        step,
+                        arrays,
+                        steps=steps,
+                        batch=batch,
+                        shuffle=shuffle,
+                        seed=seed,
+                        classes=classes,
+                        skip_nonfinite=skip_nonfinite,
+                        log=writer.write if writer else None,
+                        progress=say if lead else _quiet,
+                        state=state,
+                        first=first,
+                        on_step=saver,
+                    )
+            finally:
+                if writer is not None:
+                    writer.close()
+            if rank_of is not None:
+                if lead and rank_result is not None:
+                    _save_result(Path(rank_result), result)
+                return result
     if folder is not None:
         saved = save_checkpoint(folder, step, result.state, first + steps, meta)
         say(f"saved {saved}")
     if export is not None:
         export_onnx(Path(model), result.params, Path(export))
         say(f"wrote {export}")
+    return result
+
+
+def _rank_step(
+    model: str | os.PathLike[str],
+    spec: TrainSpec,
+    batch: int | None,
+    target: str | None,
+    options: Mapping[str, Any],
+) -> TrainingStep:
+    """A rank's training step: the one compile_step placed and generated (the same
+    deterministic import, passes and backward), without generating it again."""
+    from flowc.compiler import load_training
+
+    opts = compile_options(model, target=target, **options)
+    spec = dataclasses.replace(spec, precision=opts.schedule.precision, mem_limit=None)
+    return load_training(opts.model, spec, batch=batch)
+
+
+def _run_ranks(
+    proj: Project, target: str, call: dict[str, Any], tmp: Path, say: Progress
+) -> TrainResult:
+    """mpirun's ranks of ``proj``, each running train() on the built project; rank 0's
+    result. The job is one process group: an interrupt or a failure ends every rank."""
+    import subprocess
+    import sys
+
+    from flowc.harness.build import launcher
+    from flowc.harness.processes import end_group
+
+    args = {**call, "rank_of": str(proj.path), "rank_result": str(tmp / "result.npz")}
+    # The final checkpoint and the export are the caller's, from rank 0's result.
+    args.update(project=None, export=None, checkpoint_dir=None, save_every=None)
+    if call.get("checkpoint_dir") is not None and call.get("save_every"):
+        args.update(checkpoint_dir=call["checkpoint_dir"], save_every=call["save_every"])
+    (tmp / "train.json").write_text(json.dumps(args, default=str), encoding="utf-8")
+    cmd, env = launcher(proj.ranks, target)
+    say(f"starting {proj.ranks} ranks")
+    child = subprocess.Popen(
+        [*cmd, sys.executable, "-m", "flowc.cli.train_rank", str(tmp / "train.json")],
+        env={**os.environ, **env},
+        start_new_session=True,
+        text=True,
+    )
+    try:
+        code = child.wait()
+    except BaseException:
+        end_group(child)
+        raise
+    if code != 0 or not (tmp / "result.npz").is_file():
+        raise FlowcError(
+            f"the training job's ranks failed (mpirun exit status {code})",
+            hint="the ranks' messages are above",
+        )
+    return _load_result(tmp / "result.npz")
+
+
+def _save_result(path: Path, result: TrainResult) -> None:
+    lists = {k: getattr(result, k) for k in ("losses", "counts", "lrs", "scales", "skipped")}
+    arrays = {f"state/{k}": v for k, v in result.state.items()}
+    arrays.update({f"params/{k}": v for k, v in result.params.items()})
+    meta = {**lists, "steps_per_s": result.steps_per_s}
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
+    os.replace(tmp, path)
+
+
+def _load_result(path: Path) -> TrainResult:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        result = TrainResult(
+            losses=meta["losses"],
+            counts=meta["counts"],
+            lrs=meta["lrs"],
+            scales=meta["scales"],
+            skipped=meta["skipped"],
+            steps_per_s=meta["steps_per_s"],
+        )
+        for k in z.files:
+            if k.startswith("state/"):
+                result.state[k[len("state/") :]] = np.asarray(z[k])
+            elif k.startswith("params/"):
+                result.params[k[len("params/") :]] = np.asarray(z[k])
     return result
 
 

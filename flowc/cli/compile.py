@@ -84,14 +84,17 @@ def compile_cmd(
     if train or training != TrainArgs():
         import dataclasses
 
-        if dataclasses.replace(parallel, mem_limit=None) != ParallelArgs():
+        if parallel.pipeline is not None:
             raise InputError(
-                "--train compiles a one-device step for now: --mesh, --pipeline and the "
-                "placement options do not apply to it (--mem-limit does: the step must fit it)",
-                hint="leave them out (distributed training is a later issue)",
+                "--train places a step on a mesh (--mesh N --parallel data|auto); --pipeline "
+                "compiles inference programs for now",
+                hint="leave --pipeline out",
             )
-        training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
-        _compile_training(model, project, target, arch, prefix, force, schedule, train, training)
+        if parallel.mesh is None:
+            training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
+        _compile_training(
+            model, project, target, arch, prefix, force, schedule, train, training, parallel
+        )
         return
     opts = CompileOptions(
         model, schedule, parallel, prefix=prefix, arch=arch, force=force, target=target
@@ -139,6 +142,20 @@ def compile_model(
         print_stage_times(times)
 
 
+def _placement_options(parallel: ParallelArgs) -> dict[str, object]:
+    """compile_options' keywords for the placement options given (none without --mesh)."""
+    if parallel.mesh is None:
+        return {}
+    return {
+        "mesh": parallel.mesh,
+        "parallel": parallel.parallel,
+        "sbp": list(parallel.sbps),
+        "mem_limit": parallel.mem_limit,
+        "cost_profile": parallel.cost_profile,
+        "search_nodes": parallel.search_nodes,
+    }
+
+
 def _compile_training(
     model: ModelArgs,
     project: Path,
@@ -149,8 +166,10 @@ def _compile_training(
     schedule: ScheduleArgs,
     train: bool,
     training: TrainArgs,
+    parallel: ParallelArgs,
 ) -> None:
-    """`flowc compile --train`: the training step's project, not run."""
+    """`flowc compile --train`: the training step's project, not run (on a mesh: placed,
+    each rank's program in one project)."""
     import shlex
 
     from flowc.errors import InputError
@@ -181,6 +200,7 @@ def _compile_training(
         precision=schedule.precision,
         streams=schedule.streams,
         schedule_for=schedule.schedule_for,
+        **_placement_options(parallel),
     )
     shown = shlex.quote(str(project))
     out.print(

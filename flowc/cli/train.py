@@ -4,6 +4,7 @@ one program), build it, and run it over a dataset."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -60,6 +61,25 @@ from flowc.cli.options import (
     "The step's device memory (state, constants, arena) must fit this, e.g. 64MiB; "
     "with --recompute auto, what recomputation aims at.",
 )
+@text_option(
+    "--mesh",
+    "N|AxB",
+    "Train on N devices (one MPI rank each; mpirun starts them): 4, or 2x2 for a 2-D mesh.",
+)
+@choice_option(
+    "--parallel",
+    ["data", "auto", "none"],
+    "With --mesh: data: the batch split over the devices, the state whole, the gradients "
+    "all-reduced; auto: the placement search chooses; none: every device computes all.",
+    default="data",
+)
+@text_option(
+    "--sbp",
+    "NAME=SBP",
+    "With --mesh: fix the layout of a value of the step, e.g. w=S(0).",
+    dest="sbps",
+    multiple=True,
+)
 @path_option("--export", help="Write MODEL with its trained initializers (an ONNX model).")
 @path_option("--log", help="LOG.jsonl: one line per step (step, loss, count, lr, examples/s).")
 @path_option(
@@ -88,6 +108,9 @@ def train_cmd(
     target: str | None,
     precision: str,
     mem_limit: str | None,
+    mesh: str | None,
+    parallel: str,
+    sbps: tuple[str, ...],
     export: Path | None,
     log: Path | None,
     project: Path | None,
@@ -122,6 +145,11 @@ def train_cmd(
         )
     loss, optimizer, batch = training.loss, training.optimizer, training.batch
     assert loss and optimizer and data and steps
+    placement: dict[str, Any] = {}
+    if mesh is not None:
+        placement = {"mesh": mesh, "parallel": parallel, "sbp": list(sbps)}
+    elif sbps or parallel != "data":
+        raise InputError("--parallel and --sbp need --mesh", hint="e.g. --mesh 4")
     result = train(
         model.path,
         loss=loss,
@@ -154,6 +182,7 @@ def train_cmd(
         shape=list(model.shapes),
         dim=list(model.dims),
         weights=model.weights,
+        **placement,
     )
     out.print(
         f"trained {steps} steps: loss {result.losses[0]:.6g} -> {result.losses[-1]:.6g} "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
-from flowc.ir.layout import fits
+from flowc.ir.layout import broadcast, fits
 from flowc.ir.names import did_you_mean
 from flowc.ir.types import Mesh, NdSbp, Sbp, mesh_size_problem
 from flowc.parallel.cost import PlanCost, Profile
@@ -167,6 +167,47 @@ def workspace_within(profile: Profile, mem_limit: int | None) -> Profile:
     return dataclasses.replace(profile, workspace=mem_limit // 16 // 256 * 256)
 
 
+def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Value, NdSbp]:
+    """A training step's state leaves the step as it entered (a constraint of every plan):
+    each state input and the output written over it take one layout, whole (B) on every
+    device unless --sbp places one of them."""
+    by_name = {v.name: v for v in graph.values()}
+    out = dict(fixed)
+    for name, written in graph.state.items():
+        x = by_name[name]
+        pair = [x] if written is None else [x, by_name[written]]
+        layouts = {fixed[v] for v in pair if v in fixed}
+        if len(layouts) > 1:
+            raise InputError(
+                f"--sbp: state {name!r} must leave the step as it enters it, but its input and "
+                f"{written!r} are placed {' and '.join(map(str, layouts))}",
+                hint="place one of them (the other follows)",
+            )
+        layout = layouts.pop() if layouts else broadcast(mesh)
+        for v in pair:
+            out[v] = layout
+    return out
+
+
+def _batch_split(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Value, NdSbp]:
+    """Data parallelism for a training step: the batch inputs split on axis 0 over every
+    device, the state as ``fixed`` places it."""
+    split = NdSbp(tuple(Sbp("S", 0) for _ in mesh.shape))
+    out = dict(fixed)
+    for v in graph.inputs:
+        if v in out:
+            continue
+        if v.type.rank == 0 or v.type.shape[0] % mesh.size:
+            raise InputError(
+                f"data parallelism splits the batch input {v.name!r} ({v.type}) on axis 0 over "
+                f"all {mesh.size} devices of mesh {mesh}, but its batch is "
+                f"{v.type.shape[0] if v.type.rank else 'none (a scalar)'}",
+                hint=f"use a --batch that divides by {mesh.size}",
+            )
+        out[v] = split
+    return out
+
+
 def make_plan(
     graph: Graph,
     opts: ParallelOptions,
@@ -174,6 +215,7 @@ def make_plan(
     method: str,
     param_limit: int | None = None,
 ) -> Plan:
+    from flowc.parallel.propagate import propagated_plan
     from flowc.parallel.search import broadcast_plan, data_parallel_plan, search
 
     fixed = _fixed(graph, opts)
@@ -183,6 +225,11 @@ def make_plan(
                 "--sbp placements need --parallel auto or data (none keeps everything whole)"
             )
         return broadcast_plan(graph, opts.mesh)
+    if graph.state:
+        fixed = _with_state(graph, opts.mesh, fixed)
+        if method == "data":
+            given = _batch_split(graph, opts.mesh, fixed)
+            return propagated_plan(graph, opts.mesh, profile, given, "data")
     if method == "data":
         return data_parallel_plan(graph, opts.mesh, profile, fixed, node_limit=opts.node_limit)
     return search(

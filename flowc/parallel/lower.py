@@ -263,6 +263,11 @@ class _Lowerer:
         for o, x in zip(self.logical.outputs, outs, strict=True):
             self.rename_output(x, o.name)
         self.g.outputs = outs
+        # A training step's state: every rank keeps it whole (the inputs and the outputs
+        # written over them keep their names) and starts from the same values.
+        self.g.state = dict(self.logical.state)
+        self.g.params = {n: a for n, a in self.logical.params.items() if n in self.g.state}
+        self.g.train = dict(self.logical.train)
         # A weight shard that only its widened copy serves is not shipped.
         read = {i for n in self.g.nodes for i in n.inputs if i is not None} | set(outs)
         dropped = {c for c in self.widened if c.const is not None and c not in read}
