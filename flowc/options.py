@@ -141,6 +141,8 @@ class ParallelArgs:
     pipeline: int | None = None
     microbatches: int = 1
     stage_boundary: str | None = None
+    # A training step's ZeRO stage (flowc.training.zero): its state split over the mesh.
+    zero: int | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ from flowc.training.spec import (
     parse_schedule,
 )
 from flowc.training.step import TrainingStep
+from flowc.training.zero import STAGES as ZERO_STAGES
+from flowc.training.zero import rank_state_bytes, zero_formula, zero_layouts
 
 Progress = Callable[[str], None]
 
@@ -445,9 +447,11 @@ def compile_step(
     batch: int | None = None,
     target: str | None = None,
     progress: Progress = _quiet,
+    zero: int = 0,
     **options: Any,
 ) -> tuple[TrainingStep, Project]:
-    """The training step of MODEL compiled into project OUT (not built)."""
+    """The training step of MODEL compiled into project OUT (not built). ``zero``: ZeRO's
+    stage on a mesh (flowc.training.zero)."""
     from flowc.codegen.project import check_project_dir
     from flowc.compiler import (
         PipelineSpec,
@@ -476,6 +480,10 @@ def compile_step(
     if placement is not None:
         # On a mesh --mem-limit bounds each device's bytes, which the placement measures.
         spec = dataclasses.replace(spec, mem_limit=None)
+    if zero and placement is None:
+        raise InputError(f"--zero {zero} splits the state over a mesh", hint="add --mesh N")
+    if zero not in (0, *ZERO_STAGES):
+        raise InputError(f"--zero {zero}: expected 1, 2 or 3")
     if spec.mem_limit is not None and opts.schedule.streams is not None:
         raise InputError(
             "--mem-limit is checked on the step's order of least peak memory, which --streams "
@@ -494,10 +502,29 @@ def compile_step(
     streams = opts.schedule.streams
     schedule_for = "memory" if streams is None or step.micro_batches > 1 else "latency"
     graph, physical, inference = step.graph, None, step.inference
+    if placement is not None and zero:
+        layouts, whole = zero_layouts(step, placement.mesh, zero)
+        # --sbp wins over ZeRO's layout for the same value.
+        sbp = {**{k: v for k, v in layouts.items()}, **placement.sbp}
+        placement = dataclasses.replace(placement, sbp=sbp)
+        progress(f"ZeRO stage {zero}: {len(layouts)} state tensors split over the mesh")
+        if whole:
+            progress(
+                f"  whole (axis 0 does not divide by {placement.mesh.size}): {', '.join(whole)}"
+            )
     if placement is not None:
         progress(f"placing the step on mesh {placement.mesh} ({placement.method})")
         placed = parallelize(step.graph, dataclasses.replace(placement, streams=1))
         graph, physical = placed.physical.graph, placed.physical
+        params, moments = rank_state_bytes(graph, step)
+        whole_params, whole_moments = rank_state_bytes(step.graph, step)
+        progress(
+            f"per rank: parameters {params:,} B, optimizer state {moments:,} B, arena "
+            f"{placed.memory.arena:,} B (gradients live there, from their product to their "
+            f"reduction); ZeRO's count for stage {zero} on {placement.mesh.size} ranks, "
+            f"gradients kept: "
+            f"{zero_formula(whole_params, whole_moments, placement.mesh.size, zero):,} B"
+        )
         # run() of a training program on a mesh infers nothing yet: its forward would need
         # its own placement.
         inference = None
@@ -679,14 +706,13 @@ def train(
             lead = True
 
             def saver(done: int, current: Model) -> None:
-                if (
-                    lead
-                    and folder is not None
-                    and save_every
-                    and done % save_every == 0
-                    and done < first + steps
-                ):
-                    save_checkpoint(folder, step, current.read_state(), done, meta)
+                due = folder is not None and save_every and done % save_every == 0
+                if due and done < first + steps:
+                    # Every rank reads (a split state is gathered); rank 0 saves.
+                    whole = current.read_state()
+                    if lead:
+                        assert folder is not None
+                        save_checkpoint(folder, step, whole, done, meta)
 
             writer = None
             try:
@@ -738,7 +764,9 @@ def _rank_step(
     deterministic import, passes and backward), without generating it again."""
     from flowc.compiler import load_training
 
-    opts = compile_options(model, target=target, **options)
+    opts = compile_options(
+        model, target=target, **{k: v for k, v in options.items() if k != "zero"}
+    )
     spec = dataclasses.replace(spec, precision=opts.schedule.precision, mem_limit=None)
     return load_training(opts.model, spec, batch=batch)
 

@@ -96,6 +96,11 @@ def compile_cmd(
             model, project, target, arch, prefix, force, schedule, train, training, parallel
         )
         return
+    if parallel.zero is not None:
+        raise InputError(
+            f"--zero {parallel.zero} splits a training step's state: it needs --train",
+            hint="flowc compile MODEL --train ... --mesh N --zero K",
+        )
     opts = CompileOptions(
         model, schedule, parallel, prefix=prefix, arch=arch, force=force, target=target
     )
@@ -142,11 +147,12 @@ def compile_model(
         print_stage_times(times)
 
 
-def _placement_options(parallel: ParallelArgs) -> dict[str, object]:
-    """compile_options' keywords for the placement options given (none without --mesh)."""
+def _placement_options(parallel: ParallelArgs) -> dict[str, Any]:
+    """compile_step's keywords for the placement options given (none without --mesh)."""
     if parallel.mesh is None:
-        return {}
+        return {"zero": parallel.zero or 0}
     return {
+        "zero": parallel.zero or 0,
         "mesh": parallel.mesh,
         "parallel": parallel.parallel,
         "sbp": list(parallel.sbps),

@@ -289,8 +289,8 @@ def schedule_options(fn: F) -> F:
 
 
 def parallel_options(fn: F) -> F:
-    """--mesh, --parallel, --sbp, --mem-limit, --cost-profile, --search-nodes, --pipeline,
-    --microbatches, --stage-boundary -> ``parallel``."""
+    """--mesh, --parallel, --sbp, --mem-limit, --cost-profile, --search-nodes, --zero,
+    --pipeline, --microbatches, --stage-boundary -> ``parallel``."""
     return _with_options(
         fn,
         "parallel",
@@ -328,6 +328,14 @@ def parallel_options(fn: F) -> F:
                 "plan on any machine; default 2000).",
                 low=0,
                 high=MAX_SEARCH_NODES,
+            ),
+            count_option(
+                "--zero",
+                "K",
+                "With --train: ZeRO stage K (1, 2: each parameter's optimizer state split on "
+                "axis 0 over the mesh; 3: the parameters too).",
+                low=1,
+                high=3,
             ),
             count_option(
                 "--pipeline",

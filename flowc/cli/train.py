@@ -80,6 +80,14 @@ from flowc.cli.options import (
     dest="sbps",
     multiple=True,
 )
+@count_option(
+    "--zero",
+    "K",
+    "With --mesh: ZeRO stage K (1, 2: each parameter's optimizer state split on axis 0 over "
+    "the devices; 3: the parameters too), the collectives following from the layouts.",
+    low=1,
+    high=3,
+)
 @path_option("--export", help="Write MODEL with its trained initializers (an ONNX model).")
 @path_option("--log", help="LOG.jsonl: one line per step (step, loss, count, lr, examples/s).")
 @path_option(
@@ -111,6 +119,7 @@ def train_cmd(
     mesh: str | None,
     parallel: str,
     sbps: tuple[str, ...],
+    zero: int | None,
     export: Path | None,
     log: Path | None,
     project: Path | None,
@@ -147,9 +156,9 @@ def train_cmd(
     assert loss and optimizer and data and steps
     placement: dict[str, Any] = {}
     if mesh is not None:
-        placement = {"mesh": mesh, "parallel": parallel, "sbp": list(sbps)}
-    elif sbps or parallel != "data":
-        raise InputError("--parallel and --sbp need --mesh", hint="e.g. --mesh 4")
+        placement = {"mesh": mesh, "parallel": parallel, "sbp": list(sbps), "zero": zero or 0}
+    elif sbps or parallel != "data" or zero is not None:
+        raise InputError("--parallel, --sbp and --zero need --mesh", hint="e.g. --mesh 4")
     result = train(
         model.path,
         loss=loss,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -48,7 +48,7 @@ from flowc.codegen.weights import WEIGHTS_MAGIC as WEIGHTS_MAGIC  # re-exported
 from flowc.codegen.weights import WeightsLayout as WeightsLayout  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
-from flowc.ir.types import Mesh
+from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
 from flowc.ops.registry import get_op, is_view
 from flowc.resources import templates_dir
@@ -124,7 +124,10 @@ def layout_weights(
     held = [(c, _const_data(c)) for c in graph.constants]
     if inference is not None:
         held += [(c, _const_data(c)) for c in inference.constants]
-    held += state_inputs(graph)
+    if physical is not None and coords is not None:
+        held += [(v, physical.state_for(v.name, a, coords)) for v, a in state_inputs(graph)]
+    else:
+        held += state_inputs(graph)
     for c, a in held:
         if is_splat(a):
             continue
@@ -689,6 +692,7 @@ def generate(
         cuda_graph=cuda_graph,
         timeline=timeline,
         infer=infer,
+        state_layouts=physical.state_layouts if physical is not None else {},
     )
     return files, all_weights, prog.ops, infer.prog.ops if infer is not None else []
 
@@ -719,6 +723,7 @@ def _render(
     timeline: dict[str, Any],
     pipeline: dict[str, Any] | None = None,
     infer: StageCode | None = None,
+    state_layouts: Mapping[str, NdSbp] | None = None,
 ) -> dict[str, str]:
     """The project's text files: ``graph`` gives the program's inputs and outputs (the
     whole batch), ``stages`` the code (one per pipeline stage; the rank's stage picks);
@@ -853,6 +858,7 @@ def _render(
                     if graph.state
                     else {}
                 ),
+                # A split state's entry has its layout and whole shape (shape: a rank's).
                 "state": [
                     {
                         "name": t["raw_name"],
@@ -860,6 +866,7 @@ def _render(
                         "dtype": t["short"],
                         "offset": t["ckpt_offset"],
                         "written": t["written"],
+                        **_split_state(t["raw_name"], state_layouts or {}, graph),
                     }
                     for t in state
                 ],
@@ -929,23 +936,36 @@ TRAIN_RESULTS = (
 
 def state_table(graph: Graph, weights: WeightsLayout) -> list[dict[str, Any]]:
     """The state the model keeps, as model.cu's kState table: each tensor's place in the
-    weights buffer and in a checkpoint (the tensors one after another, 256-aligned)."""
+    weights buffer and in a checkpoint (the tensors one after another, 256-aligned). A
+    state split over a mesh (ZeRO: S(0) over every mesh axis, rank r holding chunk r) is
+    listed whole: state_read/state_write and checkpoints see the whole tensor (its local
+    bytes are ``local_nbytes``), so a checkpoint is the same on any mesh and plan."""
     table = []
     pos = 0
-    for v, _ in state_inputs(graph):
-        t = _tensor_info(v, v.name)
+    for v, first in state_inputs(graph):
+        whole = TensorType(tuple(np.asarray(first).shape), v.type.dtype)
+        t = _tensor_info(Value(v.name, whole), v.name)
         t.update(
             raw_name=v.name,
             short=v.type.dtype.short,
-            shape_list=list(v.type.shape),
+            shape_list=list(whole.shape),
             offset=weights.offsets[v],
-            nbytes=v.type.nbytes,
+            nbytes=whole.nbytes,
+            local_nbytes=v.type.nbytes,
             ckpt_offset=pos,
             written=graph.state[v.name] is not None,
         )
         table.append(t)
-        pos += (v.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        pos += (whole.nbytes + ALIGN - 1) // ALIGN * ALIGN
     return table
+
+
+def _split_state(name: str, layouts: Mapping[str, NdSbp], graph: Graph) -> dict[str, Any]:
+    layout = layouts.get(name)
+    if layout is None:
+        return {}
+    whole = graph.params[name]
+    return {"layout": str(layout), "whole_shape": list(np.asarray(whole).shape)}
 
 
 def _state_layout(table: list[dict[str, Any]]) -> dict[str, int]:

@@ -184,6 +184,12 @@ def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Val
                 hint="place one of them (the other follows)",
             )
         layout = layouts.pop() if layouts else broadcast(mesh)
+        if layout not in (broadcast(mesh), NdSbp(tuple(Sbp("S", 0) for _ in mesh.shape))):
+            raise InputError(
+                f"--sbp {name}={layout}: a state splits only as ZeRO does, on axis 0 over every "
+                "mesh axis (rank r keeps chunk r), or stays whole",
+                hint=f"--sbp {name}=" + ",".join("S0" for _ in mesh.shape) + ", or B",
+            )
         for v in pair:
             out[v] = layout
     return out

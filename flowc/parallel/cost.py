@@ -18,7 +18,7 @@ from typing import Any
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ir.layout import broadcast, carried_type, local_type
+from flowc.ir.layout import carried_type, local_type
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.ops.registry import get_op
 from flowc.parallel.boxing import (
@@ -336,7 +336,7 @@ def value_targets(graph: Graph, plan: Plan) -> dict[Value, list[tuple[NdSbp, Nod
             if v is not None and sbp is not None:
                 want(v, sbp, node)
     for v in graph.outputs:
-        want(v, broadcast(plan.mesh), None)
+        want(v, plan.leaves_as(graph, v), None)
     return out
 
 

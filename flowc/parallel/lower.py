@@ -58,6 +58,19 @@ class Physical:
     boxing: list[tuple[Value, Node | None, bx.BoxingStep]] = field(default_factory=list)
     # Physical comm node -> the boxing step it carries out.
     comm_steps: dict[Node, bx.BoxingStep] = field(default_factory=dict)
+    # A training step's state that is not whole on every rank (ZeRO: split), by name: rank r
+    # keeps shard(first value, layout, r), and its input and output are that shard.
+    state_layouts: dict[str, NdSbp] = field(default_factory=dict)
+
+    def state_for(self, name: str, array: np.ndarray, coords: tuple[int, ...]) -> np.ndarray:
+        """Rank ``coords``'s first value of state ``name`` (``array``: the whole one)."""
+        layout = self.state_layouts.get(name)
+        if layout is None:
+            return array
+        if is_splat(array):
+            shape = local_type(TensorType(array.shape, DType.F32), layout, self.mesh).shape
+            return make_splat(array.reshape(-1)[0] if array.size else 0, shape, array.dtype)
+        return shard(array, layout, self.mesh, coords)
 
     def constant_for(self, v: Value, coords: tuple[int, ...]) -> np.ndarray:
         """Rank ``coords``'s data for physical constant ``v``."""
@@ -224,8 +237,14 @@ class _Lowerer:
     def run(self) -> Physical:
         mesh = self.mesh
         whole = broadcast(mesh)
+        state = self.logical.state
         for v in self.logical.inputs:
             layout = self.plan.value_sbp[v]
+            if v.name in state and layout != whole:
+                # Split state (ZeRO): each rank keeps its shard, in place from step to step.
+                self.phys.state_layouts[v.name] = layout
+                self.held[(v, layout)] = self.g.add_input(v.name, local_type(v.type, layout, mesh))
+                continue
             if self.local_io:
                 # Each rank is handed its own part of the input (a micro-batch).
                 local = carried_type(local_type(v.type, layout, mesh), layout)
@@ -257,14 +276,18 @@ class _Lowerer:
         for node in self.logical.nodes:
             self.lower_node(node)
         outs = [
-            self.box(o, self.plan.value_sbp[o] if self.local_io else whole, None)
+            self.box(
+                o,
+                self.plan.value_sbp[o] if self.local_io else self.plan.leaves_as(self.logical, o),
+                None,
+            )
             for o in self.logical.outputs
         ]
         for o, x in zip(self.logical.outputs, outs, strict=True):
             self.rename_output(x, o.name)
         self.g.outputs = outs
-        # A training step's state: every rank keeps it whole (the inputs and the outputs
-        # written over them keep their names) and starts from the same values.
+        # A training step's state (the inputs and the outputs written over them keep their
+        # names): whole on every rank, or its shard (state_layouts).
         self.g.state = dict(self.logical.state)
         self.g.params = {n: a for n, a in self.logical.params.items() if n in self.g.state}
         self.g.train = dict(self.logical.train)

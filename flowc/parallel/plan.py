@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ir.types import Mesh, NdSbp
+from flowc.ir.types import BROADCAST, Mesh, NdSbp
 from flowc.parallel.strategies import Strategy
 
 
@@ -22,6 +22,15 @@ class Plan:
     method: str = "auto"
     # Filled by the search: solver statistics for `flowc inspect` (variables, seconds, ...).
     stats: dict[str, float] = field(default_factory=dict)
+
+    def leaves_as(self, graph: Graph, v: Value) -> NdSbp:
+        """The layout graph output ``v`` leaves the program in: a training step's state as
+        its input entered (written over it), any other output whole."""
+        for name, written in graph.state.items():
+            if written == v.name:
+                x = next(i for i in graph.inputs if i.name == name)
+                return self.value_sbp[x]
+        return NdSbp(tuple(BROADCAST for _ in self.mesh.shape))
 
     def wanted(self, node: Node, i: int) -> NdSbp | None:
         """The layout node's strategy needs for input i."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
 from flowc.ir.layout import broadcast
 from flowc.ir.types import Mesh, NdSbp
@@ -27,9 +26,9 @@ from flowc.parallel.strategies import strategies
 def propagated_plan(
     graph: Graph, mesh: Mesh, profile: Profile, given: Mapping[Value, NdSbp], method: str
 ) -> Plan:
-    """``given``: the layouts of the graph's inputs (every one) and of any value a node makes
-    (a state's next value, which must leave the step as its state entered). Constants not
-    in it are whole."""
+    """``given``: the layouts of the graph's inputs (every one), and those that values a node
+    makes must end in (a state's next value leaves the step as its state entered: graph
+    outputs are boxed to Plan.leaves_as). Constants not in it are whole."""
     value_sbp: dict[Value, NdSbp] = {}
     for v in graph.inputs:
         if v not in given:
@@ -41,9 +40,13 @@ def propagated_plan(
     for node in graph.nodes:
         best, best_time = None, 0.0
         for s in strategies(node, mesh):
-            if any(o in given and s.output(j) != given[o] for j, o in enumerate(node.outputs)):
-                continue
             t = node_time(node, s, mesh, profile)
+            # A value given a layout (a state's next value) is boxed to it after its node:
+            # its node may still be cheaper in another (a ZeRO update on the shards, then one
+            # all-gather of the parameter, not one per moment before it).
+            for j, o in enumerate(node.outputs):
+                if o in given and s.output(j) != given[o]:
+                    t += boxing_time(o.type, mesh, s.output(j), given[o], profile)
             for i, x in enumerate(node.inputs):
                 want = s.input(i)
                 if x is not None and want is not None and want != value_sbp[x]:
@@ -52,12 +55,7 @@ def propagated_plan(
             # the same on every machine.
             if best is None or t < best_time:
                 best, best_time = s, t
-        if best is None:
-            wanted = ", ".join(f"{o.name} {given[o]}" for o in node.outputs if o in given)
-            raise InputError(
-                f"node {node.name or node.op!r} ({node.op}) has no strategy that makes {wanted}",
-                hint="give that value another layout, or none",
-            )
+        assert best is not None  # the all-B strategy is always there
         node_strategy[node] = best
         for j, o in enumerate(node.outputs):
             value_sbp[o] = best.output(j)
