@@ -34,13 +34,13 @@ def _data(path: Path) -> Path:
     return path
 
 
-def _flowc_train(tmp: Path, name: str, *extra: str) -> dict[str, np.ndarray]:
+def _flowc_train(tmp: Path, name: str, *extra: str, steps: int = STEPS) -> dict[str, np.ndarray]:
     data = tmp / "data.npz"
     if not data.is_file():
         _data(data)
     r = subprocess.run(
         [sys.executable, "-m", "flowc", "train", str(MLP), *ARGS, "--data", str(data),
-         "--steps", str(STEPS), "--batch", str(BATCH), "--target", "host",
+         "--steps", str(steps), "--batch", str(BATCH), "--target", "host",
          "--checkpoint-dir", str(tmp / name), *extra],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -134,14 +134,26 @@ def test_compile_train_on_a_mesh_from_the_command_line(tmp_path: Path) -> None:
     assert "use a --batch that divides by 4" in bad.stderr, bad.stderr
 
 
-@pytest.mark.parametrize(("ranks", "zero"), [(2, 1), (4, 3)])
-def test_zero_trains_the_single_device_weights(
-    single: tuple[Path, dict[str, np.ndarray]], ranks: int, zero: int
+def test_zero_1_trains_the_single_device_weights(
+    single: tuple[Path, dict[str, np.ndarray]],
 ) -> None:
-    """--zero 1 (the moments split) and 3 (the parameters too; the second layer's 10 rows
-    do not split by 4 and stay whole): the same weights, the checkpoint whole."""
+    """--zero 1 on 2 ranks (the moments split): the same weights, the checkpoint whole."""
     tmp, want = single
-    got = _flowc_train(tmp, f"zero{zero}", "--mesh", str(ranks), "--zero", str(zero))
+    assert _worst(want, _flowc_train(tmp, "zero1", "--mesh", "2", "--zero", "1")) < 1e-5
+
+
+def test_a_zero_3_checkpoint_resumes_data_parallel_on_another_mesh(
+    single: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """10 steps under ZeRO-3 on 4 ranks (parameters and moments split; the second layer's
+    10 rows do not split by 4 and stay whole), saved, then 10 more data parallel on 2 ranks
+    from that checkpoint: the uninterrupted one-device run's weights after 20."""
+    tmp, want = single
+    half = _flowc_train(tmp, "zero3", "--mesh", "4", "--zero", "3", steps=STEPS // 2)
+    assert int(half["state/train/step"]) == STEPS // 2
+    resume = ("--resume", str(tmp / "zero3"))
+    got = _flowc_train(tmp, "resumed", "--mesh", "2", *resume, steps=STEPS - STEPS // 2)
+    assert int(got["state/train/step"]) == STEPS
     assert _worst(want, got) < 1e-5
 
 
