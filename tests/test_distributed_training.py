@@ -157,6 +157,18 @@ def test_a_zero_3_checkpoint_resumes_data_parallel_on_another_mesh(
     assert _worst(want, got) < 1e-5
 
 
+def test_tensor_parallel_by_sbp_trains_the_single_device_weights(
+    single: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """Megatron's MLP on 2 ranks by --sbp, under the search: the first layer's weight and
+    bias split by output features (S(0) of Gemm's transB weight), the second's weight by
+    input features (S(1)); the split state gathered along its axis into the checkpoint."""
+    tmp, want = single
+    sbp = ["--sbp", "m.0.weight=S0", "--sbp", "m.0.bias=S0", "--sbp", "m.2.weight=S1"]
+    got = _flowc_train(tmp, "tp", "--mesh", "2", "--parallel", "auto", *sbp)
+    assert _worst(want, got) < 1e-5
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_zero_state_per_rank_is_the_zero_formula(tmp_path: Path, zero: int) -> None:
     """A GELU MLP whose every tensor splits by 4, AdamW on 4 ranks: each rank keeps

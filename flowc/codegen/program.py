@@ -743,7 +743,7 @@ def _render(
     all_statements = [x for st in every for x in st.prog.statements]
 
     inputs, outputs = api_inputs(graph), api_outputs(graph)
-    state = state_table(graph, weights)
+    state = state_table(graph, weights, state_layouts or {})
     infer_io = (api_inputs(infer.prog.graph), api_outputs(infer.prog.graph)) if infer else ([], [])
     max_rank = max(
         [1, *(v.type.rank for v in [*inputs, *outputs, *graph.inputs, *infer_io[0], *infer_io[1]])]
@@ -934,12 +934,15 @@ TRAIN_RESULTS = (
 )
 
 
-def state_table(graph: Graph, weights: WeightsLayout) -> list[dict[str, Any]]:
+def state_table(
+    graph: Graph, weights: WeightsLayout, layouts: Mapping[str, NdSbp] | None = None
+) -> list[dict[str, Any]]:
     """The state the model keeps, as model.cu's kState table: each tensor's place in the
     weights buffer and in a checkpoint (the tensors one after another, 256-aligned). A
-    state split over a mesh (ZeRO: S(0) over every mesh axis, rank r holding chunk r) is
-    listed whole: state_read/state_write and checkpoints see the whole tensor (its local
-    bytes are ``local_nbytes``), so a checkpoint is the same on any mesh and plan."""
+    state split over a mesh (``layouts``: S(d) on every mesh axis, rank r holding chunk r
+    along axis d) is listed whole: state_read/state_write and checkpoints see the whole
+    tensor (its local bytes are ``local_nbytes``, ``split_axis`` d), so a checkpoint is the
+    same on any mesh and plan."""
     table = []
     pos = 0
     for v, first in state_inputs(graph):
@@ -952,12 +955,25 @@ def state_table(graph: Graph, weights: WeightsLayout) -> list[dict[str, Any]]:
             offset=weights.offsets[v],
             nbytes=whole.nbytes,
             local_nbytes=v.type.nbytes,
+            split_axis=_split_axis((layouts or {}).get(v.name)),
             ckpt_offset=pos,
             written=graph.state[v.name] is not None,
         )
         table.append(t)
         pos += (whole.nbytes + ALIGN - 1) // ALIGN * ALIGN
     return table
+
+
+def _split_axis(layout: NdSbp | None) -> int:
+    """The tensor axis a state's layout splits on every mesh axis (-1: whole)."""
+    if layout is None or all(p.kind == "B" for p in layout.parts):
+        return -1
+    axes = {p.axis for p in layout.parts}
+    if len(axes) != 1 or any(p.kind != "S" for p in layout.parts):
+        raise AssertionError(f"state layout {layout}: one split axis over every mesh axis")
+    (axis,) = axes
+    assert axis is not None
+    return axis
 
 
 def _split_state(name: str, layouts: Mapping[str, NdSbp], graph: Graph) -> dict[str, Any]:

@@ -184,11 +184,14 @@ def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Val
                 hint="place one of them (the other follows)",
             )
         layout = layouts.pop() if layouts else broadcast(mesh)
-        if layout not in (broadcast(mesh), NdSbp(tuple(Sbp("S", 0) for _ in mesh.shape))):
+        split_axes = {p.axis for p in layout.parts}
+        if layout != broadcast(mesh) and (
+            len(split_axes) != 1 or any(p.kind != "S" for p in layout.parts)
+        ):
             raise InputError(
-                f"--sbp {name}={layout}: a state splits only as ZeRO does, on axis 0 over every "
-                "mesh axis (rank r keeps chunk r), or stays whole",
-                hint=f"--sbp {name}=" + ",".join("S0" for _ in mesh.shape) + ", or B",
+                f"--sbp {name}={layout}: a state splits on one tensor axis over every mesh "
+                "axis (rank r keeps chunk r along it), or stays whole",
+                hint=f"e.g. --sbp {name}=" + ",".join("S0" for _ in mesh.shape) + ", or B",
             )
         for v in pair:
             out[v] = layout
