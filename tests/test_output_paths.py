@@ -148,6 +148,10 @@ class Reader:
     def _drain(self) -> None:
         chunks = []
         while True:
+            # Read before the check: a writer that came and went before close() set done
+            # left its bytes in the pipe, and this read still gets them (checking done after
+            # an EOF read instead loses them when the thread is preempted in between).
+            finished = self.done
             try:
                 chunk = os.read(self.fd, 1 << 16)
             except BlockingIOError:
@@ -155,7 +159,7 @@ class Reader:
             if not chunk:
                 # EOF: no writer. Wait for the first one (the command may not have opened
                 # the FIFO yet) unless data came already.
-                if chunks or self.done:
+                if chunks or finished:
                     break
                 threading.Event().wait(0.01)
                 continue
