@@ -956,6 +956,7 @@ def state_table(
             nbytes=whole.nbytes,
             local_nbytes=v.type.nbytes,
             split_axis=_split_axis((layouts or {}).get(v.name)),
+            split_mesh_axes=_split_mesh_axes((layouts or {}).get(v.name)),
             ckpt_offset=pos,
             written=graph.state[v.name] is not None,
         )
@@ -965,15 +966,22 @@ def state_table(
 
 
 def _split_axis(layout: NdSbp | None) -> int:
-    """The tensor axis a state's layout splits on every mesh axis (-1: whole)."""
+    """The tensor axis a state's layout splits (-1: whole)."""
     if layout is None or all(p.kind == "B" for p in layout.parts):
         return -1
-    axes = {p.axis for p in layout.parts}
-    if len(axes) != 1 or any(p.kind != "S" for p in layout.parts):
-        raise AssertionError(f"state layout {layout}: one split axis over every mesh axis")
+    axes = {p.axis for p in layout.parts if p.kind == "S"}
+    if len(axes) != 1 or any(p.kind == "P" for p in layout.parts):
+        raise AssertionError(f"state layout {layout}: one split tensor axis, B elsewhere")
     (axis,) = axes
     assert axis is not None
     return axis
+
+
+def _split_mesh_axes(layout: NdSbp | None) -> int:
+    """The mesh axes a state's layout splits over, as a bitmask."""
+    if layout is None:
+        return 0
+    return sum(1 << a for a, p in enumerate(layout.parts) if p.kind == "S")
 
 
 def _split_state(name: str, layouts: Mapping[str, NdSbp], graph: Graph) -> dict[str, Any]:

@@ -184,13 +184,11 @@ def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Val
                 hint="place one of them (the other follows)",
             )
         layout = layouts.pop() if layouts else broadcast(mesh)
-        split_axes = {p.axis for p in layout.parts}
-        if layout != broadcast(mesh) and (
-            len(split_axes) != 1 or any(p.kind != "S" for p in layout.parts)
-        ):
+        split_axes = {p.axis for p in layout.parts if p.kind == "S"}
+        if len(split_axes) > 1 or any(p.kind == "P" for p in layout.parts):
             raise InputError(
-                f"--sbp {name}={layout}: a state splits on one tensor axis over every mesh "
-                "axis (rank r keeps chunk r along it), or stays whole",
+                f"--sbp {name}={layout}: a state splits on one tensor axis (over any of the "
+                "mesh axes, whole along the others) or stays whole; never partial",
                 hint=f"e.g. --sbp {name}=" + ",".join("S0" for _ in mesh.shape) + ", or B",
             )
         for v in pair:
