@@ -211,3 +211,26 @@ def test_zero_state_per_rank_is_the_zero_formula(tmp_path: Path, zero: int) -> N
     assert (
         zero_formula(4 * n, 8 * n, 4, zero) == [16 * n, 8 * n + 2 * n, 4 * n + 3 * n, 4 * n][zero]
     )
+
+
+def test_a_boolean_is_never_a_partial_sum() -> None:
+    """A view of a mask is linear, so its signatures pass P through; a boolean has no sum
+    to reduce to, so no strategy holds one partial (bert_tiny's data plan once read its
+    padding mask as P and reduce-scattered it)."""
+    from flowc.ir.builder import GraphBuilder
+    from flowc.ir.dtype import DType
+    from flowc.ir.graph import Graph
+    from flowc.ir.layout import has_partial
+    from flowc.ir.types import TensorType
+    from flowc.parallel import parse_mesh
+    from flowc.parallel.strategies import strategies
+
+    partial = {}
+    for dtype in (DType.BOOL, DType.F32):
+        g = Graph("mask")
+        x = g.add_input("x", TensorType((4, 8), dtype))
+        shape = g.add_constant("shape", np.array([8, 4], np.int64))
+        GraphBuilder(g, fold=False).emit("Reshape", [x, shape])
+        made = strategies(g.nodes[-1], parse_mesh("2"))
+        partial[dtype] = any(has_partial(s.output(0)) for s in made)
+    assert partial == {DType.BOOL: False, DType.F32: True}

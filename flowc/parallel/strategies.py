@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from flowc.ir.dtype import DType
 from flowc.ir.graph import Node
-from flowc.ir.layout import fits
+from flowc.ir.layout import fits, has_partial
 from flowc.ir.types import BROADCAST, Mesh, NdSbp
 from flowc.ops.registry import SbpSignature, get_op
 
@@ -91,6 +92,15 @@ def strategies(node: Node, mesh: Mesh) -> list[Strategy]:
                 if not fits(o.type.shape, s.output(j), mesh):
                     ok = False
                     break
+        # A partial sum of booleans has no sum to reduce to (a mask made from a partial
+        # value, read partial by a view): such a value is made whole, never P.
+        if ok:
+            held = [(v, s.input(i)) for i, v in enumerate(node.inputs)]
+            held += [(o, s.output(j)) for j, o in enumerate(node.outputs)]
+            ok = not any(
+                v is not None and sbp is not None and v.type.dtype == DType.BOOL and has_partial(sbp)
+                for v, sbp in held
+            )
         if ok:
             out.append(s)
     return out
