@@ -98,7 +98,10 @@ def strategies(node: Node, mesh: Mesh) -> list[Strategy]:
             held = [(v, s.input(i)) for i, v in enumerate(node.inputs)]
             held += [(o, s.output(j)) for j, o in enumerate(node.outputs)]
             ok = not any(
-                v is not None and sbp is not None and v.type.dtype == DType.BOOL and has_partial(sbp)
+                v is not None
+                and sbp is not None
+                and v.type.dtype == DType.BOOL
+                and has_partial(sbp)
                 for v, sbp in held
             )
         if ok:
