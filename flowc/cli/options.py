@@ -71,6 +71,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "sbps",
         "cost_profile",
         "search_nodes",
+        "zero",
         "pipeline",
         "microbatches",
         "stage_boundary",
