@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -47,6 +47,7 @@ __all__ = [
     "InputError",
     "Model",
     "Project",
+    "StateShard",
     "TensorSpec",
     "compile",
     "compile_project",
@@ -305,6 +306,58 @@ class TensorSpec:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+@dataclass(frozen=True)
+class StateShard:
+    """This rank's part of a state tensor: slice ``chunk`` of ``chunks`` equal slices of the
+    whole tensor (``shape``) along ``axis`` (-1 and one chunk: whole). Where several ranks
+    hold the same slice (a mesh axis the tensor is not split over), one of them ``saves``
+    it in a sharded checkpoint."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    axis: int
+    chunks: int
+    chunk: int
+    saves: bool
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return self.box(self.chunk)[1]
+
+    def box(self, chunk: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where slice ``chunk`` sits in the whole tensor: (start, size) per axis."""
+        start, size = [0] * len(self.shape), list(self.shape)
+        if self.axis >= 0:
+            size[self.axis] = self.shape[self.axis] // self.chunks
+            start[self.axis] = chunk * size[self.axis]
+        return tuple(start), tuple(size)
+
+
+def state_shard(entry: Mapping[str, Any], mesh: Sequence[int], rank: int) -> StateShard:
+    """A project's state entry as rank ``rank`` of ``mesh`` holds it (model.cu's
+    chunk_of: the chunk counts row-major over the mesh axes in the split's mask; the rank
+    at coordinate 0 on the others saves it)."""
+    axis, mask = int(entry.get("split_axis", -1)), int(entry.get("split_mesh_axes", 0))
+    coords, r = [], rank
+    for size in reversed(mesh):
+        coords.append(r % size)
+        r //= size
+    coords.reverse()
+    chunks, chunk, saves = 1, 0, True
+    for a, size in enumerate(mesh):
+        if mask & (1 << a):
+            chunks, chunk = chunks * size, chunk * size + coords[a]
+        elif coords[a]:
+            saves = False
+    shape = tuple(int(d) for d in entry.get("whole_shape", entry["shape"]))
+    if axis < 0:
+        chunks, chunk = 1, 0
+    return StateShard(
+        str(entry["name"]), shape, DType.from_short(entry["dtype"]).np, axis, chunks, chunk, saves
+    )
+
+
 def _specs(entries: Any) -> list[TensorSpec]:
     return [
         TensorSpec(
@@ -425,6 +478,8 @@ class Project:
             state=_specs(self.info.get("state", [])),
             train_inputs=_specs(self.info.get("train_inputs", [])),
             ranks=self.ranks,
+            state_entries=cast(list[dict[str, Any]], self.info.get("state", [])),
+            mesh=cast(list[int], self.info.get("mesh", [])),
         )
 
 
@@ -615,6 +670,8 @@ class Model:
         state: list[TensorSpec] | None = None,
         train_inputs: list[TensorSpec] | None = None,
         ranks: int = 1,
+        state_entries: Sequence[Mapping[str, Any]] = (),
+        mesh: Sequence[int] = (),
     ) -> None:
         # run()'s inputs and outputs (a training program's: its inference with the current
         # parameters), and train_step()'s inputs (the batch and the labels).
@@ -692,6 +749,28 @@ class Model:
         self._abort_all = getattr(lib, prefix + "abort_all", None)
         if self._abort_all is not None:
             self._abort_all.argtypes = [ctypes.c_int]
+        self._all_ok = getattr(lib, prefix + "all_ok", None)
+        if self._all_ok is not None:
+            self._all_ok.argtypes = [ctypes.c_int]
+        # Each state tensor as this rank holds it (read_local, sharded checkpoints).
+        self._state_entries = {str(e["name"]): e for e in state_entries}
+        self.mesh = tuple(int(d) for d in mesh)
+        self.shards = {s.name: self.shard_on(s.name, self.rank) for s in self.state}
+
+    def shard_on(self, name: str, rank: int) -> StateShard:
+        """State tensor ``name`` as rank ``rank`` holds it."""
+        entry = self._state_entries.get(name)
+        if entry is None:
+            spec = self.state[self._state_index(name)]
+            return StateShard(name, spec.shape, spec.dtype, -1, 1, 0, rank == 0)
+        return state_shard(entry, self.mesh, rank)
+
+    def all_ok(self, ok: bool) -> bool:
+        """Whether every rank's ``ok`` is true (an all-reduce every rank makes; one rank:
+        ``ok``)."""
+        if self.ranks == 1 or self._all_ok is None:
+            return ok
+        return bool(self._all_ok(1 if ok else 0))
 
     def abort_all(self, exit_code: int) -> None:
         """End every rank of a multi-rank job (this process too)."""
@@ -822,6 +901,46 @@ class Model:
                 )
             if f(self._handle, k, a.ctypes.data) != 0:
                 raise self._error("writing the state")
+
+    def read_local(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """This rank's part of each state tensor (``shards``: where it sits in the whole),
+        with no communication: a sharded checkpoint's writes."""
+        f = self._train_fn("state_read_local", ctypes.c_int, ctypes.c_void_p)
+        out = {}
+        for name in self.state_names() if names is None else names:
+            shard = self.shards[name]
+            a = np.empty(shard.local_shape, shard.dtype)
+            self._check_local(name, a.nbytes)
+            if f(self._handle, self._state_index(name), a.ctypes.data) != 0:
+                raise self._error("reading the state")
+            out[name] = a
+        return out
+
+    def write_local(self, values: Mapping[str, Any]) -> None:
+        """Set this rank's part of state tensors (by name; arrays of ``local_shape``)."""
+        f = self._train_fn("state_write_local", ctypes.c_int, ctypes.c_void_p)
+        for name, value in values.items():
+            k = self._state_index(name)
+            shard = self.shards[name]
+            a = np.array(value, dtype=shard.dtype, order="C")
+            if a.shape != shard.local_shape:
+                raise InputError(
+                    f"state {name!r}: this rank's part is {list(shard.local_shape)}, "
+                    f"got {list(a.shape)}"
+                )
+            self._check_local(name, a.nbytes)
+            if f(self._handle, k, a.ctypes.data) != 0:
+                raise self._error("writing the state")
+
+    def _check_local(self, name: str, nbytes: int) -> None:
+        f = getattr(self._lib, self._prefix + "state_local_nbytes")
+        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_ulonglong
+        if int(f(self._state_index(name))) != nbytes:
+            raise FlowcError(
+                f"state {name!r}: the library's part is {int(f(self._state_index(name)))} "
+                f"bytes, the project's {nbytes}",
+                hint="rebuild the project: `flowc build`",
+            )
 
     def train_step(self, inputs: Mapping[str, Any]) -> tuple[float, float, float]:
         """One training step on a batch (model.h's train_step(), then synchronize()): the

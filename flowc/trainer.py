@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from flowc import checkpoint
 from flowc.api import Model, Project, compile_options, resolve_target
 from flowc.errors import FlowcError, InputError
 from flowc.options import TrainArgs, parse_bytes
@@ -132,9 +133,6 @@ def check_labels(
 
 # -- checkpoints --------------------------------------------------------------------------------
 
-CHECKPOINT = "checkpoint.npz"
-CHECKPOINT_FORMAT = 1
-
 
 def _signature(step: TrainingStep) -> dict[str, list[Any]]:
     """What makes a checkpoint this model's: every state input's name, shape and type."""
@@ -153,69 +151,30 @@ def save_checkpoint(
     done: int,
     meta: Mapping[str, Any],
 ) -> Path:
-    """``state`` after ``done`` steps into FOLDER/checkpoint.npz, keyed by the state inputs'
-    names (the model's initializer names for the parameters), with what a resume needs (the
-    data position is the step count; the shuffle is seeded by the seed and the epoch): one
-    file, written to a temporary name and renamed."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"--checkpoint-dir {folder}: cannot create it ({e.strerror})") from None
-    info = {
-        "format": CHECKPOINT_FORMAT,
-        "step": done,
-        "signature": _signature(step),
-        **meta,
-    }
-    arrays = {f"state/{n}": np.asarray(state[n]) for n, _ in step.state}
-    arrays["train/lr"] = np.asarray(state["train/lr"])
-    path = folder / CHECKPOINT
-    tmp = folder / f".{CHECKPOINT}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            arrays["__meta__"] = np.asarray(json.dumps(info, sort_keys=True))
-            # Keys are state names, not savez's options (NumPy's stubs type them as these).
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"--checkpoint-dir {folder}: writing failed ({e.strerror or e})") from None
-    return path
+    """``state`` (whole host arrays) after ``done`` steps as a checkpoint in FOLDER (see
+    flowc.checkpoint), keyed by the state inputs' names (the model's initializer names for
+    the parameters), with what a resume needs (the data position is the step count; the
+    shuffle is seeded by the seed and the epoch). A training run's ranks save their own
+    slices instead (checkpoint.save_model)."""
+    names = [n for n, _ in step.state] + ["train/lr"]
+    return checkpoint.save_whole(
+        folder, {n: np.asarray(state[n]) for n in names}, done, _checkpoint_info(step, meta)
+    )
+
+
+def _checkpoint_info(step: TrainingStep, meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"signature": _signature(step), **meta}
 
 
 def checkpoint_info(folder: Path) -> dict[str, Any]:
     """A checkpoint's metadata alone (step, batch, seed, shuffle, signature)."""
-    path = folder / CHECKPOINT
-    if not path.is_file():
-        raise InputError(
-            f"--resume {folder}: no {CHECKPOINT} there",
-            hint="give a --checkpoint-dir of an earlier run",
-        )
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            info = json.loads(str(z["__meta__"]))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise InputError(f"--resume {folder}: {CHECKPOINT} is not readable ({e})") from None
-    if not isinstance(info, dict) or info.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"--resume {folder}: not a flowc checkpoint of format {CHECKPOINT_FORMAT}")
-    return info
+    return checkpoint.read(folder).info
 
 
-def load_checkpoint(
-    folder: Path, step: TrainingStep
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """The state and metadata a checkpoint holds, after checking it is this model's."""
-    info = checkpoint_info(folder)
-    try:
-        with np.load(folder / CHECKPOINT, allow_pickle=False) as z:
-            state = {
-                k[len("state/") :]: np.asarray(z[k]) for k in z.files if k.startswith("state/")
-            }
-            state["train/lr"] = np.asarray(z["train/lr"])
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise InputError(f"--resume {folder}: {CHECKPOINT} is not readable ({e})") from None
+def _checked(folder: Path, step: TrainingStep) -> checkpoint.Checkpoint:
+    """FOLDER's checkpoint, after checking it is this model's."""
+    ckpt = checkpoint.read(folder)
+    info = ckpt.info
     if info.get("signature") != _signature(step):
         theirs, ours = set(info.get("signature", {})), set(_signature(step))
         diff = sorted(theirs ^ ours)[:3]
@@ -228,7 +187,16 @@ def load_checkpoint(
             ),
             hint="resume with the model, loss and optimizer the checkpoint was made with",
         )
-    return state, info
+    return ckpt
+
+
+def load_checkpoint(
+    folder: Path, step: TrainingStep
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The state (whole) and metadata a checkpoint holds, after checking it is this
+    model's."""
+    ckpt = _checked(folder, step)
+    return checkpoint.load_whole(ckpt), ckpt.info
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -257,6 +225,7 @@ def run_steps(
     shuffle: bool = True,
     seed: int = 0,
     state: Mapping[str, np.ndarray] | None = None,
+    restore: Callable[[Model], None] | None = None,
     first: int = 0,
     classes: int | None = None,
     skip_nonfinite: bool = False,
@@ -266,10 +235,13 @@ def run_steps(
 ) -> TrainResult:
     """``steps`` steps of the compiled ``model`` from step ``first`` (a resumed run's
     position). The model keeps the state on its device and updates it in place; ``state``
-    (a checkpoint's) replaces it first. Only the batches cross to the device, and only the
-    loss, the label count and the rate come back."""
+    (whole arrays) replaces it first, or ``restore`` sets it (each rank its part of a
+    checkpoint). Only the batches cross to the device, and only the loss, the label count
+    and the rate come back."""
     if state is not None:
         model.write_state(state)
+    if restore is not None:
+        restore(model)
     rows = next(iter(data.values())).shape[0]
     batch *= step.micro_batches  # a step takes K micro-batches' rows
     result = TrainResult()
@@ -577,6 +549,7 @@ def train(
     progress: Progress | None = None,
     rank_of: str | os.PathLike[str] | None = None,
     rank_result: str | os.PathLike[str] | None = None,
+    run_id: str | None = None,
     **options: Any,
 ) -> TrainResult:
     """`flowc train`: compile MODEL's training step, build it, run ``steps`` steps over
@@ -587,7 +560,8 @@ def train(
     On a mesh (``mesh=``) the step is placed (``parallel=``: data, auto or none), compiled
     and built once, then mpirun starts one process per device, each running this function
     with ``rank_of`` (the built project): every rank makes the same steps on the same
-    batches, rank 0 alone logs and saves, and its result comes back here (through the file
+    batches, rank 0 alone logs, each rank saves its slices of a checkpoint (``run_id``
+    names the job's part folders), and rank 0's result comes back here (through the file
     ``rank_result``)."""
     call = {k: v for k, v in locals().items() if k not in ("progress", "options")}
     call.update(options)
@@ -686,10 +660,11 @@ def train(
         classes = None
         if spec.loss.kind == "cross_entropy" and logits is not None:
             classes = logits.type.shape[-1]
-        state, first = None, 0
+        restore, first = None, 0
         if resume is not None:
-            state, info = load_checkpoint(Path(resume), step)
-            first = int(info["step"])
+            ckpt = _checked(Path(resume), step)
+            first = ckpt.step
+            restore = lambda m: checkpoint.load_model(ckpt, m)  # noqa: E731
             if rank_of is None:
                 say(f"resuming after step {first}")
         meta = {
@@ -700,19 +675,24 @@ def train(
             "model": Path(model).name,
         }
         folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        info = _checkpoint_info(step, meta)
+        run_id = run_id or checkpoint.new_run_id()
         if proj.ranks > 1 and rank_of is None:
-            result = _run_ranks(proj, chosen, call, Path(tmp), say)
+            result = _run_ranks(proj, chosen, {**call, "run_id": run_id}, Path(tmp), say)
         else:
             lead = True
+
+            def save(done: int, current: Model) -> None:
+                # Every rank saves its slices; rank 0 writes the manifest once all have.
+                assert folder is not None
+                saved = checkpoint.save_model(folder, current, done, info, run_id)
+                if saved is not None:
+                    say(f"saved {saved} (step {done})")
 
             def saver(done: int, current: Model) -> None:
                 due = folder is not None and save_every and done % save_every == 0
                 if due and done < first + steps:
-                    # Every rank reads (a split state is gathered); rank 0 saves.
-                    whole = current.read_state()
-                    if lead:
-                        assert folder is not None
-                        save_checkpoint(folder, step, whole, done, meta)
+                    save(done, current)
 
             writer = None
             try:
@@ -733,10 +713,12 @@ def train(
                         skip_nonfinite=skip_nonfinite,
                         log=writer.write if writer else None,
                         progress=say if lead else _quiet,
-                        state=state,
+                        restore=restore,
                         first=first,
                         on_step=saver,
                     )
+                    if folder is not None:
+                        save(first + steps, compiled)
             finally:
                 if writer is not None:
                     writer.close()
@@ -744,9 +726,6 @@ def train(
                 if lead and rank_result is not None:
                     _save_result(Path(rank_result), result)
                 return result
-    if folder is not None:
-        saved = save_checkpoint(folder, step, result.state, first + steps, meta)
-        say(f"saved {saved}")
     if export is not None:
         export_onnx(Path(model), result.params, Path(export))
         say(f"wrote {export}")
@@ -783,10 +762,8 @@ def _run_ranks(
     from flowc.harness.processes import end_group
 
     args = {**call, "rank_of": str(proj.path), "rank_result": str(tmp / "result.npz")}
-    # The final checkpoint and the export are the caller's, from rank 0's result.
-    args.update(project=None, export=None, checkpoint_dir=None, save_every=None)
-    if call.get("checkpoint_dir") is not None and call.get("save_every"):
-        args.update(checkpoint_dir=call["checkpoint_dir"], save_every=call["save_every"])
+    # The export is the caller's, from rank 0's result; the ranks save the checkpoints.
+    args.update(project=None, export=None)
     (tmp / "train.json").write_text(json.dumps(args, default=str), encoding="utf-8")
     cmd, env = launcher(proj.ranks, target)
     say(f"starting {proj.ranks} ranks")
@@ -802,10 +779,15 @@ def _run_ranks(
         end_group(child)
         raise
     if code != 0 or not (tmp / "result.npz").is_file():
-        raise FlowcError(
-            f"the training job's ranks failed (mpirun exit status {code})",
-            hint="the ranks' messages are above",
-        )
+        hint = "the ranks' messages are above"
+        folder = call.get("checkpoint_dir")
+        if folder is not None:
+            try:
+                last = checkpoint.read(Path(folder)).step
+                hint += f"; {folder} holds the checkpoint of step {last}: continue with --resume {folder}"
+            except InputError:
+                hint += f"; {folder} holds no complete checkpoint"
+        raise FlowcError(f"the training job's ranks failed (mpirun exit status {code})", hint=hint)
     return _load_result(tmp / "result.npz")
 
 

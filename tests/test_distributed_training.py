@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import SHARED_MODELS
 
+from flowc import checkpoint
 from flowc.harness.build import launcher
 from flowc.trainer import compile_step, spec_from
 
@@ -45,8 +48,8 @@ def _flowc_train(tmp: Path, name: str, *extra: str, steps: int = STEPS) -> dict[
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    with np.load(tmp / name / "checkpoint.npz") as z:
-        return {k: np.asarray(z[k]) for k in z.files}
+    ckpt = checkpoint.read(tmp / name)
+    return {f"state/{k}": v for k, v in checkpoint.load_whole(ckpt).items()}
 
 
 def _worst(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
@@ -179,6 +182,81 @@ def test_data_by_tensor_on_2x2_trains_the_single_device_weights(
     sbp = ["m.0.weight=B,S0", "m.0.bias=B,S0", "m.2.weight=B,S1", "x=S0,B", "labels=S0,B"]
     flags = [a for t in sbp for a in ("--sbp", t)]
     got = _flowc_train(tmp, "2x2", "--mesh", "2x2", "--parallel", "auto", *flags)
+    assert _worst(want, got) < 1e-5
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (from /proc: this test's job alone, never another's)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _rank_process(job: int, rank: int) -> int:
+    for pid in _descendants(job):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ and b"train_rank" in cmdline:
+            return pid
+    raise AssertionError(f"no rank {rank} under the job")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_rank_that_dies_ends_the_job_and_its_last_checkpoint_resumes(
+    single: tuple[Path, dict[str, np.ndarray]], how: str
+) -> None:
+    """Data parallel on 2 ranks saving every 5 steps, with far more steps to go: once a
+    checkpoint is there, rank 1 is killed (SIGKILL: mpirun ends the job) or stopped
+    (SIGSTOP: rank 0 waits in a collective until FLOWC_TIMEOUT_S ends it). `flowc train`
+    fails naming the last complete checkpoint, which is whole (every part of its step, a
+    save cut short leaving it as it was), and resuming from it on one device reaches the
+    uninterrupted one-device run's weights."""
+    tmp, want = single
+    folder = tmp / f"dead-{how}"
+    env = {**os.environ, "FLOWC_TIMEOUT_S": "3"}
+    job = subprocess.Popen(
+        [sys.executable, "-m", "flowc", "train", str(MLP), *ARGS, "--data", str(tmp / "data.npz"),
+         "--steps", "100000", "--batch", str(BATCH), "--target", "host", "--mesh", "2",
+         "--checkpoint-dir", str(folder), "--save-every", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (folder / checkpoint.MANIFEST).is_file():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.01)
+        os.kill(_rank_process(job.pid, 1), signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    if how == "stopped":
+        assert "after 3.0 s; aborting (FLOWC_TIMEOUT_S=3" in err, err
+    done = checkpoint.read(folder).step
+    assert done % 5 == 0 and f"holds the checkpoint of step {done}: continue with --resume" in err
+    state = checkpoint.load_whole(checkpoint.read(folder))
+    assert int(state["train/step"]) == done
+    # Continue on one device to step STEPS (or, the job having gone past it, 5 steps more,
+    # compared with a longer run).
+    total = STEPS if done < STEPS else done + 5
+    got = _flowc_train(tmp, f"resumed-{how}", "--resume", str(folder), steps=total - done)
+    if total != STEPS:
+        want = _flowc_train(tmp, f"one-{total}", steps=total)
     assert _worst(want, got) < 1e-5
 
 

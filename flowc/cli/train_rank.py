@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
 
     args = json.loads(Path(argv[1]).read_text(encoding="utf-8"))
     try:
-        train(**args, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        train(**args, progress=lambda m: print(f"flowc: {m}", file=sys.stderr, flush=True))
     except FlowcError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 2

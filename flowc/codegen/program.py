@@ -989,7 +989,13 @@ def _split_state(name: str, layouts: Mapping[str, NdSbp], graph: Graph) -> dict[
     if layout is None:
         return {}
     whole = graph.params[name]
-    return {"layout": str(layout), "whole_shape": list(np.asarray(whole).shape)}
+    return {
+        "layout": str(layout),
+        "whole_shape": list(np.asarray(whole).shape),
+        # As model.cu's StateInfo: which axis, and over which mesh axes (a bitmask).
+        "split_axis": _split_axis(layout),
+        "split_mesh_axes": _split_mesh_axes(layout),
+    }
 
 
 def _state_layout(table: list[dict[str, Any]]) -> dict[str, int]:
