@@ -185,6 +185,56 @@ def test_data_by_tensor_on_2x2_trains_the_single_device_weights(
     assert _worst(want, got) < 1e-5
 
 
+BERT_ARGS = [
+    "--loss", "mse:pooler_output,target", "--optimizer", "adamw:lr=0.001,eps=1e-6",
+    "--batch", "4", "--dim", "seq=16", "--steps", "6", "--target", "host",
+]  # fmt: skip
+
+
+def _bert_train(tmp: Path, name: str, *extra: str) -> dict[str, np.ndarray]:
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "train", str(tmp / "bert.onnx"), *BERT_ARGS,
+         "--data", str(tmp / "bert.npz"), "--checkpoint-dir", str(tmp / name), *extra],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return {f"state/{k}": v for k, v in checkpoint.load_whole(checkpoint.read(tmp / name)).items()}
+
+
+@pytest.fixture(scope="module")
+def bert_single(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """bert_tiny with training-mode dropout after every norm and softmax (p = 0.1), its
+    padding mask, an MSE on the pooled output: 6 AdamW steps of batch 4 on one device."""
+    import onnx
+    from test_training import _with_dropouts
+
+    tmp = tmp_path_factory.mktemp("bert")
+    model = onnx.load(str(SHARED_MODELS / "bert_tiny.onnx"))
+    onnx.save(_with_dropouts(model, 0.1), str(tmp / "bert.onnx"))
+    rng = np.random.default_rng(8)
+    mask = np.ones((8, 16), np.int64)
+    mask[:, 11:] = 0
+    np.savez(
+        tmp / "bert.npz",
+        input_ids=rng.integers(0, 1000, (8, 16)).astype(np.int64),
+        attention_mask=mask,
+        target=rng.standard_normal((8, 128)).astype(np.float32),
+    )
+    return tmp, _bert_train(tmp, "one")
+
+
+@pytest.mark.parametrize("plan", ["data", "zero1"])
+def test_bert_tiny_with_dropout_trains_the_single_device_weights(
+    bert_single: tuple[Path, dict[str, np.ndarray]], plan: str
+) -> None:
+    """The transformer on two plans, 2 ranks: data parallel and ZeRO-1. The dropout masks
+    are keyed by the element's index in the global batch, so each rank draws its rows'
+    masks of the one-device run; every parameter and moment within 1e-5 of it."""
+    tmp, want = bert_single
+    extra = ["--zero", "1"] if plan == "zero1" else []
+    assert _worst(want, _bert_train(tmp, plan, "--mesh", "2", *extra)) < 1e-5
+
+
 def _descendants(pid: int) -> list[int]:
     """The processes under ``pid`` (from /proc: this test's job alone, never another's)."""
     children: dict[int, list[int]] = {}
