@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +58,8 @@ from flowc.parallel import (
     parse_sbp,
     workspace_within,
 )
+from flowc.parallel.buckets import CAPS as BUCKET_CAPS
+from flowc.parallel.buckets import bucket_all_reduces
 from flowc.parallel.cost import Profile, evaluate_plan, load_profile
 from flowc.parallel.lower import lower
 from flowc.parallel.pipeline import (
@@ -179,6 +181,61 @@ def schedule_graph(
     # Earliest in the order first: on one stream, the order itself.
     rank = [-float(position[id(a.node)]) for a in ag.actors]
     return schedule_actors(ag, profile, 1 if streams is None else streams, rank)
+
+
+@dataclass
+class BucketChoice:
+    """The gradient buckets a rank graph got (flowc.parallel.buckets): the cap, the
+    all-reduces before and after, and the modeled step time of each cap tried."""
+
+    cap: int
+    before: int
+    after: int
+    tried: dict[int, float]  # cap -> modeled makespan (seconds)
+
+    def line(self) -> str:
+        if not self.tried:
+            return f"gradient buckets: none ({self.before} all-reduce{'s' * (self.before != 1)})"
+        alone = self.tried.get(0, 0.0) * 1e6
+        best = self.tried[self.cap] * 1e6
+        if self.after == self.before:
+            return (
+                f"gradient buckets: none ({self.before} all-reduces, each alone: modeled "
+                f"{alone:.1f} us, no cap tried does better)"
+            )
+        return (
+            f"gradient buckets: {self.before} all-reduces in {self.after} (up to "
+            f"{self.cap / 2**20:g} MiB each): modeled step {alone:.1f} -> {best:.1f} us"
+        )
+
+
+def bucket_gradients(
+    graph: Graph,
+    profile: Profile | None = None,
+    streams: int | None = None,
+    schedule_for: str = "latency",
+    caps: Sequence[int] = BUCKET_CAPS,
+) -> BucketChoice:
+    """``graph``'s all-reduces bucketed (in place) by the cap of ``caps`` whose schedule
+    the simulator models fastest (ties: the fewer collectives); the rank graph of a step
+    on a mesh, before it is scheduled."""
+    profile = load_profile() if profile is None else profile
+    before = sum(n.op == "AllReduce" for n in graph.nodes)
+    if before < 2:
+        return BucketChoice(0, before, before, {})
+    tried: dict[int, float] = {}
+    merged: dict[int, int] = {}
+    for cap in caps:
+        trial = graph.copy()
+        merged[cap] = bucket_all_reduces(trial, cap)
+        if cap and merged[cap] == 0:
+            continue
+        if cap and any(merged.get(c) == merged[cap] and c in tried for c in caps if c < cap):
+            continue  # as many merged as a smaller cap: taken as the same buckets
+        tried[cap] = schedule_graph(trial, profile, streams, schedule_for).makespan_s
+    best = min(tried, key=lambda c: (tried[c], -merged[c]))
+    bucket_all_reduces(graph, best)
+    return BucketChoice(best, before, before - merged[best], tried)
 
 
 def plan_schedule(schedule: Schedule) -> MemoryPlan:

@@ -427,6 +427,7 @@ def compile_step(
     from flowc.codegen.project import check_project_dir
     from flowc.compiler import (
         PipelineSpec,
+        bucket_gradients,
         compile_graph,
         load_training,
         parallelize,
@@ -500,6 +501,7 @@ def compile_step(
         # run() of a training program on a mesh infers nothing yet: its forward would need
         # its own placement.
         inference = None
+        progress(bucket_gradients(graph, streams=streams, schedule_for=schedule_for).line())
     progress(f"generating {out}/ ({len(graph.nodes)} nodes, {len(step.params)} parameters)")
     compile_graph(
         graph,

@@ -173,6 +173,66 @@ CASES += [
     ),
 ]
 
+# Training: dropout draws its mask by the element's index in the whole tensor, so a shard
+# runs the op that knows its place (the physical op, or the fused attention given it).
+_ATTN = {
+    "sizes": (4, 2, 8, 8, 4, 4),
+    **{f"{w}_layout": "b,s,hd" for w in ("q", "k", "v")},
+    "out_layout": "b,s,h,d",
+    "scale": 0.5,
+}
+_DROP = {"dropout": 0.25, "dropout_stream": 1, "seed": 7}
+_QKV = [f32(4, 8, 8), f32(4, 8, 8), f32(4, 8, 8)]
+_MASK = f32(4, 1, 1, 8, lo=-2, hi=0)
+_STEP = np.array(3, np.int64)
+CASES += [
+    Case(
+        "TrainDropout",
+        "TrainDropout",
+        [f32(4, 4, 8), _STEP],
+        {"ratio": 0.3, "seed": 5, "stream": 2},
+        has=[
+            "(S(0), B) -> (S(0)) [TrainDropoutShard]",
+            "(S(2), B) -> (S(2)) [TrainDropoutShard]",
+            "(P, B) -> (P)",
+        ],
+    ),
+    Case(
+        "FusedAttention-dropout",
+        "FusedAttention",
+        [*_QKV, _MASK, None, _STEP],
+        {**_ATTN, **_DROP},
+        has=[
+            "(S(0), S(0), S(0), S(0), -, B) -> (S(0)) [FusedAttention]",
+            "(S(2), S(2), S(2), B, -, B) -> (S(2)) [FusedAttention]",
+        ],
+    ),
+    Case(
+        "FusedAttentionGrad",
+        "FusedAttentionGrad",
+        [*_QKV, f32(4, 8, 2, 4), f32(4, 8, 2, 4), _MASK],
+        _ATTN,
+        outputs=4,
+        has=[
+            "(S(0), S(0), S(0), S(0), S(0), S(0)) -> (S(0), S(0), S(0), S(0))",
+            "(S(2), S(2), S(2), S(2), S(2), B) -> (S(1), S(1), S(1), S(1))",
+        ],
+    ),
+    Case(
+        "FusedAttentionGrad-dropout",
+        "FusedAttentionGrad",
+        [*_QKV, f32(4, 8, 2, 4), f32(4, 8, 2, 4), _MASK, None, _STEP],
+        {**_ATTN, **_DROP},
+        outputs=4,
+        has=[
+            "(S(0), S(0), S(0), S(0), S(0), S(0), -, B) -> (S(0), S(0), S(0), S(0)) "
+            "[FusedAttentionGrad]",
+            "(S(2), S(2), S(2), S(2), S(2), B, -, B) -> (S(1), S(1), S(1), S(1)) "
+            "[FusedAttentionGrad]",
+        ],
+    ),
+]
+
 # Integers: sums and products wrap exactly, but a division truncates each part.
 _I, _J = ints(4, 8, lo=-50, hi=50), ints(4, 8, lo=1, hi=5)
 CASES += [
@@ -792,8 +852,11 @@ def run_strategy(node: Node, arrays: list[np.ndarray | None], s: Strategy, mesh:
     op = s.physical or node.op
     attrs: dict[str, Any] = dict(node.attrs)
     if s.physical:
+        # As flowc.parallel.lower gives them.
         attrs["mesh"] = mesh.shape
         attrs["shard_axes"] = tuple(a for a, sig in enumerate(s.axes) if sig.physical)
+        if "shard_dims" in get_op(s.physical).attrs:
+            attrs["shard_dims"] = tuple(s.output(0).parts[a].axis for a in attrs["shard_axes"])
     local_outs = [local_type(o.type, s.output(j), mesh) for j, o in enumerate(node.outputs)]
     results: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in node.outputs]
     rng = np.random.default_rng(1)

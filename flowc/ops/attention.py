@@ -30,6 +30,7 @@ guards fully masked rows so), then the weighted sum of V. The kernel computes in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -360,7 +361,7 @@ def _reference(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         p = e / np.sum(e, axis=-1, keepdims=True)
         if int(a["nan_zero"]):
             p = np.where(np.isnan(p), 0, p)
-        p = p * _dropout_scale(a, g, xs[5] if len(xs) > 5 else None)
+        p = p * _dropout_scale(a, g, xs[5] if len(xs) > 5 else None, _out_letters(a))
         o = np.matmul(p, vl)
     code = int(a["out_dtype"])
     out = np.zeros(g.out_shape, DType.from_onnx(code).np if code else q.dtype)
@@ -399,16 +400,29 @@ def _dropout_params(a: Attrs) -> dict[str, object]:
 
 
 def _extra_args(
-    prog: Program, g: Geometry, mask: Value | None, cond: Value | None, key: Value | None
+    prog: Program,
+    g: Geometry,
+    mask: Value | None,
+    cond: Value | None,
+    key: Value | None,
+    a: Attrs,
+    letters: Sequence[str],
 ) -> list[str]:
     """The kernels' optional arguments: the additive mask and the where condition with their
-    [b, h, i, j] strides, then the dropout's key."""
+    [b, h, i, j] strides, then the dropout's key, the shard's first batch and head in the
+    whole and the whole's head count (its mask's index)."""
     args: list[str] = []
     for x in (mask, cond):
         if x is not None:
             args += [prog.cptr(x), *(f"(int64_t){s}" for s in mask_strides(x.type.shape, g))]
     if key is not None:
-        args.append(prog.cptr(key))
+        b0, h0 = _shard_offsets(prog, a, letters, g)
+        args += [
+            prog.cptr(key),
+            f"(int64_t)({b0})",
+            f"(int64_t)({h0})",
+            f"(int64_t){int(a['sizes'][1])}",
+        ]
     return args
 
 
@@ -418,16 +432,25 @@ def _strided(expr: str, view: Operand) -> list[str]:
     return [base, *(f"(int64_t){s}" for s in view.strides)]
 
 
-def _dropout_scale(a: Attrs, g: Geometry, key: np.ndarray | None) -> np.ndarray | float:
+def _dropout_scale(
+    a: Attrs, g: Geometry, key: np.ndarray | None, letters: Sequence[str]
+) -> np.ndarray | float:
     """The probabilities' dropout as a factor per [b, h, i, j]: 1 / (1 - ratio) where kept, 0
     where dropped, the mask TrainDropout draws over the unfused [b, h, Sq, Sk] probabilities
     (so fused and unfused draw the same); 1 without dropout."""
     ratio = float(a["dropout"])
     if ratio == 0.0 or key is None:
         return 1.0
-    keep = dropout_keep(
-        (g.b, g.h, g.sq, g.sk), ratio, int(a["seed"]), int(a["dropout_stream"]), int(key)
-    )
+    # A shard's part of the whole [B, H, Sq, Sk] mask (the simulator gives its coordinates).
+    first = {}
+    for letter, local in (("b", g.b), ("h", g.h)):
+        chunk = 0
+        for m in _shard_digits(a, letters)[letter]:
+            chunk = chunk * int(a["mesh"][m]) + int(a["coords"][m])
+        first[letter] = chunk * local
+    whole = (int(a["sizes"][0]), int(a["sizes"][1]), g.sq, g.sk)
+    keep = dropout_keep(whole, ratio, int(a["seed"]), int(a["dropout_stream"]), int(key))
+    keep = keep[first["b"] : first["b"] + g.b, first["h"] : first["h"] + g.h]
     return np.where(keep, 1.0 / (1.0 - ratio), 0.0)
 
 
@@ -450,33 +473,80 @@ def _split_axis(layout: str, letter: str) -> int | bool | None:
     return None
 
 
-def _sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
-    """Batches and heads are independent: split either on every operand that has it (not
-    with a dropout of the probabilities, whose mask is drawn by the global element index)."""
+def _signatures(
+    ctx: InferCtx,
+    outs: list[TensorType],
+    operands: Mapping[int, str],
+    masks: tuple[int, int],
+    out_axis: Callable[[str], int | bool | None],
+    physical: str,
+) -> list[SbpSignature]:
+    """Batches and heads are independent: split either on every operand that has it
+    (``operands``: input index -> its layout attribute; ``masks``: the additive mask's and
+    the where condition's inputs, split where they do not broadcast), every output on
+    ``out_axis(letter)``. With a dropout of the probabilities the split runs ``physical``
+    (the op itself, given its shard's place: the mask is drawn by the element's index in
+    the whole [B, H, Sq, Sk])."""
     a = ctx.attrs
-    if float(a["dropout"]) > 0.0:
-        return []
+    dropout = float(a["dropout"]) > 0.0
     sigs = []
     for letter, at in (("b", 0), ("h", 1)):
         given: dict[int, sr.Sbp] = {}
         ok = True
-        for i, w in enumerate(OPERANDS):
-            ax = _split_axis(str(a[f"{w}_layout"]), letter)
+        for i, attr in operands.items():
+            ax = _split_axis(str(a[attr]), letter)
             if ax is False:
                 ok = False
             elif ax is not None:
                 given[i] = sr.S(int(ax))
-        out_ax = _split_axis(str(a["out_layout"]), letter)
+        out_ax = out_axis(letter)
         if not ok or out_ax is None or out_ax is False or not given:
             continue
-        for i in (3, 4):
+        for i in masks:
             if ctx.has(i):
                 shape = ctx.shape(i)
                 k = len(shape) - 4 + at
                 if k >= 0 and shape[k] != 1:
                     given[i] = sr.S(k)
-        sigs.append(sr.sig(ctx, given, sr.S(int(out_ax)), len(outs)))
+        sigs.append(
+            sr.sig(ctx, given, sr.S(int(out_ax)), len(outs), physical=physical if dropout else None)
+        )
     return sigs
+
+
+def _sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    operands = {i: f"{w}_layout" for i, w in enumerate(OPERANDS)}
+    out_layout = str(ctx.attrs["out_layout"])
+    return _signatures(ctx, outs, operands, (3, 4), lambda c: _split_axis(out_layout, c), OP)
+
+
+def _shard_digits(a: Attrs, out_letters: Sequence[str]) -> dict[str, list[int]]:
+    """For the batch and head letters, the mesh axes that split them (the digits of the
+    shard's chunk number, most significant first; none unsplit). ``out_letters``: the
+    letter of each axis of output 0 (``shard_dims`` names those axes)."""
+    digits: dict[str, list[int]] = {"b": [], "h": []}
+    if a.get("mesh") and a.get("shard_axes"):
+        for m, d in sorted(zip(a["shard_axes"], a["shard_dims"], strict=True)):
+            digits[out_letters[d]].append(int(m))
+    return digits
+
+
+def _shard_offsets(
+    prog: Program, a: Attrs, out_letters: Sequence[str], g: Geometry
+) -> tuple[str, str]:
+    """The shard's first batch and head in the whole, as C++ expressions of the rank's mesh
+    coordinates ("0" unsplit)."""
+    out = []
+    for letter, local in (("b", g.b), ("h", g.h)):
+        chunk = "0"
+        for m in _shard_digits(a, out_letters)[letter]:
+            chunk = f"({chunk}) * {int(a['mesh'][m])} + static_cast<int64_t>({prog.mesh_coord(m)})"
+        out.append(f"({chunk}) * {local}")
+    return out[0], out[1]
+
+
+def _out_letters(a: Attrs) -> list[str]:
+    return [axis[0] if axis else "" for axis in parse_layout(str(a["out_layout"]))]
 
 
 def _emit(prog: Program, node: Node) -> None:
@@ -528,7 +598,8 @@ def _emit(prog: Program, node: Node) -> None:
         *_strided(prog.cptr(k), g.views["k"]),
         *_strided(prog.cptr(v), g.views["v"]),
     ]
-    args += _extra_args(prog, g, mask, cond, node.inputs[5] if len(node.inputs) > 5 else None)
+    key = node.inputs[5] if len(node.inputs) > 5 else None
+    args += _extra_args(prog, g, mask, cond, key, a, _out_letters(a))
     args += _strided(prog.ptr(y), g.views["out"])
     args += [
         str(g.h),
@@ -569,6 +640,12 @@ defop(
         "dropout": 0.0,
         "dropout_stream": 0,
         "seed": 0,
+        # A split with a dropout (flowc.parallel.lower): the mesh, its axes that split and
+        # the output axes they split, so the kernels find their shard's place in the whole.
+        "mesh": None,
+        "shard_axes": None,
+        "shard_dims": None,
+        "microbatch": 0,
     },
     inputs=(3, 6),
     flops=_flops,
@@ -665,7 +742,7 @@ def _grad_reference(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
         p = np.where(np.isinf(lse) | np.isinf(s), 0.0, np.exp(s - lse))
     delta = np.sum(dol * ol, axis=-1, keepdims=True)
     # With dropout, O = (P * M) V: V's gradient weighs by P * M, and P's is M * dO V^T.
-    drop = _dropout_scale(a, g, xs[7] if len(xs) > 7 else None)
+    drop = _dropout_scale(a, g, xs[7] if len(xs) > 7 else None, GRAD_LETTERS)
     dp = np.matmul(dol, np.swapaxes(vl, -1, -2)) * drop
     raw = p * (dp - delta)
     ds = np.where(through, raw, 0.0) * float(a["scale"])
@@ -690,6 +767,18 @@ def _grad_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs) 
         return 0
     pairs = g.b * g.h * g.sq * g.sk
     return pairs * (3 * 2 * g.d + 2 * 2 * g.dv + 2 * (2 * g.d + g.dv) + 12)
+
+
+# The backward's outputs (dq, dk, dv, the stats, dmask) are contiguous [b, h, ...].
+GRAD_LETTERS = ("b", "h", "s", "d")
+
+
+def _grad_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """The forward's splits: q, k, v as laid out, the output and its gradient as the
+    forward's output, the mask and condition (inputs 5, 6) where they do not broadcast;
+    every output on b (axis 0) or h (axis 1)."""
+    operands = {0: "q_layout", 1: "k_layout", 2: "v_layout", 3: "out_layout", 4: "out_layout"}
+    return _signatures(ctx, outs, operands, (5, 6), GRAD_LETTERS.index, GRAD_OP)
 
 
 def _grad_emit(prog: Program, node: Node) -> None:
@@ -739,7 +828,8 @@ def _grad_emit(prog: Program, node: Node) -> None:
         prog.cptr(o) + (f" + {out_view.offset}" if out_view.offset else ""),
         *_strided(prog.cptr(do), out_view),
     ]
-    args += _extra_args(prog, g, mask, cond, node.inputs[7] if len(node.inputs) > 7 else None)
+    key = node.inputs[7] if len(node.inputs) > 7 else None
+    args += _extra_args(prog, g, mask, cond, key, a, GRAD_LETTERS)
     args += [
         prog.ptr(stats),
         f"(int64_t){g.b * g.h}",
@@ -773,6 +863,7 @@ defop(
     inputs=(5, 8),
     outputs=(4, 5),
     flops=_grad_flops,
+    sbp=_grad_sbp,
     # It reads and writes bfloat16/float16 itself (computing in float32), as the forward.
     narrow=frozenset({DType.BF16, DType.F16}),
     emit=_grad_emit,

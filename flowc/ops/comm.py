@@ -3,7 +3,9 @@
 The four collectives work on the group of devices along one mesh axis with NCCL's
 contiguous-buffer semantics, over a leading "member" axis of size p (the group size):
 
-- ``AllReduce(x)``: every member gets the sum of all members' x.
+- ``AllReduce(x)``: every member gets the sum of all members' x. With several inputs (a
+  bucket, flowc.parallel.buckets) output i is input i's sum, all of them one collective
+  step: one NCCL group on the GPU, one packed MPI call on the host, one latency.
 - ``AllGather(x)``: out[k] = member k's x; out has shape [p, *x.shape].
 - ``ReduceScatter(x)``: x has shape [p, *rest]; member k gets the sum over members of x[k].
 - ``AllToAll(x)``: x has shape [p, *rest]; out[m] on member k = member m's x[k].
@@ -84,7 +86,36 @@ def _all_to_all_infer(ctx: InferCtx) -> list[TensorType]:
     return [t]
 
 
+def _bucket_infer(ctx: InferCtx) -> list[TensorType]:
+    group_size(ctx)
+    types = [ctx.type(i) for i in range(ctx.num_inputs)]
+    if any(t.dtype != types[0].dtype for t in types):
+        raise ctx.fail("the parts of an all-reduce bucket are of one element type")
+    return types
+
+
+def _emit_bucket(prog: Program, node: Node) -> None:
+    parts = []
+    for x, y in zip(node.inputs, node.outputs, strict=True):
+        assert x is not None
+        parts.append({"src": prog.cptr_void(x), "dst": prog.ptr_void(y), "count": y.type.numel})
+    x0 = node.inputs[0]
+    assert x0 is not None
+    prog.call(
+        "comm.cu.j2",
+        "bucket",
+        f"{node.op} {node.name}",
+        axis=int(node.attrs["mesh_axis"]),
+        parts=parts,
+        dtype=x0.type.dtype.onnx,
+        stream=prog.stream,
+    )
+
+
 def _emit_collective(prog: Program, node: Node) -> None:
+    if node.op == "AllReduce" and len(node.inputs) > 1:
+        _emit_bucket(prog, node)
+        return
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None
     attrs = node.attrs
@@ -108,11 +139,15 @@ def _emit_collective(prog: Program, node: Node) -> None:
     )
 
 
-for _name, _infer in (
-    ("AllReduce", _same_infer),
-    ("AllGather", _gather_infer),
-    ("ReduceScatter", _stacked_infer),
-    ("AllToAll", _all_to_all_infer),
+# An all-reduce bucket's parts: as many as a step has gradients (the counts are NCCL's and
+# MPI's, not a kernel's parameters).
+MAX_BUCKET_PARTS = 4096
+
+for _name, _infer, _arity in (
+    ("AllReduce", _bucket_infer, (1, MAX_BUCKET_PARTS)),
+    ("AllGather", _gather_infer, (1, 1)),
+    ("ReduceScatter", _stacked_infer, (1, 1)),
+    ("AllToAll", _all_to_all_infer, (1, 1)),
 ):
     defop(
         _name,
@@ -121,6 +156,8 @@ for _name, _infer in (
         reference=_collective_ref,
         attrs=COMM_ATTRS,
         emit=_emit_collective,
+        inputs=_arity,
+        outputs=_arity,
     )
 
 

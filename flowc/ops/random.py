@@ -11,6 +11,7 @@ Random123's published known-answer vectors (tests/test_philox.py).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +22,8 @@ from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, make_splat
 from flowc.ir.types import TensorType
 from flowc.ops import grad
-from flowc.ops.registry import InferCtx, defop
+from flowc.ops import sbp_rules as sr
+from flowc.ops.registry import InferCtx, SbpSignature, defop
 
 if TYPE_CHECKING:
     from flowc.codegen.program import Program
@@ -185,6 +187,19 @@ def _dropout_vjp(
     return [b.emit("TrainDropout", [g, step], dict(node.attrs))[0], None]
 
 
+def _dropout_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """Linear in x (P -> P, the same mask on every device); split on any axis, each rank
+    runs TrainDropoutShard, which draws its elements' masks by their indices in the whole
+    tensor: every plan draws the one-device masks."""
+    return [
+        sr.partial(ctx, outs),
+        *(
+            sr.sig(ctx, {0: sr.S(d)}, sr.S(d), 1, physical="TrainDropoutShard")
+            for d in range(len(ctx.shape(0)))
+        ),
+    ]
+
+
 defop(
     "TrainDropout",
     FAMILY,
@@ -193,6 +208,114 @@ defop(
     attrs=DROPOUT_ATTRS,
     inputs=2,
     emit=_dropout_emit,
-    # No split: the mask is drawn by the element's index, which a shard's would change.
+    sbp=_dropout_sbp,
     vjp=_dropout_vjp,
+)
+
+
+# TrainDropoutShard: TrainDropout on one rank's shard of x, split along the tensor axes
+# ``shard_dims`` by the mesh axes ``shard_axes`` (of the mesh of shape ``mesh``; several mesh
+# axes on one tensor axis count in mixed radix, mesh axis 0 outermost, as flowc.ir.layout
+# numbers chunks). Each element's mask is that of its index in the whole tensor, so the
+# masks are the one-device run's. The reference reads the rank's coordinates from the
+# ``coords`` attribute the simulator adds; generated code reads them at run time.
+SHARD_ATTRS = {
+    **DROPOUT_ATTRS,
+    "mesh": None,
+    "shard_axes": None,
+    "shard_dims": None,
+    "microbatch": 0,
+}
+
+
+def _shard_geometry(a: Attrs, local: tuple[int, ...]) -> tuple[tuple[int, ...], list[list[int]]]:
+    """The whole tensor's shape, and per tensor axis the (mesh axis, size) digits of its
+    chunk number, most significant first."""
+    mesh, axes, dims = a["mesh"], a["shard_axes"], a["shard_dims"]
+    digits: list[list[int]] = [[] for _ in local]
+    for m, d in sorted(zip(axes, dims, strict=True)):
+        digits[d].append(m)
+    whole = tuple(n * math.prod(int(mesh[m]) for m in digits[d]) for d, n in enumerate(local))
+    return whole, digits
+
+
+def _dropout_shard_infer(ctx: InferCtx) -> list[TensorType]:
+    mesh, axes, dims = (ctx.attrs.get(k) for k in ("mesh", "shard_axes", "shard_dims"))
+    rank = ctx.type(0).rank
+    if (
+        not mesh
+        or not axes
+        or dims is None
+        or len(axes) != len(dims)
+        or any(not 0 <= m < len(mesh) for m in axes)
+        or any(not 0 <= d < rank for d in dims)
+    ):
+        raise ctx.fail(
+            f"shard_axes {axes} and shard_dims {dims} must pair mesh {mesh}'s axes with x's"
+        )
+    return _dropout_infer(ctx)
+
+
+def _dropout_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, step = xs[0], xs[1]
+    assert x is not None and step is not None
+    whole, digits = _shard_geometry(a, x.shape)
+    box = []
+    for d, n in enumerate(x.shape):
+        chunk = 0
+        for m in digits[d]:
+            chunk = chunk * int(a["mesh"][m]) + int(a["coords"][m])
+        box.append(slice(chunk * n, (chunk + 1) * n))
+    ratio = float(a["ratio"])
+    keep = dropout_keep(whole, ratio, int(a["seed"]), int(a["stream"]), int(step))[tuple(box)]
+    scale = np.asarray(1.0 / (1.0 - ratio), dtype=x.dtype)
+    return np.where(keep, x * scale, np.zeros((), x.dtype)).astype(x.dtype)
+
+
+def _dropout_shard_emit(prog: Program, node: Node) -> None:
+    x, step, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    assert x is not None and step is not None
+    a = node.attrs.merged(SHARD_ATTRS)
+    local = x.type.shape
+    whole, digits = _shard_geometry(a, local)
+    ratio = float(a["ratio"])
+    k0, k1 = seed_words(int(a["seed"]))
+    strides = [math.prod(whole[d + 1 :]) for d in range(len(whole))]
+    name = prog.kernel(
+        "elementwise.cu.j2",
+        "train_dropout_shard",
+        ctype=prog.ctype(x),
+        ratio=c_float(ratio),
+        scale=c_float(1.0 / (1.0 - ratio), prog.ctype(x)),
+        stream=f"{int(a['stream']) & 0xFFFFFFFF}u",
+        k0=f"{k0}u",
+        k1=f"{k1}u",
+        local=list(local),
+        strides=strides,
+        split=[bool(g) for g in digits],
+    )
+    offsets = []
+    for d, n in enumerate(local):
+        if digits[d]:
+            chunk = "0"
+            for m in digits[d]:
+                chunk = (
+                    f"({chunk}) * {int(a['mesh'][m])} + static_cast<int64_t>({prog.mesh_coord(m)})"
+                )
+            offsets.append(f"({chunk}) * {n}")
+    prog.launch(
+        name,
+        out.type.numel,
+        [prog.cptr(x), prog.cptr(step), prog.ptr(out), f"(int64_t){out.type.numel}", *offsets],
+    )
+
+
+defop(
+    "TrainDropoutShard",
+    FAMILY,
+    infer=_dropout_shard_infer,
+    reference=_dropout_shard_ref,
+    attrs=SHARD_ATTRS,
+    inputs=2,
+    emit=_dropout_shard_emit,
 )

@@ -277,12 +277,15 @@ def kernel_time(node: Node, profile: Profile) -> float:
 
 def collective_time(node: Node, profile: Profile) -> float:
     """Alpha-beta time of a collective node of a rank's graph: ring algorithms send
-    (p-1)/p of the buffer per rank, twice for an all-reduce."""
-    x = node.inputs[0]
+    (p-1)/p of the buffer per rank, twice for an all-reduce; a bucket (an all-reduce of
+    several parts) pays one alpha for all of them."""
     mesh = node.attrs.get("mesh") or (1,)
     axis = int(node.attrs.get("mesh_axis", 0))
     p = int(mesh[axis]) if 0 <= axis < len(mesh) else 1
-    nbytes = max(x.type.nbytes if x is not None else 0, node.outputs[0].type.nbytes)
+    nbytes = sum(
+        max(x.type.nbytes if x is not None else 0, y.type.nbytes)
+        for x, y in zip(node.inputs, node.outputs, strict=True)
+    )
     share = (p - 1) / p if p > 1 else 0.0
     sent = nbytes * share * (2 if node.op == "AllReduce" else 1)
     link = profile.axis_link(axis)

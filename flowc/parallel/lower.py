@@ -352,6 +352,16 @@ class _Lowerer:
             attrs["shard_axes"] = tuple(
                 a for a, sig in enumerate(strategy.axes) if sig.physical is not None
             )
+            if "shard_dims" in get_op(op).attrs:
+                # The output's tensor axis each of those mesh axes splits (an op that needs
+                # its shard's place in the whole: TrainDropoutShard's element indices).
+                out = strategy.output(0)
+                dims = []
+                for a in attrs["shard_axes"]:
+                    dim = out.parts[a].axis
+                    assert dim is not None
+                    dims.append(dim)
+                attrs["shard_dims"] = tuple(dims)
         pnode = self.g.add_node(
             op,
             inputs,

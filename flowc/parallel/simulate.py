@@ -71,11 +71,12 @@ def run_physical(phys: Physical, feeds: Mapping[Value, Mapping[Coords, np.ndarra
             env[c][k] = phys.constant_for(k, c)
     for node in phys.graph.nodes:
         if node.op in COLLECTIVES:
-            x = node.inputs[0]
-            assert x is not None
-            res = run_collective(node, {c: env[c][x] for c in coords}, coords)
-            for c in coords:
-                env[c][node.outputs[0]] = res[c]
+            # Each part of a bucket (an AllReduce of several inputs) on its own.
+            for x, y in zip(node.inputs, node.outputs, strict=True):
+                assert x is not None
+                res = run_collective(node, {c: env[c][x] for c in coords}, coords)
+                for c in coords:
+                    env[c][y] = res[c]
             continue
         opdef = get_op(node.op)
         for c in coords:

@@ -983,6 +983,87 @@ inline Status all_reduce(World& w, int mesh_axis, const void* send, void* recv, 
   return Status::Ok();
 }
 
+// One part of an all-reduce bucket: the sum over the group of `count` elements of `send`,
+// into `recv` (equal to send, or disjoint from it).
+struct BucketPart {
+  const void* send;
+  void* recv;
+  size_t count;
+};
+
+// Several all-reduces over one mesh axis as one collective step (a bucket of gradients):
+// each part as all_reduce() makes it. On the GPU the parts are one NCCL group, which NCCL
+// runs as one launch; on the host they are packed into one buffer and summed by one MPI
+// call (f16 and bf16 in f32, as all_reduce()). Either way a bucket pays one latency; it is
+// logged as one all-reduce of all its bytes.
+inline Status all_reduce_bucket(World& w, int mesh_axis, const BucketPart* parts, int n, int dtype,
+                                cudaStream_t stream) {
+  const char* what = "all-reduce";
+  size_t eb = 0, total = 0;
+  for (int i = 0; i < n; ++i) total += parts[i].count;
+  if (Status st = detail::check(w, what, mesh_axis, dtype, total, true, &eb); !st.ok()) return st;
+  for (int i = 0; i < n; ++i) {
+    const size_t bytes = parts[i].count * eb;
+    if (parts[i].send != parts[i].recv && !detail::disjoint(parts[i].send, bytes, parts[i].recv, bytes))
+      return detail::overlap_error(what, ", or equal");
+  }
+  if (Status st = detail::log_call(w, what, mesh_axis, total * eb, dtype); !st.ok()) return st;
+  if (total == 0) return Status::Ok();
+#if defined(FLOWC_HOST)
+  std::vector<BucketPart> live(parts, parts + n);
+  return detail::host_enqueue(
+      [live, total, eb, mesh_axis, dtype, what, &w]() -> Status {
+        const bool half = dtype == 10 || dtype == 16;
+        const size_t width = half ? sizeof(float) : eb;
+        std::vector<unsigned char> packed(total * width);
+        size_t at = 0;
+        for (const BucketPart& part : live) {
+          if (half) {
+            const std::vector<float> wide = detail::widen(part.send, part.count, dtype);
+            std::memcpy(packed.data() + at * width, wide.data(), part.count * width);
+          } else {
+            std::memcpy(packed.data() + at * width, part.send, part.count * width);
+          }
+          at += part.count;
+        }
+        MPI_Comm comm = w.axis_mpi[mesh_axis];
+        const MPI_Datatype t = half ? MPI_FLOAT : detail::mpi_type(dtype);
+        const int count = static_cast<int>(total);
+        FLOWC_COMM_MPI(what, detail::mpi_step(w, what, mesh_axis, [&](MPI_Request* r) {
+                         return r ? MPI_Iallreduce(MPI_IN_PLACE, packed.data(), count, t, MPI_SUM, comm, r)
+                                  : MPI_Allreduce(MPI_IN_PLACE, packed.data(), count, t, MPI_SUM, comm);
+                       }));
+        at = 0;
+        for (const BucketPart& part : live) {
+          if (half) {
+            detail::narrow(reinterpret_cast<const float*>(packed.data()) + at, part.count, dtype, part.recv);
+          } else {
+            std::memcpy(part.recv, packed.data() + at * width, part.count * width);
+          }
+          at += part.count;
+        }
+        return Status::Ok();
+      },
+      stream, what);
+#else
+  detail::enter(w, what, mesh_axis);  // on the GPU a step is reached when it is queued
+  ncclComm_t comm = w.axis_nccl[mesh_axis];
+  const ncclDataType_t type = detail::nccl_type(dtype);
+  FLOWC_COMM_NCCL(what, comm, ncclGroupStart());
+  for (int i = 0; i < n; ++i) {
+    if (parts[i].count == 0) continue;
+    const ncclResult_t r =
+        ncclAllReduce(parts[i].send, parts[i].recv, parts[i].count, type, ncclSum, comm, stream);
+    if (r != ncclSuccess) {
+      ncclGroupEnd();
+      return LibraryError(detail::nccl_error(what, "ncclAllReduce", r, comm));
+    }
+  }
+  FLOWC_COMM_NCCL(what, comm, ncclGroupEnd());
+  return Status::Ok();
+#endif
+}
+
 // recv = the group members' send buffers (send_count elements each) concatenated in group order.
 inline Status all_gather(World& w, int mesh_axis, const void* send, void* recv, size_t send_count, int dtype,
                          cudaStream_t stream) {

@@ -180,7 +180,8 @@ void check_axis_type(flowc::comm::World& w, int axis, int dtype, cudaStream_t s)
     return b;
   };
 
-  DeviceBuffer send(p * n * eb), recv(p * n * eb);
+  const size_t n2 = 5;  // a bucket's second part
+  DeviceBuffer send(std::max(p * n, n + n2) * eb), recv(std::max(p * n, n + n2) * eb);
   const std::vector<unsigned char> one_chunk = mine(n, 0), all_chunks = mine(p * n, 0);
   if (sums) {
     upload(send.p, one_chunk, s);
@@ -192,6 +193,15 @@ void check_axis_type(flowc::comm::World& w, int axis, int dtype, cudaStream_t s)
     report(w, "all_reduce in place", axis, dtype, comm::all_reduce(w, axis, recv.p, recv.p, n, dtype, s));
     note("all-reduce", axis, n * eb, dtype);
     compare(w, "all_reduce in place", axis, dtype, download(recv.p, n * eb, s), summed(n, 0));
+
+    // A bucket: two parts (and an empty one) as one collective step, logged as one.
+    const std::vector<unsigned char> bucket_in = mine(n + n2, 0);  // lives until the copy runs
+    upload(send.p, bucket_in, s);
+    const comm::BucketPart parts[] = {
+        {send.p, recv.p, n}, {send.at(n * eb), recv.at(n * eb), n2}, {send.p, recv.p, 0}};
+    report(w, "all_reduce_bucket", axis, dtype, comm::all_reduce_bucket(w, axis, parts, 3, dtype, s));
+    note("all-reduce", axis, (n + n2) * eb, dtype);
+    compare(w, "all_reduce_bucket", axis, dtype, download(recv.p, (n + n2) * eb, s), summed(n + n2, 0));
 
     upload(send.p, all_chunks, s);
     report(w, "reduce_scatter", axis, dtype, comm::reduce_scatter(w, axis, send.p, recv.p, n, dtype, s));
@@ -239,6 +249,7 @@ void check_axis_type(flowc::comm::World& w, int axis, int dtype, cudaStream_t s)
 void check_rejections(flowc::comm::World& w, cudaStream_t s) {
   namespace comm = flowc::comm;
   DeviceBuffer buf(1024);
+  const comm::BucketPart bad_parts[] = {{buf.p, buf.at(512), 4}, {buf.at(64), buf.at(68), 4}};
   struct Case {
     const char* name;
     flowc::Status status;
@@ -254,6 +265,10 @@ void check_rejections(flowc::comm::World& w, cudaStream_t s) {
        "bool tensors cannot be summed"},
       {"partial overlap", comm::all_reduce(w, 0, buf.p, buf.at(4), 4, kF32, s),
        flowc::StatusCode::kInvalidArgument, "overlap"},
+      {"bucket part overlap", comm::all_reduce_bucket(w, 0, bad_parts, 2, kF32, s),
+       flowc::StatusCode::kInvalidArgument, "overlap"},
+      {"bucket of bools", comm::all_reduce_bucket(w, 0, bad_parts, 1, kBool, s),
+       flowc::StatusCode::kNotSupported, "bool tensors cannot be summed"},
       {"all-to-all in place", comm::all_to_all(w, 0, buf.p, buf.p, 4, kF32, s),
        flowc::StatusCode::kInvalidArgument, "overlap"},
       {"gather from inside a chunk", comm::all_gather(w, 0, buf.at(4), buf.p, 4, kF32, s),
