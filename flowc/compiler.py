@@ -71,6 +71,7 @@ from flowc.parallel.pipeline import (
     microbatch_graph,
     stage_node_costs,
 )
+from flowc.parallel.search import ParamLimitError
 from flowc.parallel.simulate import simulate
 from flowc.passes.fuse_elementwise import fuse_elementwise
 from flowc.passes.manager import DEFAULT_PIPELINE, PassManager
@@ -272,12 +273,18 @@ def parallelize(graph: Graph, opts: ParallelOptions, max_attempts: int = 6) -> P
     profile = workspace_within(load_profile(opts.profile), opts.mem_limit)
     param_limit = opts.mem_limit
     last: Memory | None = None
+    tried_least = False
     for attempt in range(1, max_attempts + 1):
         try:
             plan = make_plan(graph, opts, profile, opts.method, param_limit)
         except InputError as e:
             if last is None:
                 raise
+            if isinstance(e, ParamLimitError) and not tried_least:
+                # The excess came off the parameters alone, though the arena shrinks with
+                # them: the plan that stores least is still worth measuring.
+                tried_least, param_limit = True, e.least
+                continue
             # The parameters fit the limit alone, but not beside the arena the plans need.
             raise InputError(
                 f"no plan fits --mem-limit {opts.mem_limit} bytes per device: the last one "

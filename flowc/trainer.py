@@ -39,7 +39,7 @@ from flowc.training.spec import (
 )
 from flowc.training.step import TrainingStep
 from flowc.training.zero import STAGES as ZERO_STAGES
-from flowc.training.zero import rank_state_bytes, zero_formula, zero_layouts
+from flowc.training.zero import rank_state_bytes, state_choices, zero_formula, zero_layouts
 
 Progress = Callable[[str], None]
 
@@ -489,6 +489,20 @@ def compile_step(
         progress(f"placing the step on mesh {placement.mesh} ({placement.method})")
         placed = parallelize(step.graph, dataclasses.replace(placement, streams=1))
         graph, physical = placed.physical.graph, placed.physical
+        if placement.method == "auto":
+            # The search placed the state (under --mem-limit, ZeRO per tensor): say how.
+            stored = {v.name: placed.plan.value_sbp[v] for v in step.graph.inputs}
+            gathered = {
+                x.name
+                for node in step.graph.nodes
+                for i, x in enumerate(node.inputs)
+                if x is not None
+                and x.name in step.params
+                and placed.plan.wanted(node, i) not in (None, stored[x.name])
+            }
+            progress("state placement (the search's):")
+            for line in state_choices(step, stored, gathered):
+                progress(f"  {line}")
         params, moments = rank_state_bytes(graph, step)
         whole_params, whole_moments = rank_state_bytes(step.graph, step)
         progress(

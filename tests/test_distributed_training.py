@@ -37,7 +37,9 @@ def _data(path: Path) -> Path:
     return path
 
 
-def _flowc_train(tmp: Path, name: str, *extra: str, steps: int = STEPS) -> dict[str, np.ndarray]:
+def _flowc_train(
+    tmp: Path, name: str, *extra: str, steps: int = STEPS, said: list[str] | None = None
+) -> dict[str, np.ndarray]:
     data = tmp / "data.npz"
     if not data.is_file():
         _data(data)
@@ -48,6 +50,8 @@ def _flowc_train(tmp: Path, name: str, *extra: str, steps: int = STEPS) -> dict[
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    if said is not None:
+        said.extend(r.stderr.splitlines())
     ckpt = checkpoint.read(tmp / name)
     return {f"state/{k}": v for k, v in checkpoint.load_whole(ckpt).items()}
 
@@ -311,6 +315,29 @@ def test_a_rank_that_dies_ends_the_job_and_its_last_checkpoint_resumes(
     if total != STEPS:
         want = _flowc_train(tmp, f"one-{total}", steps=total)
     assert _worst(want, got) < 1e-5
+
+
+def test_the_search_splits_the_state_to_fit_a_memory_limit(
+    single: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """--parallel auto under --mem-limit 300KB on 2 ranks (the whole state and arena need
+    about 410 KB): the search counts the state's bytes per rank and chooses each tensor's
+    layout, prints the choice per parameter group, keeps every rank within the limit, and
+    trains the one-device weights."""
+    tmp, want = single
+    said: list[str] = []
+    limit = ["--mesh", "2", "--parallel", "auto", "--mem-limit", "300KB"]
+    got = _flowc_train(tmp, "memlimit", *limit, said=said)
+    assert _worst(want, got) < 1e-5
+    at = said.index("flowc: state placement (the search's):")
+    groups = [line for line in said[at + 1 :] if line.startswith("flowc:   ")]
+    assert groups and not any(line.startswith("flowc:   whole: m.0.weight") for line in groups)
+    per_rank = next(line for line in said if line.startswith("flowc: per rank:"))
+    params, moments, arena = (
+        int(m.replace(",", "")) for m in re.findall(r"([\d,]+) B", per_rank)[:3]
+    )
+    assert params + moments + arena <= 300_000, per_rank
+    assert moments < 153_680  # the moments of at least the first layer are split
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])

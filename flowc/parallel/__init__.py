@@ -167,10 +167,14 @@ def workspace_within(profile: Profile, mem_limit: int | None) -> Profile:
     return dataclasses.replace(profile, workspace=mem_limit // 16 // 256 * 256)
 
 
-def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Value, NdSbp]:
+def _with_state(
+    graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp], whole: bool = True
+) -> dict[Value, NdSbp]:
     """A training step's state leaves the step as it entered (a constraint of every plan):
     each state input and the output written over it take one layout, whole (B) on every
-    device unless --sbp places one of them."""
+    device unless --sbp places one of them; with ``whole`` False those --sbp does not place
+    are left to the search (which prices the next value's boxing back to the state's
+    layout, and counts the state's bytes against the memory limit: ZeRO per tensor)."""
     by_name = {v.name: v for v in graph.values()}
     out = dict(fixed)
     for name, written in graph.state.items():
@@ -183,6 +187,8 @@ def _with_state(graph: Graph, mesh: Mesh, fixed: dict[Value, NdSbp]) -> dict[Val
                 f"{written!r} are placed {' and '.join(map(str, layouts))}",
                 hint="place one of them (the other follows)",
             )
+        if not layouts and not whole:
+            continue
         layout = layouts.pop() if layouts else broadcast(mesh)
         split_axes = {p.axis for p in layout.parts if p.kind == "S"}
         if len(split_axes) > 1 or any(p.kind == "P" for p in layout.parts):
@@ -233,7 +239,7 @@ def make_plan(
             )
         return broadcast_plan(graph, opts.mesh)
     if graph.state:
-        fixed = _with_state(graph, opts.mesh, fixed)
+        fixed = _with_state(graph, opts.mesh, fixed, whole=method != "auto")
         if method == "data":
             given = _batch_split(graph, opts.mesh, fixed)
             return propagated_plan(graph, opts.mesh, profile, given, "data")

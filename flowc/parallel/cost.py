@@ -315,7 +315,7 @@ class PlanCost:
 
     compute_s: float
     comm_s: float
-    param_bytes: int  # per rank: every constant's local bytes under its layout
+    param_bytes: int  # per rank: every stored value's local bytes under its layout (stored())
     boxing: list[tuple[Value, Node | None, BoxingStep]]
 
     @property
@@ -354,5 +354,11 @@ def evaluate_plan(graph: Graph, plan: Plan, profile: Profile) -> PlanCost:
             for step in boxing_plan(v.type, mesh, plan.value_sbp[v], sbp, profile):
                 comm += step_time(step, profile, carried, mesh)
                 boxing.append((v, who, step))
-    params = sum(local_type(c.type, plan.value_sbp[c], mesh).nbytes for c in graph.constants)
+    params = sum(local_type(c.type, plan.value_sbp[c], mesh).nbytes for c in stored(graph))
     return PlanCost(compute, comm, params, boxing)
+
+
+def stored(graph: Graph) -> list[Value]:
+    """What a rank keeps in its weights buffer: the constants, and the state a training
+    step carries from step to step (parameters, optimizer state), both as placed."""
+    return [*graph.constants, *(v for v in graph.inputs if v.name in graph.state)]

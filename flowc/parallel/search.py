@@ -7,8 +7,8 @@ outputs whole (B). An edge's cost depends on the choices at both ends, so it get
 continuous variables e for pairs of choices whose rows and columns add up to the two ends'
 x (the local-consistency form of the product, integral once x is). A value read by several
 nodes is boxed once per distinct wanted layout: z >= e of every reader carries that cost.
-A limit on the parameter bytes each rank keeps is one linear constraint over the constants'
-x. Before solving, ``reduce_graph`` prunes dominated choices and removes chains and leaves
+A limit on the parameter bytes each rank keeps is one linear constraint over the stored
+values' x (the constants, and a training step's state: ZeRO's choice, made per tensor). Before solving, ``reduce_graph`` prunes dominated choices and removes chains and leaves
 exactly, as OneFlow does; what is left is eliminated exactly when its tables stay small, and
 goes to the program otherwise. The solver runs on one thread with a fixed seed and stops at
 a node limit, never at a clock (but for a flagged backstop), so a plan is reproducible; one
@@ -31,7 +31,7 @@ from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ir.layout import broadcast, fits, local_type, nd_sbps
 from flowc.ir.types import Mesh, NdSbp, Sbp
-from flowc.parallel.cost import Profile, boxing_time, node_time
+from flowc.parallel.cost import Profile, boxing_time, node_time, stored
 from flowc.parallel.plan import Plan
 from flowc.parallel.reduce_graph import (
     CostGraph,
@@ -498,10 +498,11 @@ class PlacementProblem:
         for node in graph.nodes:
             self.strategies[node] = self._node_strategies(node, fixed)
         outputs = set(graph.outputs)
+        kept = set(stored(graph))
         for v in [*graph.inputs, *graph.constants]:
             self.layouts[v] = self._source_layouts(v, fixed.get(v))
             memory = None
-            if v.is_const:
+            if v in kept:
                 memory = [local_type(v.type, s, mesh).nbytes for s in self.layouts[v]]
             self.vertex[v] = self.cg.add_vertex([0.0] * len(self.layouts[v]), memory)
         for node in graph.nodes:
@@ -509,10 +510,34 @@ class PlacementProblem:
             self.vertex[node] = self.cg.add_vertex(times)
         for v in [*graph.inputs, *graph.constants]:
             self._add_value(v, self.vertex[v], self.layouts[v], readers.get(v, []), v in outputs)
+        # A state's next value leaves the step as its state entered (Plan.leaves_as): an edge
+        # from the value's producer to the state input, priced by the boxing between them.
+        by_name = {v.name: v for v in graph.inputs}
+        next_of = {
+            o: by_name[name]
+            for name, written in graph.state.items()
+            for o in graph.outputs
+            if written is not None and o.name == written and name in by_name
+        }
         for node in graph.nodes:
             for j, o in enumerate(node.outputs):
                 made = [s.output(j) for s in self.strategies[node]]
-                self._add_value(o, self.vertex[node], made, readers.get(o, []), o in outputs)
+                state = next_of.get(o)
+                self._add_value(
+                    o, self.vertex[node], made, readers.get(o, []), o in outputs and state is None
+                )
+                if state is not None:
+                    m = np.array(
+                        [
+                            [
+                                0.0 if a == b else boxing_time(o.type, mesh, a, b, profile)
+                                for b in self.layouts[state]
+                            ]
+                            for a in made
+                        ]
+                    )
+                    if m.any():
+                        self.cg.add_edge(self.vertex[node], self.vertex[state], m)
 
     def _check_fixed(self, fixed: dict[Value, NdSbp]) -> None:
         known = {*self.graph.inputs, *self.graph.constants}
@@ -540,10 +565,14 @@ class PlacementProblem:
                 what = "constant" if v.is_const else "graph input"
                 raise InputError(f"{what} {v.name!r} cannot be placed as {fixed}: it is never P")
             return [fixed]
+        state = v.name in self.graph.state and not v.is_const
         return [
             s
             for s in nd_sbps(v.type.rank, self.mesh, partial=False)
             if fits(v.type.shape, s, self.mesh)
+            # A training step's state splits on one tensor axis (its shards are read,
+            # written and saved as chunks of that axis).
+            and (not state or len({p.axis for p in s.parts if p.kind == "S"}) <= 1)
         ]
 
     def _node_strategies(self, node: Node, fixed: dict[Value, NdSbp]) -> list[Strategy]:
@@ -638,6 +667,17 @@ class PlacementProblem:
         return Plan(self.mesh, node_strategy, value_sbp, method)
 
 
+class ParamLimitError(InputError):
+    """No plan keeps the stored bytes within the limit; ``least`` is the fewest any can."""
+
+    def __init__(self, message: str, least: int) -> None:
+        super().__init__(
+            message,
+            hint="allow more parameter memory, use a larger mesh, or fix fewer placements",
+        )
+        self.least = least
+
+
 def search(
     graph: Graph,
     mesh: Mesh,
@@ -658,10 +698,10 @@ def search(
     if param_limit is not None:
         least = problem.min_param_bytes()
         if least > param_limit:
-            raise InputError(
+            raise ParamLimitError(
                 f"no placement on mesh {mesh} keeps the parameters within {param_limit} bytes "
                 f"per rank: the smallest possible is {least} bytes",
-                hint="allow more parameter memory, use a larger mesh, or fix fewer placements",
+                least,
             )
 
     def uniform() -> list[list[int]]:

@@ -15,6 +15,8 @@ A tensor whose axis 0 does not divide by the mesh's size stays whole (listed).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from flowc.ir.graph import Graph
 from flowc.ir.layout import fits
 from flowc.ir.types import Mesh, NdSbp, Sbp
@@ -63,3 +65,28 @@ def zero_formula(param_bytes: int, moment_bytes: int, ranks: int, stage: int) ->
     if stage == 2:
         return param_bytes + (grads + moment_bytes) // ranks
     return (param_bytes + grads + moment_bytes) // ranks
+
+
+def state_choices(
+    step: TrainingStep, layouts: Mapping[str, NdSbp], used_whole: set[str]
+) -> list[str]:
+    """What a plan did with each trained parameter and its optimizer state, grouped: ZeRO's
+    stages (the state split, the parameter gathered for its uses where ``used_whole`` names
+    it), tensor parallelism (a split parameter its readers use split), or whole. Lines to
+    print, one per group, each listing its parameters."""
+    groups: dict[str, list[str]] = {}
+    for p in step.params:
+        mine = layouts.get(p)
+        moments = [layouts.get(n) for n in step.optimizer_state.get(p, [])]
+        split = mine is not None and any(q.kind == "S" for q in mine.parts)
+        moments_split = any(m is not None and any(q.kind == "S" for q in m.parts) for m in moments)
+        if split and p in used_whole:
+            kind = f"ZeRO stage 3 (parameter and optimizer state {mine}, gathered for use)"
+        elif split:
+            kind = f"tensor parallel (parameter {mine}, used split)"
+        elif moments_split:
+            kind = "ZeRO stage 1/2 (optimizer state split, parameter whole)"
+        else:
+            kind = "whole"
+        groups.setdefault(kind, []).append(p)
+    return [f"{kind}: {', '.join(names)}" for kind, names in sorted(groups.items())]
