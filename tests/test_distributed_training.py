@@ -242,6 +242,51 @@ def test_bert_tiny_with_dropout_trains_the_single_device_weights(
     assert _worst(want, _bert_train(tmp, plan, "--mesh", "2", *extra)) < 1e-5
 
 
+def test_an_embedding_too_large_for_one_device_trains_on_four(tmp_path: Path) -> None:
+    """examples/huge_embedding.py: under --mem-limit 4MB one device is refused (the table's
+    state alone is 8.4 MB); on 4 ranks the search splits the table and its moments by rows,
+    each rank's gradient lands in its own rows (ScatterNDShard, no dense gradient of the
+    table anywhere), every rank stays within the limit, and 20 AdamW steps end at the
+    one-device run's weights."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import huge_embedding
+
+    huge_embedding.main([str(tmp_path)])
+    base = [
+        sys.executable, "-m", "flowc", "train", str(tmp_path / "embedding_bag.onnx"),
+        "--loss", "cross_entropy:logits,labels", "--optimizer", "adamw:lr=0.05",
+        "--data", str(tmp_path / "clicks.npz"), "--steps", "20", "--batch", "16",
+        "--target", "host",
+    ]  # fmt: skip
+
+    def train(name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*base, "--checkpoint-dir", str(tmp_path / name), *extra],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    refused = train("refused", "--mem-limit", "4MB")
+    assert refused.returncode == 2 and "--mem-limit 4,000,000 B" in refused.stderr, refused.stderr
+    one, four = (
+        train("one"),
+        train("four", "--mesh", "4", "--parallel", "auto", "--mem-limit", "4MB"),
+    )
+    assert one.returncode == 0, one.stderr
+    assert four.returncode == 0, four.stderr
+    assert "tensor parallel (parameter S(0), used split): table" in four.stderr, four.stderr
+    per_rank = next(line for line in four.stderr.splitlines() if "per rank:" in line)
+    params, moments, arena = (
+        int(m.replace(",", "")) for m in re.findall(r"([\d,]+) B", per_rank)[:3]
+    )
+    assert params + moments + arena <= 4_000_000 and moments < 8192 * 64 * 8 // 2, per_rank
+    want, got = (checkpoint.load_whole(checkpoint.read(tmp_path / n)) for n in ("one", "four"))
+    assert (
+        max(float(np.abs(want[k] - got[k]).max()) for k in want if want[k].dtype.kind == "f") < 1e-5
+    )
+    ((first, last),) = re.findall(r"loss ([\d.]+) -> ([\d.]+)", four.stdout)
+    assert float(last) < float(first), four.stdout
+
+
 def _descendants(pid: int) -> list[int]:
     """The processes under ``pid`` (from /proc: this test's job alone, never another's)."""
     children: dict[int, list[int]] = {}

@@ -187,6 +187,25 @@ _MASK = f32(4, 1, 1, 8, lo=-2, hi=0)
 _STEP = np.array(3, np.int64)
 CASES += [
     Case(
+        "ScatterND-add",
+        "ScatterND",
+        [f32(8, 4), ints(8, 1, lo=-8, hi=8, dtype=np.int64), f32(8, 4)],
+        {"reduction": "add"},
+        has=[
+            "(S(1), B, S(1)) -> (S(1))",
+            "(S(0), B, B) -> (S(0)) [ScatterNDShard]",
+            "(P, B, P) -> (P)",
+            "(P, S(0), S(0)) -> (P)",
+        ],
+    ),
+    Case(
+        "ScatterND-replace",
+        "ScatterND",
+        [f32(8, 4, 2), np.array([[1, 0], [6, 3], [-3, 1], [2, 2]], np.int64), f32(4, 2)],
+        has=["(S(2), B, S(1)) -> (S(2))", "(S(0), B, B) -> (S(0)) [ScatterNDShard]"],
+        lacks=["(P, B, P) -> (P)"],
+    ),
+    Case(
         "TrainDropout",
         "TrainDropout",
         [f32(4, 4, 8), _STEP],

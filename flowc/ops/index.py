@@ -516,6 +516,23 @@ def _scatter_nd_emit(prog: Program, node: Node) -> None:
     _indexed(prog, name, inner, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
 
 
+def _scatter_nd_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """The data's axes past the indexed ones split with the updates' matching axes; the
+    first indexed axis split with indices and updates whole runs ScatterNDShard (each rank
+    applies the updates that land in its rows: an embedding table's gradient on the table's
+    shard); a sum (reduction add) is linear in data and updates together, P with P, or P
+    with the index rows split (each rank adds its rows: data parallelism's gradient)."""
+    x, ind = ctx.shape(0), ctx.shape(1)
+    m, lead = ind[-1], len(ind) - 1
+    sigs = [sr.sig(ctx, {0: sr.S(k), 2: sr.S(lead + k - m)}, sr.S(k), 1) for k in range(m, len(x))]
+    if m >= 1:
+        sigs.append(sr.sig(ctx, {0: sr.S(0)}, sr.S(0), 1, physical="ScatterNDShard"))
+    if ctx.attr("reduction") == "add":
+        sigs.append(sr.sig(ctx, {0: sr.P, 2: sr.P}, sr.P, 1))
+        sigs += [sr.sig(ctx, {0: sr.P, 1: sr.S(j), 2: sr.S(j)}, sr.P, 1) for j in range(lead)]
+    return sigs
+
+
 defop(
     "ScatterND",
     FAMILY,
@@ -525,6 +542,84 @@ defop(
     inputs=3,
     emit=_scatter_nd_emit,
     flops=lambda ins, outs, a: 0 if a["reduction"] == "none" or ins[2] is None else ins[2].numel,
+    sbp=_scatter_nd_sbp,
+)
+
+
+# ScatterNDShard: ScatterND on this rank's rows of data split along axis 0 by the mesh axes
+# ``shard_axes`` (chunks in mixed radix, as GatherShard's). Indices are global: an update
+# whose first index falls in the rank's rows is applied there, the others are skipped (they
+# belong to another rank); an index outside the whole axis is an error as in ScatterND.
+
+
+def _scatter_nd_shard_infer(ctx: InferCtx) -> list[TensorType]:
+    mesh, axes = ctx.attrs.get("mesh"), ctx.attrs.get("shard_axes")
+    if not mesh or not axes or any(not 0 <= m < len(mesh) for m in axes):
+        raise ctx.fail(f"shard_axes {axes} must name axes of the mesh {mesh}")
+    if ctx.shape(1)[-1:] in ((), (0,)):
+        raise ctx.fail("the shard's rows are chosen by the first index: indices need one")
+    return _scatter_nd_infer(ctx)
+
+
+def _scatter_nd_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    x, ind, upd = arg(xs, 0), arg(xs, 1), arg(xs, 2)
+    rows = x.shape[0]
+    chunk, count = 0, 1
+    for m, n in _shard_digits(a):
+        chunk, count = chunk * n + int(a["coords"][m]), count * n
+    k = ind.shape[-1]
+    flat = ind.reshape(-1, k)
+    first = _wrap(flat[:, 0], rows * count, "index on axis 0") - chunk * rows
+    mine = (first >= 0) & (first < rows)
+    key = (
+        first[mine],
+        *(_wrap(flat[mine, j], x.shape[j], f"index on axis {j}") for j in range(1, k)),
+    )
+    out = np.array(x, copy=True)
+    _scatter(out, key, upd.reshape((flat.shape[0], *x.shape[k:]))[mine], a["reduction"])
+    return out
+
+
+def _scatter_nd_shard_emit(prog: Program, node: Node) -> None:
+    x, ind, upd, out = _scatter_start(prog, node)
+    a = node_attrs(node)
+    m = ind.type.shape[-1]
+    xs = row_major_strides(x.type.shape)
+    rows = math.prod(ind.type.shape[:-1])
+    inner = math.prod(x.type.shape[m:])
+    if rows == 0:
+        return
+    chunk, count = "0", 1
+    for axis, n in _shard_digits(a):
+        chunk, count = f"({chunk}) * {n} + static_cast<int64_t>({prog.mesh_coord(axis)})", count * n
+    axes = [{"size": x.type.shape[k], "stride": xs[k]} for k in range(m)]
+    name = prog.kernel(
+        "index.cu.j2",
+        "scatter_nd",
+        ctype=prog.ctype(x),
+        itype=prog.ctype(ind),
+        axes=axes,
+        rows=rows,
+        inner=inner,
+        reduction=a["reduction"],
+        whole0=x.type.shape[0] * count,
+    )
+    _indexed(
+        prog,
+        name,
+        inner,
+        [prog.cptr(ind), prog.cptr(upd), prog.ptr(out), f"({chunk}) * {x.type.shape[0]}"],
+    )
+
+
+defop(
+    "ScatterNDShard",
+    FAMILY,
+    infer=_scatter_nd_shard_infer,
+    reference=_scatter_nd_shard_ref,
+    attrs={"reduction": "none", "mesh": None, "shard_axes": None, "microbatch": 0},
+    inputs=3,
+    emit=_scatter_nd_shard_emit,
 )
 
 
