@@ -439,6 +439,8 @@ def compile_step(
     spec = dataclasses.replace(spec, precision=precision)
     check_project_dir(out, opts.force)
     placement = placement_target(opts.model, opts.parallel)
+    if placement is not None:
+        spec = _on_mesh(spec, placement.mesh.size)
     if isinstance(placement, PipelineSpec):
         raise InputError(
             "--pipeline compiles inference programs for now; a training step is placed on a "
@@ -763,7 +765,19 @@ def _rank_step(
         model, target=target, **{k: v for k, v in options.items() if k != "zero"}
     )
     spec = dataclasses.replace(spec, precision=opts.schedule.precision, mem_limit=None)
+    if options.get("mesh") is not None:
+        from flowc.parallel import parse_mesh
+
+        spec = _on_mesh(spec, parse_mesh(str(options["mesh"])).size)
     return load_training(opts.model, spec, batch=batch)
+
+
+def _on_mesh(spec: TrainSpec, devices: int) -> TrainSpec:
+    """The step's spec on a mesh of ``devices``: cross-entropy's log-sum-exp in as many
+    blocks of classes, so a classifier the plan splits by classes keeps its logits split."""
+    if spec.loss.kind != "cross_entropy" or devices < 2:
+        return spec
+    return dataclasses.replace(spec, loss=dataclasses.replace(spec.loss, class_blocks=devices))
 
 
 def _run_ranks(

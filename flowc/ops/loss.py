@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from flowc.ir.graph import Value
 
 FAMILY = "loss"
-ATTRS = {"has_ignore": 0, "ignore_index": -100, "label_smoothing": 0.0}
+ATTRS = {"has_ignore": 0, "ignore_index": -100, "label_smoothing": 0.0, "class_blocks": 1}
 
 
 def _infer(ctx: InferCtx) -> list[TensorType]:
@@ -94,6 +94,9 @@ def _lower(n: AdapterNode) -> list[Value] | None:
     dt = x.type.dtype
     classes = x.type.shape[-1]
     last = n.const("last", [-1], np.int64)
+    blocks = int(a["class_blocks"])
+    if blocks > 1 and classes % blocks == 0:
+        return _lower_blocked(n, x, labels, a, blocks)
     (lse,) = n.emit(
         "ReduceLogSumExp",
         [x, last],
@@ -116,6 +119,45 @@ def _lower(n: AdapterNode) -> list[Value] | None:
         (total,) = n.emit("ReduceSum", [x, last], {"keepdims": 0})
         (spread,) = n.emit("Mul", [total, n.const("spread_weight", eps / classes, dt.np)])
         (picked,) = n.emit("Add", [picked, spread])
+    if keep is None:
+        return [*n.emit("Sub", [lse, picked], output_names=n.output_names[:1]), lse]
+    (loss,) = n.emit("Sub", [lse, picked])
+    return [*n.emit("Mul", [loss, keep], output_names=n.output_names[:1]), lse]
+
+
+def _lower_blocked(n: AdapterNode, x: Value, labels: Value, a: Attrs, blocks: int) -> list[Value]:
+    """The model-parallel form (OneFlow's and partial FC's), for logits that may be split by
+    classes over ``blocks`` devices: every reduction over the classes a sum (a partial sum of
+    the ranks' parts, all-reduced) but the row's max, taken per block of C / blocks classes
+    first, so only the blocks' maxima ([..., blocks]) are gathered. The label's logit is
+    picked by a one-hot product (zero outside a rank's classes), not a gather."""
+    dt = x.type.dtype
+    lead, classes = x.type.shape[:-1], x.type.shape[-1]
+    last = n.const("last", [-1], np.int64)
+    shape = n.const("blocked", [*lead, blocks, classes // blocks], np.int64)
+    (xb,) = n.emit("Reshape", [x, shape], suffix="blocked")
+    (block_max,) = n.emit("ReduceMax", [xb, last], {"keepdims": 0}, suffix="block_max")
+    (m,) = n.emit("ReduceMax", [block_max, last], {"keepdims": 1}, suffix="max")
+    (e,) = n.emit("Exp", [n.emit("Sub", [x, m])[0]])
+    (total,) = n.emit("ReduceSum", [e, last], {"keepdims": 0}, suffix="sum")
+    (m_row,) = n.emit("Squeeze", [m, last])
+    (lse,) = n.emit(
+        "Add", [n.emit("Log", [total])[0], m_row], suffix="lse", output_names=n.output_names[1:2]
+    )
+    safe, keep = labels, None
+    if int(a["has_ignore"]):
+        (ignored,) = n.emit("Equal", [labels, n.const("ignore", int(a["ignore_index"]), np.int64)])
+        (safe,) = n.emit("Where", [ignored, n.const("zero", 0, np.int64), labels])
+        (keep,) = n.emit("Cast", [n.emit("Not", [ignored])[0]], {"to": dt.onnx})
+    cls = n.const("classes", np.arange(classes, dtype=np.int64), np.int64)
+    (hot,) = n.emit("Equal", [n.emit("Unsqueeze", [safe, last])[0], cls])
+    (hot,) = n.emit("Cast", [hot], {"to": dt.onnx})
+    eps = float(a["label_smoothing"])
+    if eps:
+        # The smoothed target: (1 - eps) one-hot + eps / C, one product with the logits.
+        (hot,) = n.emit("Mul", [hot, n.const("keep_weight", 1 - eps, dt.np)])
+        (hot,) = n.emit("Add", [hot, n.const("spread_weight", eps / classes, dt.np)])
+    (picked,) = n.emit("ReduceSum", [n.emit("Mul", [x, hot])[0], last], {"keepdims": 0})
     if keep is None:
         return [*n.emit("Sub", [lse, picked], output_names=n.output_names[:1]), lse]
     (loss,) = n.emit("Sub", [lse, picked])

@@ -28,6 +28,9 @@ class LossSpec:
     target: str | None = None
     ignore_index: int | None = None
     label_smoothing: float = 0.0
+    # cross_entropy on a mesh: its log-sum-exp in this many blocks of classes (the mesh's
+    # size), so a classifier split by classes keeps its logits split (flowc/ops/loss.py).
+    class_blocks: int = 1
 
 
 @dataclass(frozen=True)

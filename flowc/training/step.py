@@ -170,6 +170,9 @@ def _loss_sum(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None
     if spec.kind == "cross_entropy":
         # The fused form (flowc/ops/loss.py): no probability tensor, forward or backward.
         attrs: dict[str, object] = {"label_smoothing": spec.label_smoothing}
+        classes = pred.type.shape[-1] if pred.type.rank else 0
+        if spec.class_blocks > 1 and classes % spec.class_blocks == 0:
+            attrs["class_blocks"] = spec.class_blocks
         if spec.ignore_index is not None:
             attrs.update(has_ignore=1, ignore_index=spec.ignore_index)
         per = b.emit(
