@@ -28,26 +28,32 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from flowc.compiler import compile_graph, load_training, parallelize  # noqa: E402
+from flowc.compiler import (  # noqa: E402
+    bucket_gradients,
+    compile_graph,
+    load_training,
+    parallelize,
+)
 from flowc.harness.build import build, launcher  # noqa: E402
 from flowc.options import ModelArgs  # noqa: E402
 from flowc.parallel import ParallelOptions, parse_mesh, parse_sbp  # noqa: E402
-from flowc.trainer import spec_from  # noqa: E402
+from flowc.trainer import _on_mesh, spec_from  # noqa: E402
 from flowc.training.zero import rank_state_bytes, zero_formula, zero_layouts  # noqa: E402
 
 MLP = ROOT / "tests" / "data" / "models" / "mlp.onnx"
 LOSS = "cross_entropy:/m/m.2/Gemm_output_0,labels"
-# name, mesh, --parallel, --zero, --sbp
+# name, mesh, --parallel, --zero, --sbp, --mem-limit
 PLANS = [
-    ("one device", "1", "none", 0, []),
-    ("data 2", "2", "data", 0, []),
-    ("data 4", "4", "data", 0, []),
-    ("zero-1 on 4", "4", "data", 1, []),
-    ("zero-2 on 4", "4", "data", 2, []),
-    ("zero-3 on 4", "4", "data", 3, []),
-    ("tensor 2 (--sbp)", "2", "auto", 0, ["m.0.weight=S0", "m.0.bias=S0", "m.2.weight=S1"]),
+    ("one device", "1", "none", 0, [], None),
+    ("data 2", "2", "data", 0, [], None),
+    ("data 4", "4", "data", 0, [], None),
+    ("zero-1 on 4", "4", "data", 1, [], None),
+    ("zero-2 on 4", "4", "data", 2, [], None),
+    ("zero-3 on 4", "4", "data", 3, [], None),
+    ("tensor 2 (--sbp)", "2", "auto", 0, ["m.0.weight=S0", "m.0.bias=S0", "m.2.weight=S1"], None),
     ("data x tensor 2x2", "2x2", "auto", 0,
-     ["m.0.weight=B,S0", "m.0.bias=B,S0", "m.2.weight=B,S1", "x=S0,B", "labels=S0,B"]),
+     ["m.0.weight=B,S0", "m.0.bias=B,S0", "m.2.weight=B,S1", "x=S0,B", "labels=S0,B"], None),
+    ("auto 2, 300 KB", "2", "auto", 0, [], 300_000),
 ]  # fmt: skip
 SENT = {  # bytes a rank sends for a logged payload of T bytes over p ranks
     "all-reduce": lambda t, p: 2 * (p - 1) * t // p,
@@ -78,7 +84,8 @@ def main() -> None:
         f"# bench/train_mesh.py ({time.strftime('%Y-%m-%d')}): MLP 64-256-10, batch 8, "
         f"AdamW, {args.steps} steps, host target (2 cores)",
         "  plan                 sent B/rank/step   modeled us (compute + comm)   "
-        "params B  moments B  arena B  ZeRO count B  host steps/s  worst diff",
+        "(logged, collective calls per step)  params B  moments B  arena B  ZeRO count B  "
+        "host steps/s  worst diff",
     ]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -88,17 +95,20 @@ def main() -> None:
         np.save(tmp / "x.npy", x)
         np.save(tmp / "labels.npy", labels)
         base: np.ndarray | None = None
-        for name, mesh_text, method, zero, sbps in PLANS:
-            step = load_training(ModelArgs(MLP), spec, batch=8)
-            out = tmp / re.sub(r"\W+", "_", name)
+        for name, mesh_text, method, zero, sbps, limit in PLANS:
             mesh = parse_mesh(mesh_text)
+            step = load_training(ModelArgs(MLP), _on_mesh(spec, mesh.size), batch=8)
+            out = tmp / re.sub(r"\W+", "_", name)
             planned = ""
             params = moments = arena = formula = 0
             if mesh.size > 1:
                 fixed = dict(parse_sbp(t, mesh) for t in sbps)
                 if zero:
                     fixed = {**zero_layouts(step, mesh, zero)[0], **fixed}
-                placed = parallelize(step.graph, ParallelOptions(mesh, method, fixed, streams=1))
+                opts = ParallelOptions(mesh, method, fixed, streams=1, mem_limit=limit)
+                placed = parallelize(step.graph, opts)
+                # As compile_step: the gradients' all-reduces bucketed before scheduling.
+                bucket_gradients(placed.physical.graph, streams=1, schedule_for="memory")
                 compile_graph(
                     placed.physical.graph, out, physical=placed.physical, schedule_for="memory"
                 )
@@ -134,8 +144,13 @@ def main() -> None:
                 base = state
             diff = _state_diff(base, state)
             logged = _logged_sent(log, mesh.shape, args.steps) if mesh.size > 1 else 0.0
+            calls = (
+                len(Path(f"{log}.rank0").read_text().splitlines()) / args.steps
+                if mesh.size > 1
+                else 0.0
+            )
             lines.append(
-                f"  {name:<20} {planned or '-':<44} logged {logged:>8,.0f}  "
+                f"  {name:<20} {planned or '-':<44} logged {logged:>8,.0f} ({calls:.0f} calls)  "
                 f"{params:>8,} {moments:>9,} {arena:>8,} {formula:>12,}  {steps_s:10.1f}  {diff:.1e}"
             )
             print(lines[-1], flush=True)

@@ -487,3 +487,24 @@ def test_issue_sizes_choose_data_parallel_on_a_slower_device(tmp_path: Path) -> 
     assert plan.value_sbp[w1] == B1 and plan.value_sbp[w2] == B1
     steps = evaluate_plan(g, plan, prof).boxing
     assert [(who, s.collective) for _, who, s in steps] == [(None, "all-gather")]
+
+
+def test_elimination_takes_a_value_read_by_a_hundred_single_choice_nodes() -> None:
+    """A training step's step counter is read by every parameter's update, most of them
+    left with one choice: elimination's tables hold only vertices with a choice to make
+    (a table over 100 axes of size 1 is past NumPy's 64 dimensions)."""
+    from flowc.parallel.reduce_graph import eliminate_all
+
+    readers = 100
+    unary = [np.array([0.0, 1.0]), *([np.array([0.5])] * readers), np.array([0.2, 0.0])]
+    last = readers + 1
+    # Layout 0 or 1 from the producer; every reader wants layout 1 (boxing 0 -> 1 costs 3).
+    fan = Fanout(0, np.array([0, 1]), [(r, np.array([1])) for r in range(1, readers + 1)],
+                 np.array([[0.0, 3.0], [3.0, 0.0]]))  # fmt: skip
+    edges = {(0, last): np.array([[0.0, 2.0], [2.0, 0.0]])}
+    got = eliminate_all(unary, edges, [fan], list(range(readers + 2)))
+    assert got is not None
+    choice, _ = got
+    # Producer 1 (cost 1, no boxing) and the last vertex 1 (0 + edge 0) beat 0 (3 + 0.2).
+    assert choice[0] == 1 and choice[last] == 1
+    assert all(choice[r] == 0 for r in range(1, readers + 1))

@@ -347,14 +347,17 @@ class _Factor:
 def _fanout_table(f: Fanout, sizes: Sequence[int], limit: int) -> _Factor | None:
     """A fanout as one table over its producer and readers: the boxing to each distinct
     wanted layout, paid once."""
-    scope = tuple(sorted({f.producer, *(c for c, _ in f.uses)}))
+    # A vertex of one choice is no axis (a value read by every update, like the step
+    # counter, has that many readers, most of them left with one choice).
+    scope = tuple(sorted(v for v in {f.producer, *(c for c, _ in f.uses)} if sizes[v] > 1))
     if int(np.prod([sizes[v] for v in scope])) > limit:
         return None
     axis = {v: i for i, v in enumerate(scope)}
 
     def along(v: int, arr: np.ndarray) -> np.ndarray:
         shape = [1] * len(scope)
-        shape[axis[v]] = len(arr)
+        if v in axis:
+            shape[axis[v]] = len(arr)
         return arr.reshape(shape)
 
     table = np.zeros([sizes[v] for v in scope])
@@ -394,18 +397,27 @@ def eliminate_all(
     that depend on time. None when some step would exceed ``limit`` entries (or all the
     argmin tables ``MAX_ELIMINATION_KEPT``); else each vertex's choice and the largest table
     built."""
-    sizes = {v: len(unary[v]) for v in vertices}
     size_list = [len(u) for u in unary]
+    # Vertices of one choice take it: the tables only ever hold the others' axes.
+    single = [v for v in vertices if size_list[v] == 1]
+    vertices = [v for v in vertices if size_list[v] > 1]
+    sizes = {v: len(unary[v]) for v in vertices}
     factors: dict[int, _Factor] = {}
     for v in vertices:
         factors[len(factors)] = _Factor((v,), np.asarray(unary[v], dtype=np.float64))
     for (a, b), m in edges.items():
-        factors[len(factors)] = _Factor((a, b), m)
+        if a in sizes and b in sizes:
+            factors[len(factors)] = _Factor((a, b), m)
+        elif a in sizes:
+            factors[len(factors)] = _Factor((a,), np.asarray(m)[:, 0])
+        elif b in sizes:
+            factors[len(factors)] = _Factor((b,), np.asarray(m)[0, :])
     for fan in fanouts:
         ft = _fanout_table(fan, size_list, limit)
         if ft is None:
             return None
-        factors[len(factors)] = ft
+        if ft.scope:
+            factors[len(factors)] = ft
     holding: dict[int, set[int]] = {v: set() for v in vertices}
     for k, factor in factors.items():
         for v in factor.scope:
@@ -453,7 +465,7 @@ def eliminate_all(
         del holding[v]
         for w in rest:
             scores[w] = score(w)
-    choice: dict[int, int] = {}
+    choice: dict[int, int] = dict.fromkeys(single, 0)
     for v, rest, best in reversed(steps):
         choice[v] = int(best[tuple(choice[w] for w in rest)])
     return choice, largest

@@ -565,6 +565,10 @@ class PlacementProblem:
                 what = "constant" if v.is_const else "graph input"
                 raise InputError(f"{what} {v.name!r} cannot be placed as {fixed}: it is never P")
             return [fixed]
+        if v.is_const and not v.type.dtype.is_float and v.type.nbytes <= SMALL_CONSTANT:
+            # A small integer constant is what an op reads at compile time (a Reshape's
+            # shape, axes), which must stay a whole constant; splitting it saves nothing.
+            return [broadcast(self.mesh)]
         state = v.name in self.graph.state and not v.is_const
         return [
             s
@@ -665,6 +669,10 @@ class PlacementProblem:
             for j, o in enumerate(node.outputs):
                 value_sbp[o] = s.output(j)
         return Plan(self.mesh, node_strategy, value_sbp, method)
+
+
+# Integer constants of at most this many bytes stay whole (B) on every device.
+SMALL_CONSTANT = 1024
 
 
 class ParamLimitError(InputError):
