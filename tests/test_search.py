@@ -508,3 +508,15 @@ def test_elimination_takes_a_value_read_by_a_hundred_single_choice_nodes() -> No
     # Producer 1 (cost 1, no boxing) and the last vertex 1 (0 + edge 0) beat 0 (3 + 0.2).
     assert choice[0] == 1 and choice[last] == 1
     assert all(choice[r] == 0 for r in range(1, readers + 1))
+
+
+def test_elimination_gives_up_on_a_fanout_too_wide_to_tabulate() -> None:
+    """70 readers of two choices each: 2**70 entries (past int64, where a NumPy product
+    wraps to 0) is past the table limit, so elimination declines and the ILP solves it."""
+    from flowc.parallel.reduce_graph import eliminate_all
+
+    readers = 70
+    unary = [np.array([0.0, 1.0]), *([np.array([0.0, 0.5])] * readers)]
+    fan = Fanout(0, np.array([0, 1]), [(r, np.array([0, 1])) for r in range(1, readers + 1)],
+                 np.array([[0.0, 3.0], [3.0, 0.0]]))  # fmt: skip
+    assert eliminate_all(unary, {}, [fan], list(range(readers + 1))) is None

@@ -13,6 +13,7 @@ records the argmin, so ``Reduction.recover`` puts the removed choices back exact
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -350,7 +351,7 @@ def _fanout_table(f: Fanout, sizes: Sequence[int], limit: int) -> _Factor | None
     # A vertex of one choice is no axis (a value read by every update, like the step
     # counter, has that many readers, most of them left with one choice).
     scope = tuple(sorted(v for v in {f.producer, *(c for c, _ in f.uses)} if sizes[v] > 1))
-    if int(np.prod([sizes[v] for v in scope])) > limit:
+    if math.prod(sizes[v] for v in scope) > limit:
         return None
     axis = {v: i for i, v in enumerate(scope)}
 
@@ -428,7 +429,7 @@ def eliminate_all(
         return tuple(sorted({w for k in holding[v] for w in factors[k].scope}))
 
     def score(v: int) -> int:
-        return int(np.prod([sizes[w] for w in joint_scope(v)]))
+        return math.prod(sizes[w] for w in joint_scope(v))
 
     scores = {v: score(v) for v in vertices}
     steps: list[tuple[int, tuple[int, ...], np.ndarray]] = []
