@@ -55,6 +55,16 @@ PLANS = [
      ["m.0.weight=B,S0", "m.0.bias=B,S0", "m.2.weight=B,S1", "x=S0,B", "labels=S0,B"], None),
     ("auto 2, 300 KB", "2", "auto", 0, [], 300_000),
 ]  # fmt: skip
+NOTE = (
+    "# host steps/s: 2 and 4 ranks share this machine's 2 cores (4 ranks oversubscribed, each "
+    "spinning in MPI while it waits): they show the programs run, not a mesh's speed. sent "
+    "B/rank/step: the plan's boxing (2(p-1)/p T per all-reduce, ...) and the same formula over "
+    "what rank 0 logged (FLOWC_COMM_LOG); calls: collective calls per step (a bucket of "
+    "gradients is one). ZeRO count: its paper's bytes of parameters, gradients (kept) and "
+    "moments for the whole model at that stage; flowc keeps parameters + moments (the columns "
+    "before) and the gradients only in the arena. m.2 (10 rows) does not split by 4 and stays "
+    "whole under ZeRO. auto 2, 300 KB: the search placing the state under --mem-limit."
+)
 SENT = {  # bytes a rank sends for a logged payload of T bytes over p ranks
     "all-reduce": lambda t, p: 2 * (p - 1) * t // p,
     "all-gather": lambda t, p: (p - 1) * t,
@@ -155,6 +165,7 @@ def main() -> None:
             )
             print(lines[-1], flush=True)
     lines.append(f"# {time.time() - t_start:.0f} s")
+    lines.append(NOTE)
     args.out.write_text("\n".join(lines) + "\n")
 
 

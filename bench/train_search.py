@@ -4,7 +4,7 @@
 (the ILP with the state constraint: each state input and its next value in one layout),
 the plan's modeled step time beside the data plan's (SBP propagation), the state and
 arena per rank, and the search's choice per parameter group; then again under a memory
-limit of the unlimited plan's arena plus half its stored bytes.
+limit halfway from the unlimited plan's stored bytes to the least any plan can store.
 
     .venv/bin/python bench/train_search.py                       # 12 layers, hidden 768
     .venv/bin/python bench/train_search.py --layers 2 --meshes 2x2
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mem-limit-frac",
         type=float,
         default=0.5,
-        help="also search under the unlimited plan's arena plus this fraction of its state",
+        help="also search under a limit that takes this fraction of the way from the unlimited "
+        "plan's stored bytes to the least possible (the state split over every device)",
     )
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                 took = time.perf_counter() - t0
                 if limit is None and args.mem_limit_frac:
                     # Then under a limit this plan does not meet, by its state (the search
-                    # bounds stored bytes; activations it does not model): it must trade.
+                    # bounds stored bytes; activations it does not model): it must trade,
+                    # down to the fraction of the way to the least any plan stores (the
+                    # state split over every device).
                     stored_now = placed.memory.total - placed.memory.arena
-                    limits.append(placed.memory.arena + int(stored_now * args.mem_limit_frac))
+                    least = (whole_p + whole_m) // placement.mesh.size
+                    target = stored_now - args.mem_limit_frac * (stored_now - least)
+                    limits.append(placed.memory.arena + int(target))
                 cost = evaluate_plan(step.graph, placed.plan, placed.profile)
                 data_opts = dataclasses.replace(placement, method="data", streams=1, mem_limit=None)
                 data = parallelize(step.graph, data_opts)
