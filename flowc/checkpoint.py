@@ -190,7 +190,8 @@ def save_model(
     mine = [n for n in model.state_names() if model.shards[n].saves]
     failure: InputError | None = None
     try:
-        write_part(folder, tag, model.rank, step, model.read_local(mine))
+        if mine:  # a rank holding only copies of others' slices writes no part
+            write_part(folder, tag, model.rank, step, model.read_local(mine))
     except InputError as e:
         failure = e
     # A part that could not be written (a full disk) fails the checkpoint on every rank; the

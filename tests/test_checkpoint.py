@@ -165,3 +165,39 @@ def test_a_format_1_checkpoint_still_loads(tmp_path: Path) -> None:
     assert ckpt.step == 4
     state = checkpoint.load_whole(ckpt)
     assert np.array_equal(state["w"], WHOLE) and float(state["train/lr"]) == 0.5
+
+
+class _FakeRank:
+    """One rank of a 2-rank data-parallel model (everything whole: rank 0 saves it all),
+    as save_model sees it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.ranks = rank, 2
+        self.shards = {"w": self.shard_on("w", rank)}
+
+    def shard_on(self, name: str, rank: int) -> StateShard:
+        return StateShard(name, WHOLE.shape, WHOLE.dtype, -1, 1, 0, rank == 0)
+
+    def state_names(self) -> list[str]:
+        return ["w"]
+
+    def read_local(self, names: list[str]) -> dict[str, np.ndarray]:
+        return {n: WHOLE for n in names}
+
+    def all_ok(self, ok: bool) -> bool:
+        return ok
+
+
+def test_ranks_that_save_nothing_write_no_part_and_old_parts_go(tmp_path: Path) -> None:
+    """A rank whose tensors another rank saves writes no file, so once a later checkpoint
+    commits, the earlier one's folder is empty and removed (ranks called in turn, rank 0
+    last: it writes the manifest after the others' parts)."""
+    for step, run in ((5, "a"), (10, "a")):
+        assert checkpoint.save_model(tmp_path, _FakeRank(1), step, {}, run) is None  # type: ignore[arg-type]
+        assert (
+            checkpoint.save_model(tmp_path, _FakeRank(0), step, {}, run)
+            == tmp_path / checkpoint.MANIFEST
+        )  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "step-00000010-a"]
+    assert [p.name for p in (tmp_path / "step-00000010-a").iterdir()] == ["rank-00000.npz"]
+    assert np.array_equal(checkpoint.load_whole(checkpoint.read(tmp_path))["w"], WHOLE)
