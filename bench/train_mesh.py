@@ -37,7 +37,7 @@ from flowc.compiler import (  # noqa: E402
 from flowc.harness.build import build, launcher  # noqa: E402
 from flowc.options import ModelArgs  # noqa: E402
 from flowc.parallel import ParallelOptions, parse_mesh, parse_sbp  # noqa: E402
-from flowc.trainer import _on_mesh, spec_from  # noqa: E402
+from flowc.trainer import mesh_spec, spec_from  # noqa: E402
 from flowc.training.zero import rank_state_bytes, zero_formula, zero_layouts  # noqa: E402
 
 MLP = ROOT / "tests" / "data" / "models" / "mlp.onnx"
@@ -107,7 +107,7 @@ def main() -> None:
         base: np.ndarray | None = None
         for name, mesh_text, method, zero, sbps, limit in PLANS:
             mesh = parse_mesh(mesh_text)
-            step = load_training(ModelArgs(MLP), _on_mesh(spec, mesh.size), batch=8)
+            step = load_training(ModelArgs(MLP), mesh_spec(spec, mesh.size), batch=8)
             out = tmp / re.sub(r"\W+", "_", name)
             planned = ""
             params = moments = arena = formula = 0

@@ -34,8 +34,8 @@ from flowc.api import compile_options
 from flowc.compiler import load_training, parallelize, placement_target
 from flowc.errors import FlowcWarning, InputError
 from flowc.parallel.cost import evaluate_plan
-from flowc.trainer import spec_from
-from flowc.training.zero import rank_state_bytes, state_choices
+from flowc.trainer import spec_from, state_placement
+from flowc.training.zero import rank_state_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,16 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"comm {cost.comm_s * 1e3:.2f}) vs data plan {dcost.total_s * 1e3:.2f} ms; state "
                     f"per rank {(params + moments) / 2**20:.0f} MiB, arena {placed.memory.arena / 2**20:.0f} MiB"
                 )
-                stored = {v.name: placed.plan.value_sbp[v] for v in step.graph.inputs}
-                gathered = {
-                    x.name
-                    for node in step.graph.nodes
-                    for i, x in enumerate(node.inputs)
-                    if x is not None
-                    and x.name in step.params
-                    and placed.plan.wanted(node, i) not in (None, stored[x.name])
-                }
-                for line in state_choices(step, stored, gathered):
+                for line in state_placement(step, placed.plan):
                     kind, names = line.split(": ", 1)
                     print(f"    {kind}: {len(names.split(', '))} parameters")
     return 0

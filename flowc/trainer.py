@@ -22,7 +22,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from flowc.training.spec import (
 from flowc.training.step import TrainingStep
 from flowc.training.zero import STAGES as ZERO_STAGES
 from flowc.training.zero import rank_state_bytes, state_choices, zero_formula, zero_layouts
+
+if TYPE_CHECKING:
+    from flowc.parallel.plan import Plan
 
 Progress = Callable[[str], None]
 
@@ -440,7 +443,7 @@ def compile_step(
     check_project_dir(out, opts.force)
     placement = placement_target(opts.model, opts.parallel)
     if placement is not None:
-        spec = _on_mesh(spec, placement.mesh.size)
+        spec = mesh_spec(spec, placement.mesh.size)
     if isinstance(placement, PipelineSpec):
         raise InputError(
             "--pipeline compiles inference programs for now; a training step is placed on a "
@@ -493,17 +496,8 @@ def compile_step(
         graph, physical = placed.physical.graph, placed.physical
         if placement.method == "auto":
             # The search placed the state (under --mem-limit, ZeRO per tensor): say how.
-            stored = {v.name: placed.plan.value_sbp[v] for v in step.graph.inputs}
-            gathered = {
-                x.name
-                for node in step.graph.nodes
-                for i, x in enumerate(node.inputs)
-                if x is not None
-                and x.name in step.params
-                and placed.plan.wanted(node, i) not in (None, stored[x.name])
-            }
             progress("state placement (the search's):")
-            for line in state_choices(step, stored, gathered):
+            for line in state_placement(step, placed.plan):
                 progress(f"  {line}")
         params, moments = rank_state_bytes(graph, step)
         whole_params, whole_moments = rank_state_bytes(step.graph, step)
@@ -768,11 +762,28 @@ def _rank_step(
     if options.get("mesh") is not None:
         from flowc.parallel import parse_mesh
 
-        spec = _on_mesh(spec, parse_mesh(str(options["mesh"])).size)
+        spec = mesh_spec(spec, parse_mesh(str(options["mesh"])).size)
     return load_training(opts.model, spec, batch=batch)
 
 
-def _on_mesh(spec: TrainSpec, devices: int) -> TrainSpec:
+def state_placement(step: TrainingStep, plan: Plan) -> list[str]:
+    """What ``plan`` does with each trained parameter and its optimizer state, a line per
+    group (flowc.training.zero.state_choices): a split parameter some reader wants in
+    another layout is gathered for its uses (ZeRO-3), one every reader takes as it is
+    is tensor parallel."""
+    stored = {v.name: plan.value_sbp[v] for v in step.graph.inputs}
+    gathered = {
+        x.name
+        for node in step.graph.nodes
+        for i, x in enumerate(node.inputs)
+        if x is not None
+        and x.name in step.params
+        and plan.wanted(node, i) not in (None, stored[x.name])
+    }
+    return state_choices(step, stored, gathered)
+
+
+def mesh_spec(spec: TrainSpec, devices: int) -> TrainSpec:
     """The step's spec on a mesh of ``devices``: cross-entropy's log-sum-exp in as many
     blocks of classes, so a classifier the plan splits by classes keeps its logits split."""
     if spec.loss.kind != "cross_entropy" or devices < 2:
