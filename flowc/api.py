@@ -327,11 +327,19 @@ class StateShard:
 
     def box(self, chunk: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Where slice ``chunk`` sits in the whole tensor: (start, size) per axis."""
-        start, size = [0] * len(self.shape), list(self.shape)
-        if self.axis >= 0:
-            size[self.axis] = self.shape[self.axis] // self.chunks
-            start[self.axis] = chunk * size[self.axis]
-        return tuple(start), tuple(size)
+        return slice_box(self.shape, self.axis, self.chunks, chunk)
+
+
+def slice_box(
+    shape: Sequence[int], axis: int, chunks: int, chunk: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Slice ``chunk`` of ``chunks`` equal slices of a tensor of ``shape`` along ``axis``
+    (-1: the whole tensor) as (start, size) per axis."""
+    start, size = [0] * len(shape), list(shape)
+    if axis >= 0:
+        size[axis] = shape[axis] // chunks
+        start[axis] = chunk * size[axis]
+    return tuple(start), tuple(size)
 
 
 def state_shard(entry: Mapping[str, Any], mesh: Sequence[int], rank: int) -> StateShard:

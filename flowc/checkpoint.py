@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flowc.api import slice_box
 from flowc.atomic_file import atomic_write
 from flowc.errors import InputError
 from flowc.ir.dtype import DType
@@ -76,11 +77,7 @@ class Saved:
         return len(self.files)
 
     def box(self, chunk: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        start, size = [0] * len(self.shape), list(self.shape)
-        if self.axis >= 0:
-            size[self.axis] = self.shape[self.axis] // self.chunks
-            start[self.axis] = chunk * size[self.axis]
-        return tuple(start), tuple(size)
+        return slice_box(self.shape, self.axis, self.chunks, chunk)
 
 
 @dataclass
