@@ -496,13 +496,27 @@ def _scatter_nd_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _scatter_nd_emit(prog: Program, node: Node) -> None:
+    """ScatterND, and ScatterNDShard (rows [start, start + rows) of a whole split along axis
+    0 by ``shard_axes``: the kernel checks indices against the whole and skips others')."""
     x, ind, upd, out = _scatter_start(prog, node)
+    a = node_attrs(node)
     m = ind.type.shape[-1]
     xs = row_major_strides(x.type.shape)
     rows = math.prod(ind.type.shape[:-1])
     inner = math.prod(x.type.shape[m:])
     if rows == 0:
         return
+    args = [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)]
+    whole0 = 0
+    if node.op == "ScatterNDShard":
+        chunk, count = "0", 1
+        for axis, n in _shard_digits(a):
+            chunk, count = (
+                f"({chunk}) * {n} + static_cast<int64_t>({prog.mesh_coord(axis)})",
+                count * n,
+            )
+        whole0 = x.type.shape[0] * count
+        args.append(f"({chunk}) * {x.type.shape[0]}")
     name = prog.kernel(
         "index.cu.j2",
         "scatter_nd",
@@ -511,9 +525,10 @@ def _scatter_nd_emit(prog: Program, node: Node) -> None:
         axes=[{"size": x.type.shape[k], "stride": xs[k]} for k in range(m)],
         rows=rows,
         inner=inner,
-        reduction=node_attrs(node)["reduction"],
+        reduction=a["reduction"],
+        whole0=whole0,
     )
-    _indexed(prog, name, inner, [prog.cptr(ind), prog.cptr(upd), prog.ptr(out)])
+    _indexed(prog, name, inner, args)
 
 
 def _scatter_nd_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
@@ -580,38 +595,6 @@ def _scatter_nd_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return out
 
 
-def _scatter_nd_shard_emit(prog: Program, node: Node) -> None:
-    x, ind, upd, out = _scatter_start(prog, node)
-    a = node_attrs(node)
-    m = ind.type.shape[-1]
-    xs = row_major_strides(x.type.shape)
-    rows = math.prod(ind.type.shape[:-1])
-    inner = math.prod(x.type.shape[m:])
-    if rows == 0:
-        return
-    chunk, count = "0", 1
-    for axis, n in _shard_digits(a):
-        chunk, count = f"({chunk}) * {n} + static_cast<int64_t>({prog.mesh_coord(axis)})", count * n
-    axes = [{"size": x.type.shape[k], "stride": xs[k]} for k in range(m)]
-    name = prog.kernel(
-        "index.cu.j2",
-        "scatter_nd",
-        ctype=prog.ctype(x),
-        itype=prog.ctype(ind),
-        axes=axes,
-        rows=rows,
-        inner=inner,
-        reduction=a["reduction"],
-        whole0=x.type.shape[0] * count,
-    )
-    _indexed(
-        prog,
-        name,
-        inner,
-        [prog.cptr(ind), prog.cptr(upd), prog.ptr(out), f"({chunk}) * {x.type.shape[0]}"],
-    )
-
-
 defop(
     "ScatterNDShard",
     FAMILY,
@@ -619,7 +602,7 @@ defop(
     reference=_scatter_nd_shard_ref,
     attrs={"reduction": "none", "mesh": None, "shard_axes": None, "microbatch": 0},
     inputs=3,
-    emit=_scatter_nd_shard_emit,
+    emit=_scatter_nd_emit,
 )
 
 

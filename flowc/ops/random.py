@@ -151,26 +151,39 @@ def _dropout_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x, step = xs[0], xs[1]
     assert x is not None and step is not None
     ratio = float(a["ratio"])
-    keep = dropout_keep(x.shape, ratio, int(a["seed"]), int(a["stream"]), int(step))
+    return _masked(
+        x, dropout_keep(x.shape, ratio, int(a["seed"]), int(a["stream"]), int(step)), ratio
+    )
+
+
+def _masked(x: np.ndarray, keep: np.ndarray, ratio: float) -> np.ndarray:
+    """x where kept, scaled by 1 / (1 - ratio); 0 where dropped."""
     scale = np.asarray(1.0 / (1.0 - ratio), dtype=x.dtype)
     return np.where(keep, x * scale, np.zeros((), x.dtype)).astype(x.dtype)
+
+
+def _kernel_params(prog: Program, x: Value, a: Attrs) -> dict[str, str]:
+    """What both dropout kernels take: the element type, threshold, kept scale, TrainDropout's
+    stream and the seed's Philox key words."""
+    ratio = float(a["ratio"])
+    k0, k1 = seed_words(int(a["seed"]))
+    return {
+        "ctype": prog.ctype(x),
+        "ratio": c_float(ratio),
+        "scale": c_float(1.0 / (1.0 - ratio), prog.ctype(x)),
+        "stream": f"{int(a['stream']) & 0xFFFFFFFF}u",
+        "k0": f"{k0}u",
+        "k1": f"{k1}u",
+    }
 
 
 def _dropout_emit(prog: Program, node: Node) -> None:
     x, step, out = node.inputs[0], node.inputs[1], node.outputs[0]
     assert x is not None and step is not None
-    a = node.attrs.merged(DROPOUT_ATTRS)
-    ratio = float(a["ratio"])
-    k0, k1 = seed_words(int(a["seed"]))
     name = prog.kernel(
         "elementwise.cu.j2",
         "train_dropout",
-        ctype=prog.ctype(x),
-        ratio=c_float(ratio),
-        scale=c_float(1.0 / (1.0 - ratio), prog.ctype(x)),
-        stream=f"{int(a['stream']) & 0xFFFFFFFF}u",
-        k0=f"{k0}u",
-        k1=f"{k1}u",
+        **_kernel_params(prog, x, node.attrs.merged(DROPOUT_ATTRS)),
     )
     n = out.type.numel
     # A thread per Philox block: four elements each.
@@ -268,8 +281,7 @@ def _dropout_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         box.append(slice(chunk * n, (chunk + 1) * n))
     ratio = float(a["ratio"])
     keep = dropout_keep(whole, ratio, int(a["seed"]), int(a["stream"]), int(step))[tuple(box)]
-    scale = np.asarray(1.0 / (1.0 - ratio), dtype=x.dtype)
-    return np.where(keep, x * scale, np.zeros((), x.dtype)).astype(x.dtype)
+    return _masked(x, keep, ratio)
 
 
 def _dropout_shard_emit(prog: Program, node: Node) -> None:
@@ -278,18 +290,11 @@ def _dropout_shard_emit(prog: Program, node: Node) -> None:
     a = node.attrs.merged(SHARD_ATTRS)
     local = x.type.shape
     whole, digits = _shard_geometry(a, local)
-    ratio = float(a["ratio"])
-    k0, k1 = seed_words(int(a["seed"]))
     strides = [math.prod(whole[d + 1 :]) for d in range(len(whole))]
     name = prog.kernel(
         "elementwise.cu.j2",
         "train_dropout_shard",
-        ctype=prog.ctype(x),
-        ratio=c_float(ratio),
-        scale=c_float(1.0 / (1.0 - ratio), prog.ctype(x)),
-        stream=f"{int(a['stream']) & 0xFFFFFFFF}u",
-        k0=f"{k0}u",
-        k1=f"{k1}u",
+        **_kernel_params(prog, x, a),
         local=list(local),
         strides=strides,
         split=[bool(g) for g in digits],
