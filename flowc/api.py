@@ -183,6 +183,11 @@ def compile_options(model: str | os.PathLike[str], **options: Any) -> CompileOpt
         pipeline=_count("pipeline", o.get("pipeline"), 1, MAX_MESH_DEVICES),
         microbatches=_count("microbatches", o.get("microbatches", 1), 1, MAX_MICROBATCHES) or 1,
         stage_boundary=stage_boundary,
+        pipeline_schedule=(
+            None
+            if o.get("pipeline_schedule") is None
+            else _choice("pipeline_schedule", o.get("pipeline_schedule"), ("1f1b", "gpipe"))
+        ),
     )
     target = o.get("target")
     if target is not None:
@@ -221,6 +226,7 @@ COMPILE_OPTIONS = (
     "pipeline",
     "microbatches",
     "stage_boundary",
+    "pipeline_schedule",
     "target",
     "arch",
     "prefix",
@@ -311,7 +317,8 @@ class StateShard:
     """This rank's part of a state tensor: slice ``chunk`` of ``chunks`` equal slices of the
     whole tensor (``shape``) along ``axis`` (-1 and one chunk: whole). Where several ranks
     hold the same slice (a mesh axis the tensor is not split over), one of them ``saves``
-    it in a sharded checkpoint."""
+    it in a sharded checkpoint. A training pipeline's stage ``held`` only the state of its
+    own layers (and the step counter)."""
 
     name: str
     shape: tuple[int, ...]
@@ -320,6 +327,7 @@ class StateShard:
     chunks: int
     chunk: int
     saves: bool
+    held: bool = True
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -361,8 +369,21 @@ def state_shard(entry: Mapping[str, Any], mesh: Sequence[int], rank: int) -> Sta
     shape = tuple(int(d) for d in entry.get("whole_shape", entry["shape"]))
     if axis < 0:
         chunks, chunk = 1, 0
+    # A training pipeline's: the stage holding it (-1: every stage), whose rank at
+    # coordinate 0 on the other axes saves it.
+    stage = int(entry.get("stage", -1))
+    held = stage < 0 or coords[0] == stage
+    if stage >= 0:
+        saves = held and not any(coords[1:])
     return StateShard(
-        str(entry["name"]), shape, DType.from_short(entry["dtype"]).np, axis, chunks, chunk, saves
+        str(entry["name"]),
+        shape,
+        DType.from_short(entry["dtype"]).np,
+        axis,
+        chunks,
+        chunk,
+        saves,
+        held,
     )
 
 
@@ -941,12 +962,20 @@ class Model:
                 raise self._error("writing the state")
 
     def _check_local(self, name: str, nbytes: int) -> None:
-        f = getattr(self._lib, self._prefix + "state_local_nbytes")
-        f.argtypes, f.restype = [ctypes.c_int], ctypes.c_ulonglong
-        if int(f(self._state_index(name))) != nbytes:
+        if not self.shards[name].held:
+            raise InputError(f"state {name!r} is held by another pipeline stage than this rank's")
+        held = getattr(self._lib, self._prefix + "state_held_nbytes", None)
+        if held is not None:
+            # This rank's bytes of it (a pipeline stage's program holds its own).
+            held.argtypes, held.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_ulonglong
+            have = int(held(self._handle, self._state_index(name)))
+        else:
+            f = getattr(self._lib, self._prefix + "state_local_nbytes")
+            f.argtypes, f.restype = [ctypes.c_int], ctypes.c_ulonglong
+            have = int(f(self._state_index(name)))
+        if have != nbytes:
             raise FlowcError(
-                f"state {name!r}: the library's part is {int(f(self._state_index(name)))} "
-                f"bytes, the project's {nbytes}",
+                f"state {name!r}: the library's part is {have} bytes, the project's {nbytes}",
                 hint="rebuild the project: `flowc build`",
             )
 

@@ -383,6 +383,8 @@ def load_model(ckpt: Checkpoint, model: Model) -> None:
                     f"--resume {ckpt.folder}: {n!r} is {saved.dtype}{list(saved.shape)} there, "
                     f"{shard.dtype}{list(shard.shape)} in this model"
                 )
+            if not shard.held:
+                continue  # another pipeline stage's
             start, size = shard.box(shard.chunk)
             model.write_local({n: assemble(parts, n, start, size)})
     finally:

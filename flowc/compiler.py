@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from flowc.codegen.cpp import MAX_PREFIX, c_ident
-from flowc.codegen.program import WeightsLayout, generate, generate_pipeline, layout_weights
+from flowc.codegen.program import (
+    WeightsLayout,
+    generate,
+    generate_pipeline,
+    generate_train_pipeline,
+    layout_weights,
+)
 from flowc.codegen.project import project_writer
 from flowc.errors import InputError
 from flowc.formatting import dims_text
@@ -84,11 +90,21 @@ from flowc.schedule.pipeline import PipelineRun, gpipe, one_f_one_b
 from flowc.schedule.pipeline import simulate as simulate_order
 from flowc.schedule.program import Schedule, StreamOp
 from flowc.schedule.streams import schedule_actors
+from flowc.schedule.train_pipeline import TrainPipeline, auto_boundaries, build_train_pipeline
 from flowc.schedule.unroll import Unrolled, schedule_stages, unroll
 from flowc.training.recompute import RecomputeReport, recompute, saved_bytes
 from flowc.training.recompute import apply as recompute_apply
 from flowc.training.spec import TrainSpec
-from flowc.training.step import TrainingStep, build_step, inference_graph, make_trainable
+from flowc.training.step import (
+    COUNT,
+    LOSS,
+    LR,
+    STEP,
+    TrainingStep,
+    build_step,
+    inference_graph,
+    make_trainable,
+)
 
 if TYPE_CHECKING:
     from flowc.parallel.lower import Physical
@@ -160,13 +176,20 @@ def schedule_graph(
     memory (flowc.schedule.memory_order), on one compute stream unless ``streams`` asks for
     more -- a second stream overlaps branches, whose buffers are then live together, which
     is what the order avoids; with more, the list scheduler takes the order as its
-    priority, and the plan follows the simulated happens-before order as always."""
-    if schedule_for not in ("latency", "memory"):
-        raise ValueError(f"schedule_for must be 'latency' or 'memory', not {schedule_for!r}")
+    priority, and the plan follows the simulated happens-before order as always.
+    ``schedule_for="order"``: the graph's node order on one stream, as it stands."""
+    if schedule_for not in ("latency", "memory", "order"):
+        raise ValueError(
+            f"schedule_for must be 'latency', 'memory' or 'order', not {schedule_for!r}"
+        )
     profile = load_profile() if profile is None else profile
     ag = build_actor_graph(graph, profile)
     if schedule_for == "latency":
         return schedule_actors(ag, profile, streams)
+    if schedule_for == "order":
+        # The graph's own order (a pipeline stage's: its exchanges between its groups).
+        order = [-float(k) for k in range(len(ag.actors))]
+        return schedule_actors(ag, profile, 1, order, comm_stream=False)
     nodes = memory_order(graph, workspace_bytes=profile.workspace).nodes
     runs = {id(a.node) for a in ag.actors}
     if [id(n) for n in nodes if id(n) in runs] != [id(n) for n in graph.nodes if id(n) in runs]:
@@ -428,6 +451,8 @@ class PipelineSpec:
     mem_limit: int | None = None
     # The placement search's options on the stage mesh (its mesh is mesh.shape[1:]).
     stage_options: ParallelOptions | None = None
+    # The micro-batches' order (--pipeline-schedule; None: not given).
+    schedule: str | None = None
 
 
 @dataclass
@@ -578,6 +603,90 @@ def compile_pipeline(
     return CompiledPipeline(pipe, part, scheds, plans, files, weights, programs, unrolled)
 
 
+@dataclass
+class CompiledTrainPipeline:
+    pipeline: TrainPipeline
+    boundaries: list[str]
+    schedules: list[Schedule]
+    memory: list[MemoryPlan]
+    files: dict[str, str]
+    weights: list[WeightsLayout]
+
+
+def compile_train_pipeline(
+    step: TrainingStep,
+    prediction: str,
+    out: Path,
+    spec: PipelineSpec,
+    *,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    build_target: str | None = None,
+    force: bool = False,
+    precision: str = "fp32",
+    times: StageTimes | None = None,
+) -> CompiledTrainPipeline:
+    """Write OUT/ for training step ``step`` (its micro-batches unrolled, spec.microbatches
+    of them) as the pipeline ``spec``: the stage programs (flowc.schedule.train_pipeline),
+    each scheduled in its own order on one stream and planned, then one project whose rank
+    runs its stage's. ``prediction``: the loss's input, before which the automatic cuts
+    fall."""
+    times = StageTimes() if times is None else times
+    if math.prod(spec.mesh.shape[1:]) > 1:
+        raise InputError(
+            f"--pipeline {spec.stages} on mesh {dims_text(spec.mesh.shape)}: a training "
+            "pipeline runs one device per stage for now",
+            hint=f"use --mesh {spec.stages}",
+        )
+    with project_writer(out, force) as write:
+        profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+        cuts = spec.boundaries
+        if cuts is None:
+            cuts = auto_boundaries(step.graph, spec.stages, prediction, profile)
+        owned = {m: p for p, ms in step.optimizer_state.items() for m in ms}
+        boundaries = cuts
+        pipe = times.run(
+            "stage partition",
+            lambda: build_train_pipeline(
+                step.graph,
+                spec.stages,
+                spec.microbatches,
+                boundaries,
+                schedule=spec.schedule or "1f1b",
+                owned=owned,
+                global_inputs={STEP, LR},
+                batch=step.batch,
+                loss=LOSS,
+                broadcast=[LOSS, COUNT],
+                profile=profile,
+            ),
+        )
+        scheds = times.run(
+            "schedule",
+            lambda: [schedule_graph(st.graph, profile, 1, "order") for st in pipe.stages],
+        )
+        plans = times.run("memory plan", lambda: [plan_schedule(sc) for sc in scheds])
+        files, weights, _ = times.run(
+            "code generation",
+            lambda: generate_train_pipeline(
+                step.graph,
+                [st.graph for st in pipe.stages],
+                scheds,
+                plans,
+                spec.mesh,
+                spec.microbatches,
+                prefix=prefix,
+                source=source,
+                arch=arch,
+                build_target=build_target,
+                precision=precision,
+            ),
+        )
+        times.run("write", lambda: write(files, weights))
+    return CompiledTrainPipeline(pipe, list(cuts), scheds, plans, files, weights)
+
+
 # -- the driver: from an options record to a project -------------------------------------------
 
 
@@ -656,6 +765,7 @@ def placement_target(model: ModelArgs, par: ParallelArgs) -> Target:
         for o, given in (
             ("--microbatches", par.microbatches != 1),
             ("--stage-boundary", par.stage_boundary is not None),
+            ("--pipeline-schedule", par.pipeline_schedule is not None),
         )
         if given
     ]
@@ -721,6 +831,7 @@ def _pipeline_target(model: ModelArgs, par: ParallelArgs) -> PipelineSpec:
         microbatches=int(par.microbatches),
         boundaries=parse_stage_boundaries(text) if text is not None else None,
         mem_limit=parse_bytes(par.mem_limit, "--mem-limit") if par.mem_limit is not None else None,
+        schedule=par.pipeline_schedule,
     )
     check_pipeline_mesh(spec)
     per_stage = math.prod(m.shape[1:])

@@ -141,6 +141,9 @@ class ParallelArgs:
     pipeline: int | None = None
     microbatches: int = 1
     stage_boundary: str | None = None
+    # The micro-batches' order on the stages: 1f1b or gpipe (None: not given; a training
+    # pipeline runs 1f1b).
+    pipeline_schedule: str | None = None
     # A training step's ZeRO stage (flowc.training.zero): its state split over the mesh.
     zero: int | None = None
 

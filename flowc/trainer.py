@@ -42,6 +42,8 @@ from flowc.training.zero import STAGES as ZERO_STAGES
 from flowc.training.zero import rank_state_bytes, state_choices, zero_formula, zero_layouts
 
 if TYPE_CHECKING:
+    from flowc.compiler import PipelineSpec
+    from flowc.options import CompileOptions
     from flowc.parallel.plan import Plan
 
 Progress = Callable[[str], None]
@@ -442,14 +444,12 @@ def compile_step(
     spec = dataclasses.replace(spec, precision=precision)
     check_project_dir(out, opts.force)
     placement = placement_target(opts.model, opts.parallel)
+    if isinstance(placement, PipelineSpec):
+        return _compile_pipeline_step(
+            model_path, spec, out, opts, placement, batch, target, progress, zero
+        ), Project(out)
     if placement is not None:
         spec = mesh_spec(spec, placement.mesh.size)
-    if isinstance(placement, PipelineSpec):
-        raise InputError(
-            "--pipeline compiles inference programs for now; a training step is placed on a "
-            "mesh (--mesh N --parallel data|auto)",
-            hint="leave --pipeline out",
-        )
     if placement is not None and spec.recompute != "none":
         raise InputError(
             f"--recompute {spec.recompute} applies to one-device steps for now",
@@ -528,6 +528,91 @@ def compile_step(
         physical=physical,
     )
     return step, Project(out)
+
+
+def pipeline_step_spec(
+    spec: TrainSpec, batch: int | None, microbatches: int
+) -> tuple[TrainSpec, int]:
+    """A pipeline's training step: ``batch`` (the global batch) in ``microbatches`` micro-
+    batches, unrolled in the step as --accumulate unrolls them. Returns the step's spec and
+    the micro-batch."""
+    if spec.accumulate != 1:
+        raise InputError(
+            f"--accumulate {spec.accumulate} with --pipeline: the pipeline's micro-batches "
+            "are the accumulation (--microbatches)",
+            hint="leave --accumulate out; --batch is the global batch",
+        )
+    if batch is None:
+        raise InputError(
+            "a training pipeline needs --batch B: the global batch, split into --microbatches",
+        )
+    if batch % microbatches:
+        raise InputError(
+            f"--batch {batch} does not split into --microbatches {microbatches}",
+            hint="use a micro-batch count that divides the batch",
+        )
+    return dataclasses.replace(spec, accumulate=microbatches), batch // microbatches
+
+
+def _compile_pipeline_step(
+    model_path: str | os.PathLike[str],
+    spec: TrainSpec,
+    out: Path,
+    opts: CompileOptions,
+    placement: PipelineSpec,
+    batch: int | None,
+    target: str | None,
+    progress: Progress,
+    zero: int,
+) -> TrainingStep:
+    """compile_step's pipeline: the step with its micro-batches unrolled, cut into stages."""
+    from flowc.compiler import compile_train_pipeline, load_training
+
+    if zero:
+        raise InputError(
+            f"--zero {zero} with --pipeline: ZeRO splits state over a data axis, which a "
+            "training pipeline has not yet",
+            hint="leave --zero out",
+        )
+    if spec.precision == "fp16":
+        raise InputError(
+            "--precision fp16 with --pipeline: the loss scale is one decision over every "
+            "stage's gradients, which the pipeline does not make yet",
+            hint="use --precision bf16 or fp32",
+        )
+    if spec.recompute != "none":
+        raise InputError(
+            f"--recompute {spec.recompute} applies to one-device steps for now",
+            hint="leave --recompute out with --pipeline",
+        )
+    spec, micro = pipeline_step_spec(spec, batch, placement.microbatches)
+    spec = dataclasses.replace(spec, mem_limit=None)
+    progress(
+        f"building the training step of {Path(model_path).name}: {placement.microbatches} "
+        f"micro-batches of {micro}"
+    )
+    step = load_training(opts.model, spec, batch=micro)
+    progress(
+        f"cutting the step into {placement.stages} pipeline stages "
+        f"({placement.schedule or '1f1b'}, one device each)"
+    )
+    compiled = compile_train_pipeline(
+        step,
+        spec.loss.prediction,
+        out,
+        placement,
+        prefix=opts.prefix,
+        source=Path(model_path).name,
+        build_target=target,
+        force=opts.force,
+        precision=spec.precision,
+    )
+    progress(f"stage cuts: {', '.join(compiled.boundaries)}")
+    for line in compiled.pipeline.lines():
+        progress(f"  {line}")
+    arenas = ", ".join(f"{p.arena_bytes:,}" for p in compiled.memory)
+    progress(f"arena per stage: {arenas} B")
+    return step
 
 
 def train(
@@ -718,7 +803,8 @@ def train(
                         step,
                         arrays,
                         steps=steps,
-                        batch=batch,
+                        # A pipeline's step unrolls its micro-batches of the global batch.
+                        batch=batch * accumulate // step.micro_batches,
                         shuffle=shuffle,
                         seed=seed,
                         classes=classes,
@@ -759,6 +845,9 @@ def _rank_step(
         model, target=target, **{k: v for k, v in options.items() if k != "zero"}
     )
     spec = dataclasses.replace(spec, precision=opts.schedule.precision, mem_limit=None)
+    if options.get("pipeline") is not None:
+        spec, micro = pipeline_step_spec(spec, batch, int(options.get("microbatches") or 1))
+        return load_training(opts.model, spec, batch=micro)
     if options.get("mesh") is not None:
         from flowc.parallel import parse_mesh
 

@@ -24,7 +24,6 @@ from flowc.cli.options import (
     ParallelArgs,
     ScheduleArgs,
     TrainArgs,
-    choice_option,
     flag_option,
     model_options,
     parallel_options,
@@ -54,12 +53,6 @@ from flowc.ir.printer import print_graph
     metavar="OUT.png",
     help="Draw the modeled schedule as a Gantt chart (PNG); implies --schedule.",
 )
-@choice_option(
-    "--pipeline-schedule",
-    ["gpipe", "1f1b"],
-    "With --pipeline and --schedule: simulate this micro-batch order on the stages' "
-    "modeled forward times (1f1b adds backward actors at a synthetic 2x the forward time).",
-)
 @path_option(
     "--report",
     directory=True,
@@ -83,7 +76,6 @@ def inspect(
     memory: bool,
     show_schedule: bool,
     gantt: Path | None,
-    pipeline_schedule: str | None,
     report: Path | None,
     schedule: ScheduleArgs,  # its --no-cuda-graph: the schedule printed is the same either way
     parallel: ParallelArgs,
@@ -118,6 +110,7 @@ def inspect(
     popts = parallel_settings(model, parallel)
     from flowc.compiler import PipelineSpec
 
+    pipeline_schedule = parallel.pipeline_schedule
     if pipeline_schedule is not None and not (isinstance(popts, PipelineSpec) and show_schedule):
         raise InputError(
             "--pipeline-schedule needs --pipeline P and --schedule",

@@ -75,6 +75,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "pipeline",
         "microbatches",
         "stage_boundary",
+        "pipeline_schedule",
     ),
     "Schedule": ("streams", "no_cuda_graph"),
     "Memory": ("schedule_for", "mem_limit"),
@@ -361,6 +362,13 @@ def parallel_options(fn: F) -> F:
                 "VALUE,...",
                 "With --pipeline P: the last value of each stage but the last (P-1 names), "
                 "instead of the automatic partition.",
+            ),
+            choice_option(
+                "--pipeline-schedule",
+                ["1f1b", "gpipe"],
+                "With --pipeline: the micro-batches' order on the stages. A training step "
+                "runs it (default 1f1b); inspect --schedule simulates it on the stages' "
+                "modeled forward times (1f1b with backward actors at 2x the forward time).",
             ),
         ],
     )

@@ -24,6 +24,7 @@ from flowc.cli.options import (
     text_option,
     training_options,
 )
+from flowc.ir.types import MAX_MESH_DEVICES, MAX_MICROBATCHES
 
 
 @click.command(
@@ -105,6 +106,35 @@ from flowc.cli.options import (
     "an uninterrupted run.",
     directory=True,
 )
+@count_option(
+    "--pipeline",
+    "P",
+    "Pipeline training: the step cut into P stages, one device each (mpirun starts them); "
+    "the backward flows back through the stages, one update after the last micro-batch.",
+    low=1,
+    high=MAX_MESH_DEVICES,
+)
+@count_option(
+    "--microbatches",
+    "M",
+    "With --pipeline: the global batch (--batch) in M micro-batches.",
+    low=1,
+    high=MAX_MICROBATCHES,
+    default=1,
+)
+@text_option(
+    "--stage-boundary",
+    "VALUE,...",
+    "With --pipeline P: the last value of each stage but the last (P-1 names of the "
+    "forward); default: the cuts balancing the forward's modeled time.",
+)
+@choice_option(
+    "--pipeline-schedule",
+    ["1f1b", "gpipe"],
+    "With --pipeline: the micro-batches' order (1f1b keeps at most P in flight on the first "
+    "stage; gpipe runs every forward first).",
+    default="1f1b",
+)
 def train_cmd(
     model: ModelArgs,
     training: TrainArgs,
@@ -120,6 +150,10 @@ def train_cmd(
     parallel: str,
     sbps: tuple[str, ...],
     zero: int | None,
+    pipeline: int | None,
+    microbatches: int,
+    stage_boundary: str | None,
+    pipeline_schedule: str,
     export: Path | None,
     log: Path | None,
     project: Path | None,
@@ -159,6 +193,19 @@ def train_cmd(
         placement = {"mesh": mesh, "parallel": parallel, "sbp": list(sbps), "zero": zero or 0}
     elif sbps or parallel != "data" or zero is not None:
         raise InputError("--parallel, --sbp and --zero need --mesh", hint="e.g. --mesh 4")
+    if pipeline is not None:
+        placement.update(
+            pipeline=pipeline,
+            microbatches=microbatches,
+            stage_boundary=stage_boundary,
+            pipeline_schedule=pipeline_schedule,
+        )
+        placement.pop("parallel", None)
+    elif microbatches != 1 or stage_boundary is not None or pipeline_schedule != "1f1b":
+        raise InputError(
+            "--microbatches, --stage-boundary and --pipeline-schedule need --pipeline P",
+            hint="e.g. --pipeline 2 --microbatches 4",
+        )
     result = train(
         model.path,
         loss=loss,

@@ -724,6 +724,7 @@ def _render(
     pipeline: dict[str, Any] | None = None,
     infer: StageCode | None = None,
     state_layouts: Mapping[str, NdSbp] | None = None,
+    state_override: tuple[list[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, str]:
     """The project's text files: ``graph`` gives the program's inputs and outputs (the
     whole batch), ``stages`` the code (one per pipeline stage; the rank's stage picks);
@@ -744,6 +745,10 @@ def _render(
 
     inputs, outputs = api_inputs(graph), api_outputs(graph)
     state = state_table(graph, weights, state_layouts or {})
+    state_stages = None
+    if state_override is not None:
+        # A training pipeline: the state of every stage, each tensor on its own stage.
+        state, state_stages = state_override
     infer_io = (api_inputs(infer.prog.graph), api_outputs(infer.prog.graph)) if infer else ([], [])
     max_rank = max(
         [1, *(v.type.rank for v in [*inputs, *outputs, *graph.inputs, *infer_io[0], *infer_io[1]])]
@@ -775,6 +780,7 @@ def _render(
         "outputs": [_tensor_info(v, v.name) for v in outputs],
         # A training step's state (the model keeps it; train_step, save, load).
         "state": state,
+        "state_stages": state_stages,
         "state_layout": _state_layout(state),
         "train_outputs": [
             next((k for k, v in enumerate(outputs) if v.name == name), -1) for name in TRAIN_RESULTS
@@ -867,6 +873,8 @@ def _render(
                         "offset": t["ckpt_offset"],
                         "written": t["written"],
                         **_split_state(t["raw_name"], state_layouts or {}, graph),
+                        # A training pipeline: the stage holding it (-1: every stage).
+                        **({"stage": t["stage"]} if state_stages is not None else {}),
                     }
                     for t in state
                 ],
@@ -875,6 +883,7 @@ def _render(
                 "naive_bytes": plan.naive_bytes,
                 "weights_bytes": weights.stored_bytes,
                 "mesh": list(mesh.shape) if mesh is not None else [],
+                **({"pipeline": pipeline} if pipeline is not None else {}),
                 "precision": prog.precision,
                 # `flowc compile --target`: what build, run and verify use when not told.
                 "target": build_target,
@@ -1143,6 +1152,125 @@ def generate_pipeline(
             # Rank 0 of the last stage holds the outputs and writes them.
             "output_rank": (p - 1) * k,
         },
+    )
+    return files, all_weights, [c.prog.ops for c in codes]
+
+
+def generate_train_pipeline(
+    whole: Graph,
+    stage_graphs: list[Graph],
+    schedules: list[Schedule],
+    plans: list[MemoryPlan],
+    mesh: Mesh,
+    microbatches: int,
+    prefix: str | None = None,
+    source: str = "",
+    arch: str = "90",
+    build_target: str | None = None,
+    poison: bool = False,
+    precision: str = "fp32",
+) -> tuple[dict[str, str], list[WeightsLayout], list[list[StreamOp]]]:
+    """The project of a training pipeline (flowc.schedule.train_pipeline): one model.cu with
+    every stage's step program (a rank runs its stage's), a weights file per rank holding
+    its stage's constants and state, and one state table listing the whole step's state in
+    the one-device program's order (so checkpoints are the same), each tensor with the
+    stage holding it. ``whole``: the step graph the stages were cut from."""
+    from flowc.ir.layout import all_coords, rank_of
+
+    p, k = len(stage_graphs), mesh.size // len(stage_graphs)
+    io = stage_graphs[0]
+    prefix = _prefix(prefix, whole)
+    for g in stage_graphs[1:]:
+        same_in = [(v.name, v.type) for v in api_inputs(g)] == [
+            (v.name, v.type) for v in api_inputs(io)
+        ]
+        same_out = [(v.name, v.type) for v in api_outputs(g)] == [
+            (v.name, v.type) for v in api_outputs(io)
+        ]
+        assert same_in and same_out, (
+            f"{g.name}: the stages' steps differ in their inputs or results"
+        )
+    shape = "x".join(map(str, mesh.shape))
+    all_weights = []
+    for coords in all_coords(mesh):
+        r = rank_of(mesh, coords)
+        all_weights.append(
+            layout_weights(
+                stage_graphs[coords[0]],
+                identity=f"training pipeline stage {coords[0]} of {p}, rank {r} of mesh {shape}",
+            )
+        )
+    kernels: dict[str, str] = {}
+    codes = []
+    for s, (g, sched, plan) in enumerate(zip(stage_graphs, schedules, plans, strict=True)):
+        prog = Program(
+            g, sched, plan, all_weights[s * k], prefix, kernels=kernels, precision=precision
+        )
+        n_events = emit_schedule(prog, poison)
+        _output_copies(prog)
+        codes.append(StageCode(s, prog, _fill_statements(prog), n_events))
+    # The state table: the whole step's state, each tensor's offset on each stage.
+    table = []
+    places: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    owner = []
+    pos = 0
+    for v, _ in state_inputs(whole):
+        t = _tensor_info(Value(v.name, v.type), v.name)
+        holders = [s for s, g in enumerate(stage_graphs) if v.name in g.state]
+        assert holders, f"no stage holds state {v.name!r}"
+        stage = -1 if len(holders) == p and p > 1 else holders[0]
+        for s, g in enumerate(stage_graphs):
+            mine = next((x for x in g.inputs if x.name == v.name), None)
+            held = mine is not None and v.name in g.state
+            w = all_weights[s * k]
+            places[s].append(
+                (w.offsets[mine] if held and mine is not None else 0, v.type.nbytes if held else 0)
+            )
+        owner.append(stage)
+        t.update(
+            raw_name=v.name,
+            short=v.type.dtype.short,
+            shape_list=list(v.type.shape),
+            offset=places[max(stage, 0)][-1][0],
+            nbytes=v.type.nbytes,
+            local_nbytes=v.type.nbytes,
+            split_axis=-1,
+            split_mesh_axes=0,
+            ckpt_offset=pos,
+            written=whole.state[v.name] is not None,
+            stage=stage,
+        )
+        table.append(t)
+        pos += (v.type.nbytes + ALIGN - 1) // ALIGN * ALIGN
+    timeline = {
+        "version": 1,
+        "ranks": [
+            schedules[s].to_json(rank=s * k + j, stage=s) for s in range(p) for j in range(k)
+        ],
+    }
+    files = _render(
+        io,
+        codes,
+        all_weights,
+        prefix,
+        source=source,
+        arch=arch,
+        build_target=build_target,
+        poison=poison,
+        mesh=mesh,
+        cuda_graph=False,
+        timeline=timeline,
+        pipeline={
+            "stages": p,
+            "microbatches": microbatches,
+            "ranks_per_stage": k,
+            "input_strides": [],
+            "output_strides": [],
+            # Every rank reports the step's results (the last stage sends them around).
+            "output_rank": 0,
+            "train": True,
+        },
+        state_override=(table, {"places": places, "owner": owner, "ranks_per_stage": k}),
     )
     return files, all_weights, [c.prog.ops for c in codes]
 

@@ -294,10 +294,19 @@ def _p2p_ref(xs: list[np.ndarray | None], attrs: Attrs) -> np.ndarray:
 def _emit_exchange(prog: Program, node: Node) -> None:
     if node.op == "Send":
         parts = [(v, "kSend") for v in node.inputs if v is not None]
-    else:
+    elif node.op == "Recv":
         parts = [(v, "kRecv") for v in node.outputs]
+    else:
+        parts = [(v, "kSend") for v in node.inputs if v is not None]
+        parts += [(v, "kRecv") for v in node.outputs]
     peers = node.attrs.get("peers")
     rows = None
+    offsets = None
+    if node.op == "Exchange":
+        # A training pipeline's exchange: each transfer's partner is this rank plus its
+        # stage offset times the ranks per stage.
+        k = int(node.attrs.get("ranks_per_stage", 1))
+        offsets = [int(d) * k for d in [*node.attrs["send_to"], *node.attrs["recv_from"]]]
     if peers is not None:
         # A reshard: per transfer, each rank of the stage has its own partner (world ranks,
         # indexed by the rank's place in its stage), from a table fixed at compile time.
@@ -316,6 +325,7 @@ def _emit_exchange(prog: Program, node: Node) -> None:
         f"{node.op} {node.name}",
         transfers=transfers,
         peer=int(node.attrs.get("peer", 0)),
+        offsets=offsets,
         peers=rows,
         base=int(node.attrs.get("base", 0)),
         stream=prog.stream,
@@ -336,5 +346,35 @@ defop(
     infer=_send_infer,
     reference=_p2p_ref,
     attrs={"peer": 0, "peers": None, "base": 0},
+    emit=_emit_exchange,
+)
+
+
+def _exchange_infer(ctx: InferCtx) -> list[TensorType]:
+    sends, recvs = ctx.attr("send_to"), ctx.attr("recv_from")
+    if sends is None or recvs is None or len(sends) != ctx.num_inputs:
+        raise ctx.fail("Exchange needs a 'send_to' stage offset per input and 'recv_from'")
+    types = _recv_infer(ctx)
+    if len(types) != len(recvs):
+        raise ctx.fail("Exchange needs a 'recv_from' stage offset per output")
+    return types
+
+
+# A training pipeline's transfers between two groups of a stage (flowc.schedule.
+# train_pipeline): its inputs go to stages send_to (offsets from this one), its outputs come
+# from stages recv_from, all in one exchange, so two stages sending to each other never both
+# wait for the other's receive.
+defop(
+    "Exchange",
+    FAMILY,
+    infer=_exchange_infer,
+    reference=_p2p_ref,
+    attrs={
+        "send_to": None,
+        "recv_from": None,
+        "shapes": None,
+        "dtypes": None,
+        "ranks_per_stage": 1,
+    },
     emit=_emit_exchange,
 )

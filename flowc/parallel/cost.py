@@ -266,6 +266,11 @@ def kernel_time(node: Node, profile: Profile) -> float:
         return 0.0
     if node.op in COLLECTIVE_OPS:
         return collective_time(node, profile)
+    if node.op == "Exchange":
+        # A training pipeline's transfers over the pipeline axis: one alpha for the group.
+        link = profile.axis_link(0)
+        moved = sum(v.type.nbytes for v in [*node.inputs, *node.outputs] if v is not None)
+        return link.alpha + moved / link.bandwidth
     ins = [v.type if v is not None else None for v in node.inputs]
     outs = [o.type for o in node.outputs]
     flops = opdef.count_flops(node) if opdef.flops is not None else 0

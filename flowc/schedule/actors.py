@@ -17,7 +17,7 @@ from flowc.ir.graph import Graph, Node, Value
 from flowc.ops.registry import get_op, is_view, state_writes
 from flowc.parallel.cost import COLLECTIVE_OPS, Profile, device_share, kernel_time
 
-KINDS = ("node", "collective", "copy", "send", "recv")
+KINDS = ("node", "collective", "copy", "send", "recv", "exchange")
 
 
 @dataclass
@@ -73,7 +73,7 @@ class ActorGraph:
 def actor_kind(node: Node) -> str:
     if node.op in COLLECTIVE_OPS:
         return "collective"
-    if node.op in ("Send", "Recv"):
+    if node.op in ("Send", "Recv", "Exchange"):
         return node.op.lower()
     if get_op(node.op).view:
         return "copy"  # a view whose result is a graph output: its bytes are copied

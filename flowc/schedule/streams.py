@@ -21,7 +21,7 @@ from flowc.schedule.program import Schedule, make_schedule
 from flowc.schedule.simulate import simulate
 
 MAX_AUTO_STREAMS = 4
-COMM_KINDS = frozenset({"collective", "send", "recv"})
+COMM_KINDS = frozenset({"collective", "send", "recv", "exchange"})
 
 
 def upward_rank(ag: ActorGraph) -> list[float]:
@@ -33,12 +33,18 @@ def upward_rank(ag: ActorGraph) -> list[float]:
 
 
 def assign(
-    ag: ActorGraph, compute_streams: int, profile: Profile, rank: list[float] | None = None
+    ag: ActorGraph,
+    compute_streams: int,
+    profile: Profile,
+    rank: list[float] | None = None,
+    comm_stream: bool = True,
 ) -> tuple[list[int], list[list[int]]]:
     """Stream of each actor and each stream's firing order (compute streams first, then the
     communication stream when there is communication). ``rank``: the ready actors'
-    priority, highest first (default: the upward rank)."""
-    has_comm = any(a.kind in COMM_KINDS for a in ag.actors)
+    priority, highest first (default: the upward rank). ``comm_stream=False``: transfers
+    on the compute streams too (a pipeline stage's exchanges, which must come in its
+    order)."""
+    has_comm = comm_stream and any(a.kind in COMM_KINDS for a in ag.actors)
     comm = compute_streams
     orders: list[list[int]] = [[] for _ in range(compute_streams + (1 if has_comm else 0))]
     stream_of = [-1] * len(ag.actors)
@@ -59,7 +65,7 @@ def assign(
         return t
 
     def place(actor: Actor) -> int:
-        if actor.kind in COMM_KINDS:
+        if has_comm and actor.kind in COMM_KINDS:
             return comm
         # The earliest start; on a tie, the stream of the input that finished last (no
         # event), then the lowest stream.
@@ -91,17 +97,21 @@ def assign(
 
 
 def schedule_actors(
-    ag: ActorGraph, profile: Profile, streams: int | None = None, rank: list[float] | None = None
+    ag: ActorGraph,
+    profile: Profile,
+    streams: int | None = None,
+    rank: list[float] | None = None,
+    comm_stream: bool = True,
 ) -> Schedule:
     """The rank's schedule on ``streams`` compute streams (at most; unused ones are dropped),
-    or on the number the simulator prefers (1 to MAX_AUTO_STREAMS); ``rank`` as in
-    assign."""
+    or on the number the simulator prefers (1 to MAX_AUTO_STREAMS); ``rank`` and
+    ``comm_stream`` as in assign."""
     if streams is not None and streams < 1:
         raise ValueError("streams must be at least 1")
     candidates = [streams] if streams is not None else list(range(1, MAX_AUTO_STREAMS + 1))
     best: Schedule | None = None
     for n in candidates:
-        stream_of, orders = assign(ag, n, profile, rank)
+        stream_of, orders = assign(ag, n, profile, rank, comm_stream)
         stream_of, orders, n_used = _drop_empty(stream_of, orders, n)
         timing = simulate(ag, stream_of, orders, profile)
         sched = make_schedule(ag, stream_of, orders, n_used, timing)
