@@ -643,7 +643,7 @@ def compile_train_pipeline(
         profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
         cuts = spec.boundaries
         if cuts is None:
-            cuts = auto_boundaries(step.graph, spec.stages, prediction, profile)
+            cuts = auto_boundaries(step.graph, spec.stages, prediction, profile, {STEP, LR})
         owned = {m: p for p, ms in step.optimizer_state.items() for m in ms}
         boundaries = cuts
         pipe = times.run(

@@ -200,6 +200,7 @@ def assign_stages(
     # latest forward stage they read, nodes of the global inputs everywhere.
     glob: set[Value] = {inputs[g] for g in global_inputs if g in inputs}
     later: list[Node] = []
+    by_name = {n.name: st for n, st in stage_of.items() if n.name and st is not None}
     for n in graph.nodes:
         if n in stage_of:
             continue
@@ -207,6 +208,20 @@ def assign_stages(
         if n not in forward and all(i in glob or i.const is not None for i in ins):
             stage_of[n] = None
             glob.update(n.outputs)
+            continue
+        # A backward node is named after the forward node it differentiates (autodiff's
+        # "<node>/grad/..."): it runs beside it, whatever state it reads (a weight shared
+        # with another stage's layer is sent there).
+        origin = next(
+            (
+                by_name[x.split("/grad/")[0]]
+                for x in [n.name, *(o.name for o in n.outputs)]
+                if "/grad/" in x and x.split("/grad/")[0] in by_name
+            ),
+            None,
+        )
+        if origin is not None and n not in forward:
+            stage_of[n] = origin
             continue
         held = [state_stage[i.name] for i in ins if i.name in state_stage and i not in glob]
         if held:
@@ -245,7 +260,13 @@ def assign_stages(
     return stage_of, state_stage
 
 
-def auto_boundaries(graph: Graph, stages: int, prediction: str, profile: Profile) -> list[str]:
+def auto_boundaries(
+    graph: Graph,
+    stages: int,
+    prediction: str,
+    profile: Profile,
+    global_inputs: set[str] = frozenset(),  # type: ignore[assignment]
+) -> list[str]:
     """P-1 cut values for the step's forward: among the values micro-batch 0's forward makes
     before ``prediction`` (the loss's input) that are the only value crossing their point
     of the forward's order (a chain's links; the residual stream between transformer
@@ -262,6 +283,16 @@ def auto_boundaries(graph: Graph, stages: int, prediction: str, profile: Profile
         )
     ]
     pos = {n: k for k, n in enumerate(nodes)}
+    # Values of the batch, the step counter and constants alone (an attention mask, a
+    # dropout key every layer reads) cross wherever they are needed and do not count
+    # against a cut.
+    state = set(graph.state) - set(global_inputs)
+    free: set[Value] = set()
+    for n in nodes:
+        if all(
+            i is None or (i.producer is None and i.name not in state) or i in free for i in n.inputs
+        ):
+            free.update(n.outputs)
     last_read: dict[Value, int] = {}
     for k, n in enumerate(nodes):
         for i in n.inputs:
@@ -275,7 +306,7 @@ def auto_boundaries(graph: Graph, stages: int, prediction: str, profile: Profile
     for k, n in enumerate(nodes):
         done += times[k]
         live = {v for v in live if last_read.get(v, -1) > k}
-        live.update(o for o in n.outputs if last_read.get(o, -1) > k)
+        live.update(o for o in n.outputs if last_read.get(o, -1) > k and o not in free)
         if len(live) == 1 and k < len(nodes) - 1:
             (v,) = live
             if v.producer is n and v.type.rank > 0:
@@ -355,7 +386,15 @@ def check_exchanges(transfers: list[_Transfer], stages: int, slots: int) -> None
             return
         if not moved:
             stuck = [f"stage {s} at exchange {pos[s]}" for s in range(stages) if pos[s] <= slots]
-            raise AssertionError(f"the pipeline's exchanges would deadlock: {', '.join(stuck)}")
+            waiting = [
+                f"{t.value.name} {t.src}->{t.dst} (slots {t.send_slot}/{t.recv_slot})"
+                for k, t in enumerate(transfers)
+                if not done[k] and (pos[t.src] == t.send_slot or pos[t.dst] == t.recv_slot)
+            ]
+            raise AssertionError(
+                f"the pipeline's exchanges would deadlock: {', '.join(stuck)}; waiting: "
+                + "; ".join(waiting[:6])
+            )
 
 
 def build_train_pipeline(
@@ -424,27 +463,33 @@ def build_train_pipeline(
     users = graph.users()
     transfers: list[_Transfer] = []
     broadcast_values = [o for o in graph.outputs if o.name in broadcast]
+    # What a stage makes, with the slot after which it is there: its nodes' results, and
+    # its state (from the start: a parameter shared with a layer of another stage, an
+    # exporter's deduplicated zeros, goes there before anything, and its gradient back).
+    sources: list[tuple[Value, int, int]] = [
+        (v, state_stage[v.name], 0) for v in graph.inputs if state_stage.get(v.name, -1) >= 0
+    ]
     for n in graph.nodes:
         s = stage_of[n]
-        if s is None:
-            continue
-        for o in n.outputs:
-            need: dict[int, int] = {}
-            for c in users.get(o, []):
-                cs = stage_of[c]
-                for dst in range(stages) if cs is None else [cs]:
-                    if dst != s:
-                        need[dst] = min(need.get(dst, groups), eff[c])
-            if o in broadcast_values:
-                for dst in range(stages):
-                    if dst != s:
-                        need[dst] = min(need.get(dst, groups), groups)
-            for dst, slot in sorted(need.items()):
-                transfers.append(_Transfer(o, s, dst, eff[n] + 1, slot))
+        if s is not None:
+            sources += [(o, s, eff[n] + 1) for o in n.outputs]
+    for o, s, ready in sources:
+        need: dict[int, int] = {}
+        for c in users.get(o, []):
+            cs = stage_of[c]
+            for dst in range(stages) if cs is None else [cs]:
+                if dst != s:
+                    need[dst] = min(need.get(dst, groups), eff[c])
+        if o in broadcast_values:
+            for dst in range(stages):
+                if dst != s:
+                    need[dst] = min(need.get(dst, groups), groups)
+        for dst, slot in sorted(need.items()):
+            transfers.append(_Transfer(o, s, dst, ready, slot))
     # Between two ranks, one order on both sides: the sender's; a receive moves earlier
     # where a value sent later is needed sooner.
     pairs: dict[tuple[int, int], list[_Transfer]] = {}
-    position = {o: k for k, o in enumerate(v for n in graph.nodes for v in n.outputs)}
+    position = {o: k for k, (o, _, _) in enumerate(sources)}
     for t in transfers:
         pairs.setdefault((t.src, t.dst), []).append(t)
     for seq in pairs.values():
