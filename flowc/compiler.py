@@ -633,23 +633,36 @@ def compile_train_pipeline(
     runs its stage's. ``prediction``: the loss's input, before which the automatic cuts
     fall."""
     times = StageTimes() if times is None else times
-    if math.prod(spec.mesh.shape[1:]) > 1:
+    per_stage = math.prod(spec.mesh.shape[1:])
+    if len(spec.mesh.shape) > 2:
         raise InputError(
             f"--pipeline {spec.stages} on mesh {dims_text(spec.mesh.shape)}: a training "
-            "pipeline runs one device per stage for now",
-            hint=f"use --mesh {spec.stages}",
+            "pipeline's stages are data parallel over one more mesh axis at most",
+            hint=f"use --mesh {spec.stages}xK",
         )
     with project_writer(out, force) as write:
         profile = load_profile(spec.stage_options.profile if spec.stage_options else None)
+        graph = step.graph
+        if per_stage > 1:
+            # Pipeline x data: the step placed by the data plan on one stage's K devices
+            # (each micro-batch's rows split, the state whole, the gradients all-reduced),
+            # then its rank program cut into stages, whose collectives act along mesh axis
+            # 1 of the whole mesh.
+            # The step's micro-batches take their rows from every rank's part of the batch
+            # (TrainSpec.microbatch_ranks), so a gradient sums its micro-batches' partial
+            # sums on the rank and is all-reduced once per step.
+            opts = ParallelOptions(Mesh("data", (per_stage,)), "data")
+            placed = times.run("parallel placement", lambda: parallelize(graph, opts))
+            graph = placed.physical.graph
         cuts = spec.boundaries
         if cuts is None:
-            cuts = auto_boundaries(step.graph, spec.stages, prediction, profile, {STEP, LR})
+            cuts = auto_boundaries(graph, spec.stages, prediction, profile, {STEP, LR})
         owned = {m: p for p, ms in step.optimizer_state.items() for m in ms}
-        boundaries = cuts
+        boundaries, placed_graph = cuts, graph
         pipe = times.run(
             "stage partition",
             lambda: build_train_pipeline(
-                step.graph,
+                placed_graph,
                 spec.stages,
                 spec.microbatches,
                 boundaries,
@@ -660,6 +673,7 @@ def compile_train_pipeline(
                 loss=LOSS,
                 broadcast=[LOSS, COUNT],
                 profile=profile,
+                mesh=spec.mesh,
             ),
         )
         scheds = times.run(
@@ -670,7 +684,7 @@ def compile_train_pipeline(
         files, weights, _ = times.run(
             "code generation",
             lambda: generate_train_pipeline(
-                step.graph,
+                placed_graph,
                 [st.graph for st in pipe.stages],
                 scheds,
                 plans,

@@ -531,7 +531,7 @@ def compile_step(
 
 
 def pipeline_step_spec(
-    spec: TrainSpec, batch: int | None, microbatches: int
+    spec: TrainSpec, batch: int | None, microbatches: int, ranks_per_stage: int = 1
 ) -> tuple[TrainSpec, int]:
     """A pipeline's training step: ``batch`` (the global batch) in ``microbatches`` micro-
     batches, unrolled in the step as --accumulate unrolls them. Returns the step's spec and
@@ -551,7 +551,8 @@ def pipeline_step_spec(
             f"--batch {batch} does not split into --microbatches {microbatches}",
             hint="use a micro-batch count that divides the batch",
         )
-    return dataclasses.replace(spec, accumulate=microbatches), batch // microbatches
+    spec = dataclasses.replace(spec, accumulate=microbatches, microbatch_ranks=ranks_per_stage)
+    return spec, batch // microbatches
 
 
 def _compile_pipeline_step(
@@ -585,7 +586,8 @@ def _compile_pipeline_step(
             f"--recompute {spec.recompute} applies to one-device steps for now",
             hint="leave --recompute out with --pipeline",
         )
-    spec, micro = pipeline_step_spec(spec, batch, placement.microbatches)
+    k = placement.mesh.size // placement.stages
+    spec, micro = pipeline_step_spec(spec, batch, placement.microbatches, k)
     spec = dataclasses.replace(spec, mem_limit=None)
     progress(
         f"building the training step of {Path(model_path).name}: {placement.microbatches} "
@@ -594,7 +596,8 @@ def _compile_pipeline_step(
     step = load_training(opts.model, spec, batch=micro)
     progress(
         f"cutting the step into {placement.stages} pipeline stages "
-        f"({placement.schedule or '1f1b'}, one device each)"
+        f"({placement.schedule or '1f1b'}, "
+        + ("one device each)" if k == 1 else f"{k} devices each, data parallel)")
     )
     compiled = compile_train_pipeline(
         step,
@@ -840,17 +843,19 @@ def _rank_step(
     """A rank's training step: the one compile_step placed and generated (the same
     deterministic import, passes and backward), without generating it again."""
     from flowc.compiler import load_training
+    from flowc.parallel import parse_mesh
 
     opts = compile_options(
         model, target=target, **{k: v for k, v in options.items() if k != "zero"}
     )
     spec = dataclasses.replace(spec, precision=opts.schedule.precision, mem_limit=None)
     if options.get("pipeline") is not None:
-        spec, micro = pipeline_step_spec(spec, batch, int(options.get("microbatches") or 1))
+        stages = int(options["pipeline"])
+        mesh = options.get("mesh")
+        k = parse_mesh(str(mesh)).size // stages if mesh is not None else 1
+        spec, micro = pipeline_step_spec(spec, batch, int(options.get("microbatches") or 1), k)
         return load_training(opts.model, spec, batch=micro)
     if options.get("mesh") is not None:
-        from flowc.parallel import parse_mesh
-
         spec = mesh_spec(spec, parse_mesh(str(options["mesh"])).size)
     return load_training(opts.model, spec, batch=batch)
 

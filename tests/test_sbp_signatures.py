@@ -155,6 +155,54 @@ CASES += [
         has=["(S(1), S(0)) -> (S(1))", "(S(0), B) -> (S(0))"],
         lacks=["(P, B) -> (P)"],
     ),
+    # A gradient accumulation fused into one chain (g0 + g1 + g2) stays a partial sum; so
+    # does a product with one partial factor; adding a whole term to one does not.
+    Case(
+        "FusedElementwise-sum",
+        "FusedElementwise",
+        [f32(4, 8), f32(4, 8), f32(4, 8)],
+        {
+            "program": json.dumps(
+                [
+                    {"op": "Add", "args": [0, 1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                    {"op": "Add", "args": [-1, 2], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                ]
+            )
+        },
+        has=["(P, P, P) -> (P)", "(S(0), S(0), S(0)) -> (S(0))"],
+        lacks=["(P, B, B) -> (P)"],
+    ),
+    Case(
+        "FusedElementwise-scaled",
+        "FusedElementwise",
+        [f32(4, 8), f32(8), f32(4, 8)],
+        {
+            "program": json.dumps(
+                [
+                    {"op": "Mul", "args": [0, 1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                    {"op": "Neg", "args": [-1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                    {"op": "Div", "args": [-2, 1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                    {"op": "Mul", "args": [-3, 2], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                ]
+            )
+        },
+        has=["(P, B, B) -> (P)", "(B, B, P) -> (P)"],
+        lacks=["(B, P, B) -> (P)", "(P, P, P) -> (P)"],
+    ),
+    Case(
+        "FusedElementwise-affine",
+        "FusedElementwise",
+        [f32(4, 8), f32(4, 8)],
+        {
+            "program": json.dumps(
+                [
+                    {"op": "Exp", "args": [1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                    {"op": "Add", "args": [0, -1], "attrs": {}, "dtype": "f32", "shape": [4, 8]},
+                ]
+            )
+        },
+        lacks=["(P, B) -> (P)", "(P, P) -> (P)", "(B, P) -> (P)"],
+    ),
     # Q, K, V read as heads of [B, S, H * D] projections, a [B, 1, 1, S] mask, the output
     # [B, S, H, D]: batches and heads split (the mask follows the batch, is whole for a head
     # split), on meshes whose factors divide them; keys never.

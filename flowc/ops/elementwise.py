@@ -1246,6 +1246,55 @@ def _fused_flops(ins: list[TensorType | None], outs: list[TensorType], a: Attrs)
     return sum(math.prod(s["shape"]) for s in _program(a))
 
 
+# How a fused chain's steps pass partial sums: linear in the P operands (as the ops' own
+# ``linear`` sets say), or not at all. A step is "lin" (linear in the chosen inputs), "const"
+# (reads none of them) or neither.
+_LINEAR_BOTH = frozenset({"Add", "Sub"})  # lin op lin -> lin; const op const -> const
+_LINEAR_ONE = frozenset({"Mul"})  # lin * const, const * lin -> lin
+_LINEAR_UNARY = frozenset({"Neg", "Identity"})
+
+
+def _fused_linear(program: list[dict[str, Any]], chosen: set[int]) -> bool:
+    """Whether the chain's result is linear in the inputs ``chosen`` jointly."""
+    kinds: list[str] = []
+    for step in program:
+        args = [
+            None if g is None else ("lin" if g in chosen else "const") if g >= 0 else kinds[-g - 1]
+            for g in step["args"]
+        ]
+        present = [a for a in args if a is not None]
+        op, is_float = step["op"], DType.from_short(step["dtype"]).is_float
+        linear = (
+            (op in _LINEAR_BOTH and all(a == "lin" for a in present))
+            or (op in _LINEAR_ONE and sorted(present) == ["const", "lin"])
+            or (op == "Div" and is_float and present == ["lin", "const"])
+            or ((op in _LINEAR_UNARY or (op == "Cast" and is_float)) and present == ["lin"])
+        )
+        if all(a == "const" for a in present):
+            kinds.append("const")
+        else:
+            kinds.append("lin" if linear else "other")
+    return bool(kinds) and kinds[-1] == "lin"
+
+
+def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
+    """The chain's splits, and partial sums through it where it is linear in them: every
+    input (a gradient accumulation's sum of micro-batches' partial gradients stays a
+    partial sum, reduced once), or one input (a gradient scaled by a whole factor)."""
+    sigs = sr.broadcast_splits(ctx, outs)
+    program = _program(ctx.attrs)
+    present = [i for i in range(ctx.num_inputs) if ctx.has(i)]
+    candidates = [present, *([i] for i in present)] if len(present) > 1 else [present]
+    seen: set[tuple[int, ...]] = set()
+    for chosen in candidates:
+        key = tuple(chosen)
+        if key in seen or not _fused_linear(program, set(chosen)):
+            continue
+        seen.add(key)
+        sigs.append(sr.partial(ctx, outs, chosen))
+    return sigs
+
+
 defop(
     "FusedElementwise",
     FAMILY,
@@ -1253,6 +1302,6 @@ defop(
     reference=_fused_ref,
     inputs=(1, 1 << 30),
     flops=_fused_flops,
-    sbp=ew_sbp(),
+    sbp=_fused_sbp,
     emit=emit_fused,
 )

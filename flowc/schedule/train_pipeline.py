@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flowc.errors import InputError
-from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.graph import Attrs, Graph, Node, Value
+from flowc.ir.types import Mesh
 from flowc.ir.verify import verify_graph
 from flowc.ops.registry import state_writes
 from flowc.parallel.cost import Profile, kernel_time
@@ -410,12 +411,16 @@ def build_train_pipeline(
     loss: str,
     broadcast: Sequence[str],
     profile: Profile,
+    mesh: Mesh | None = None,
 ) -> TrainPipeline:
     """The stage programs of training step ``graph`` (M micro-batches unrolled): see the
     module docstring. ``batch``: the batch inputs, which every stage program takes (the
     stages read theirs); ``broadcast``: outputs every stage reports (the loss and the label
-    count, made on the last stage)."""
+    count, made on the last stage). ``mesh``: the whole mesh (P, K) when each stage's K
+    devices run ``graph`` as a data-parallel rank program (its collectives along mesh axis
+    1 of the whole mesh; its exchanges between ranks at the same place in their stages)."""
     order = group_order(schedule, stages, microbatches)
+    k = 1 if mesh is None else mesh.size // stages
     stage_of, state_stage = assign_stages(graph, stages, boundaries, owned, global_inputs, loss)
     empty = [s for s in range(stages) if not any(v == s for v in stage_of.values())]
     if empty:
@@ -550,7 +555,7 @@ def build_train_pipeline(
                     n.op,
                     [get(i) if i is not None else None for i in n.inputs],
                     [o.type for o in n.outputs],
-                    n.attrs,
+                    _on_whole_mesh(n.attrs, mesh) if k > 1 and mesh is not None else n.attrs,
                     name=n.name,
                     output_names=[o.name for o in n.outputs],
                 )
@@ -572,6 +577,7 @@ def build_train_pipeline(
                 {
                     "send_to": [t.dst - s for t in out_t],
                     "recv_from": [t.src - s for t in in_t],
+                    "ranks_per_stage": k,
                     "shapes": [list(t.value.type.shape) for t in in_t],
                     "dtypes": [t.value.type.dtype.onnx for t in in_t],
                 },
@@ -595,6 +601,20 @@ def build_train_pipeline(
     pipe = TrainPipeline(result, microbatches, schedule, order, state_stage)
     pipe.modeled = _model(graph, stage_of, forward, tag, order, microbatches, profile, transfers)
     return pipe
+
+
+def _on_whole_mesh(attrs: Attrs, mesh: Mesh) -> Attrs:
+    """A stage rank program's node on the whole mesh: what acted along mesh axis a of a
+    stage's devices acts along axis a + 1 (axis 0 being the pipeline's)."""
+    if attrs.get("mesh") is None:
+        return attrs
+    out = dict(attrs.items())
+    out["mesh"] = list(mesh.shape)
+    if "mesh_axis" in out:
+        out["mesh_axis"] = int(out["mesh_axis"]) + 1
+    if out.get("shard_axes") is not None:
+        out["shard_axes"] = [int(a) + 1 for a in out["shard_axes"]]
+    return Attrs(out)
 
 
 def _values_of(g: Graph, vmap: dict[Value, Value], s: int) -> Callable[[Value], Value]:

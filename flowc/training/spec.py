@@ -103,6 +103,10 @@ class TrainSpec:
     # float32; fp16 with dynamic loss scaling, ``scaling``).
     precision: str = "fp32"
     scaling: LossScaling = field(default_factory=lambda: LossScaling())
+    # A micro-batch's rows spread over this many data-parallel ranks (a pipeline's stages on
+    # K devices each): micro-batch k is rows k*b/K.. of each rank's contiguous K-th of the
+    # step's rows, so that a rank's rows of every micro-batch are its own part of the batch.
+    microbatch_ranks: int = 1
 
 
 def _split(text: str, what: str) -> tuple[str, str]:

@@ -192,8 +192,31 @@ def _loss_sum(b: GraphBuilder, spec: LossSpec, pred: Value, target: Value | None
     return _sum_all(b, per)
 
 
-def _rows(b: GraphBuilder, v: Value, k: int, per: int) -> Value:
-    """Rows [k per, (k+1) per) of ``v`` (axis 0): micro-batch k."""
+def _rows(b: GraphBuilder, v: Value, k: int, per: int, ranks: int = 1) -> Value:
+    """Micro-batch k of ``v``'s rows: rows [k per, (k+1) per) (axis 0); with ``ranks`` R,
+    rows [k per/R, (k+1) per/R) of each of the R equal parts of the rows (see
+    TrainSpec.microbatch_ranks)."""
+    if ranks > 1:
+        if per % ranks:
+            raise InputError(
+                f"a micro-batch of {per} rows does not split over {ranks} data-parallel ranks",
+                hint=f"use a --batch whose micro-batches divide by {ranks}",
+            )
+        rest = list(v.type.shape[1:])
+        parts = v.type.shape[0] // per
+        shape = b.constant("train/rank_rows", np.asarray([ranks, parts, per // ranks, *rest]))
+        grid = b.emit("Reshape", [v, shape])[0]
+        one = b.emit(
+            "Slice",
+            [
+                grid,
+                b.constant("train/starts", np.asarray([k], np.int64)),
+                b.constant("train/ends", np.asarray([k + 1], np.int64)),
+                b.constant("train/axes", np.asarray([1], np.int64)),
+            ],
+        )[0]
+        flat = b.constant("train/micro_rows", np.asarray([per, *rest]))
+        return b.emit("Reshape", [one, flat])[0]
     return b.emit(
         "Slice",
         [
@@ -325,10 +348,10 @@ def _loss_and_gradients(
             )
             graph.inputs.remove(big)
             graph.inputs[graph.inputs.index(v)] = big
-            first = _rows(b, big, 0, rows)
+            first = _rows(b, big, 0, rows, spec.microbatch_ranks)
             graph.replace_uses(v, first)
             for k in range(1, k_count):
-                micro[k][first] = _rows(b, big, k, rows)
+                micro[k][first] = _rows(b, big, k, rows, spec.microbatch_ranks)
         # Micro-batch k's dropouts draw with key step * K + k: no two micro-batches or
         # steps draw the same mask.
         drops = [n for n in forward if n.op == "TrainDropout" or _fused_dropout(n)]
@@ -362,7 +385,11 @@ def _loss_and_gradients(
             pred_k = _wide(b, copies[model_pred])
             for r in buffers:
                 buffers[r] = copies[first_nexts[r]]
-        target_k = target if target is None or k_count == 1 else _rows(b, target, k, rows)
+        target_k = (
+            target
+            if target is None or k_count == 1
+            else _rows(b, target, k, rows, spec.microbatch_ranks)
+        )
         s_k = _loss_sum(b, spec.loss, pred_k, target_k)
         total = s_k if total is None else b.emit("Add", [total, s_k])[0]
         seed = b.emit("Div", [s_k, denom])[0]
