@@ -5,6 +5,10 @@ the producer's result is read only by that consumer (and is not a graph output),
 as many elements as the consumer's result, so fusing never recomputes a value per element of
 a bigger broadcast. Broadcasting inside a group is fine: every operand is read at the group
 output's coordinates through its own broadcast strides.
+
+A group runs where its last member stood. In a training step a producer stays apart when
+joining would carry two or more of its full-size inputs past other kernels (a gradient
+accumulation's running sum, fused, would hold every micro-batch's gradient to the end).
 """
 
 from __future__ import annotations
@@ -57,10 +61,30 @@ def program_of(members: list[Node]) -> tuple[list[Value], str]:
     return externals, json.dumps(steps, sort_keys=True, separators=(",", ":"))
 
 
+def _held_longer(graph: Graph, group: list[Node], at: int, position: dict[Node, int]) -> bool:
+    """Whether fusing ``group`` into a consumer at position ``at`` would keep two or more of
+    its full-size inputs alive across other work (a kernel that is not element-wise) where
+    alone it would have reduced them to one result there: a gradient accumulation's sum
+    of micro-batches, fused, would keep every micro-batch's gradient until the last."""
+    last = position[group[-1]]
+    if not any(not fusible(graph.nodes[k]) for k in range(last + 1, at)):
+        return False
+    inside = {m.outputs[0] for m in group}
+    out = group[-1].outputs[0]
+    big = {
+        i
+        for m in group
+        for i in m.inputs
+        if i is not None and i not in inside and i.const is None and i.type.numel == out.type.numel
+    }
+    return len(big) >= 2
+
+
 @register_pass("fuse_elementwise")
 def fuse_elementwise(graph: Graph) -> Graph:
     users = graph.users()
     outputs = graph.kept()
+    position = {n: k for k, n in enumerate(graph.nodes)}
     group_of: dict[Value, list[Node]] = {}  # a group's result -> its members, in order
     for node in graph.nodes:
         if not fusible(node):
@@ -72,6 +96,8 @@ def fuse_elementwise(graph: Graph) -> Graph:
                 continue
             if len(users.get(i, [])) != 1 or i.type.numel != out.type.numel:
                 continue
+            if graph.state and _held_longer(graph, group_of[i], position[node], position):
+                continue  # a training step's memory: see _held_longer
             members.extend(group_of.pop(i))
         members.append(node)
         group_of[out] = members
