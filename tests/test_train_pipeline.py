@@ -23,6 +23,7 @@ from flowc.trainer import compile_step, pipeline_step_spec, spec_from
 
 MLP = SHARED_MODELS / "mlp.onnx"
 LOSS = "cross_entropy:/m/m.2/Gemm_output_0,labels"
+CUT = "/m/m.0/Gemm_output_0"
 
 
 def _compiled(tmp: Path, microbatches: int, schedule: str, mesh: tuple[int, ...] = (2,)):
@@ -85,9 +86,9 @@ def test_pipeline_by_data_all_reduces_each_gradient_once_per_step(tmp_path: Path
     reduces = [n for n in first.nodes if n.op == "AllReduce"]
     assert sorted(tuple(n.inputs[0].type.shape) for n in reduces) == [(256,), (256, 64)]
     assert all(n.attrs["mesh_axis"] == 1 and list(n.attrs["mesh"]) == [2, 2] for n in reduces)
-    # The cut value crosses as each rank's half of the micro-batch's rows.
+    # The cut value crosses as each rank's half of the micro-batch's 4 rows.
     sent = [v for n in first.nodes if n.op == "Exchange" for v in n.inputs]
-    assert {tuple(v.type.shape) for v in sent} == {(1, 256)}
+    assert {tuple(v.type.shape) for v in sent} == {(16 // 4 // 2, 256)}
 
 
 def _t(name: str, src: int, dst: int, send: int, recv: int) -> _Transfer:
@@ -123,7 +124,11 @@ def _train(tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     [
         (["--batch", "8", "--pipeline", "2", "--accumulate", "2"], "are the accumulation"),
         (["--batch", "6", "--pipeline", "2", "--microbatches", "4"], "does not split"),
-        (["--batch", "8", "--pipeline", "3", "--microbatches", "2"], "would have no work"),
+        (["--batch", "8", "--pipeline", "5", "--microbatches", "2"], "too few for 5 stages"),
+        (
+            ["--batch", "8", "--pipeline", "3", "--stage-boundary", f"{CUT},{CUT}"],
+            "would have no work",
+        ),
         (
             ["--batch", "8", "--pipeline", "2", "--stage-boundary", "nope"],
             "not a value of the training step",
