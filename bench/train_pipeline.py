@@ -35,6 +35,7 @@ from flowc.trainer import compile_step, spec_from  # noqa: E402
 
 MLP = ROOT / "tests" / "data" / "models" / "mlp.onnx"
 BERT = ROOT / "tests" / "data" / "models" / "bert_tiny.onnx"
+RESNET = ROOT / "tests" / "data" / "models" / "resnet_tiny.onnx"
 # name, model, mesh, stages, micro-batches, schedule
 PLANS = [
     ("mlp 1f1b P2 M4", "mlp", "2", 2, 4, "1f1b"),
@@ -44,10 +45,12 @@ PLANS = [
     ("mlp 1f1b 2x2 M4", "mlp", "2x2", 2, 4, "1f1b"),
     ("bert 1f1b P2 M2", "bert", "2", 2, 2, "1f1b"),
     ("bert gpipe P2 M4", "bert", "2", 2, 4, "gpipe"),
+    ("resnet 1f1b P2 M2", "resnet", "2", 2, 2, "1f1b"),
 ]
 MODELS = {
     "mlp": (MLP, "cross_entropy:/m/m.2/Gemm_output_0,labels", "adamw:lr=0.01", 8, ()),
     "bert": (BERT, "mse:pooler_output,target", "adamw:lr=0.001,eps=1e-6", 8, ("seq=16",)),
+    "resnet": (RESNET, "mse:pooler_output,target", "adamw:lr=0.001", 4, ()),
 }
 
 
@@ -56,6 +59,11 @@ def _data(tmp: Path, model: str) -> dict[str, Path]:
     if model == "mlp":
         x = rng.standard_normal((40, 64)).astype(np.float32)
         arrays = {"x": x, "labels": (x @ rng.standard_normal((64, 10))).argmax(1).astype(np.int64)}
+    elif model == "resnet":
+        arrays = {
+            "pixel_values": rng.standard_normal((16, 3, 64, 64)).astype(np.float32),
+            "target": rng.standard_normal((16, 128, 1, 1)).astype(np.float32),
+        }
     else:
         mask = np.ones((16, 16), np.int64)
         mask[:, 11:] = 0

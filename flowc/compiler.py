@@ -943,6 +943,12 @@ def compile_model(
     )
     if isinstance(popts, PipelineSpec):
         spec = popts
+        if spec.schedule is not None:
+            raise InputError(
+                "--pipeline-schedule orders a training pipeline's forwards and backwards; an "
+                "inference pipeline streams its micro-batches forward",
+                hint="leave --pipeline-schedule out, or compile the training step (--train)",
+            )
         _check_stage_layouts(graph, spec)
         progress(
             f"cutting {len(graph.nodes)} nodes into {spec.stages} pipeline stages on mesh "

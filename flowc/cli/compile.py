@@ -84,13 +84,7 @@ def compile_cmd(
     if train or training != TrainArgs():
         import dataclasses
 
-        if parallel.pipeline is not None:
-            raise InputError(
-                "--train places a step on a mesh (--mesh N --parallel data|auto); --pipeline "
-                "compiles inference programs for now",
-                hint="leave --pipeline out",
-            )
-        if parallel.mesh is None:
+        if parallel.mesh is None and parallel.pipeline is None:
             training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
         _compile_training(
             model, project, target, arch, prefix, force, schedule, train, training, parallel
@@ -148,7 +142,17 @@ def compile_model(
 
 
 def _placement_options(parallel: ParallelArgs) -> dict[str, Any]:
-    """compile_step's keywords for the placement options given (none without --mesh)."""
+    """compile_step's keywords for the placement options given (none without --mesh or
+    --pipeline)."""
+    if parallel.pipeline is not None:
+        return {
+            "zero": parallel.zero or 0,
+            "mesh": parallel.mesh,
+            "pipeline": parallel.pipeline,
+            "microbatches": parallel.microbatches,
+            "stage_boundary": parallel.stage_boundary,
+            "pipeline_schedule": parallel.pipeline_schedule,
+        }
     if parallel.mesh is None:
         return {"zero": parallel.zero or 0}
     return {
@@ -209,11 +213,14 @@ def _compile_training(
         **_placement_options(parallel),
     )
     shown = shlex.quote(str(project))
+    # run() of a program placed on several devices infers nothing yet.
+    one_device = parallel.mesh is None and parallel.pipeline is None
     out.print(
         f"wrote {shown}/: the training step of {model.path.name} ({len(step.params)} trained "
         f"parameters; batch inputs {', '.join(step.batch)}; the model keeps "
         f"{len(step.graph.state)} state tensors on the device, updated in place: "
-        "model.h's train_step; run() infers with them); build it with: flowc build "
+        f"model.h's train_step{'; run() infers with them' if one_device else ''}); build it "
+        "with: flowc build "
         f"{shown}" + (f" --target {chosen}" if target is None and chosen != "host" else ""),
         markup=False,
     )
