@@ -13,10 +13,13 @@ then every node gets a stage:
   parameters, constants and the batch (a transposed weight, a label count) take the
   earliest stage that reads them.
 - A parameter (or batch-norm statistic) lives on the earliest stage whose forward reads it;
-  its optimizer state with it. A node reading one runs on its stage (a weight's gradient,
-  its update); a backward node reading forward values runs on the latest of their stages
-  (a layer's backward next to its stashed activations); one reading only gradients runs on
-  the earliest stage that uses its result (a bias gradient where its update is).
+  its optimizer state with it. A backward node runs beside the forward node it
+  differentiates (autodiff names it "<forward node>/grad/..."): next to its stashed
+  activations. Of the rest, a node reading state runs on its stage (an update), one
+  reading forward values on the latest of their stages, and one reading only gradients on
+  the earliest stage that uses its result (a gradient's sum over the micro-batches where
+  its update is). A weight shared by layers of two stages is sent from its own at the
+  start; its gradients come back.
 - Nodes that read only the step counter, the learning rate and constants (the schedule's
   rate, dropout keys, the next step count) run on every stage: each keeps its own counter.
 
@@ -37,7 +40,7 @@ its own) and refuses an order that would deadlock.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from flowc.errors import InputError
@@ -164,8 +167,13 @@ def assign_stages(
         at = max(staged, default=-1)
         for o in n.outputs:
             j = index.get(_base_name(o.name)[0])
+            if j is not None and at > j - 1:
+                raise InputError(
+                    f"--stage-boundary {boundaries[j - 1]!r} is made after "
+                    f"{boundaries[at - 1]!r}: the cuts must follow the forward's order",
+                )
             if j is not None:
-                at = max(at, j - 1)
+                at = j - 1
         if at < 0:
             pending.append(n)
             continue
@@ -266,7 +274,7 @@ def auto_boundaries(
     stages: int,
     prediction: str,
     profile: Profile,
-    global_inputs: set[str] = frozenset(),  # type: ignore[assignment]
+    global_inputs: Collection[str] = (),
 ) -> list[str]:
     """P-1 cut values for the step's forward: among the values micro-batch 0's forward makes
     before ``prediction`` (the loss's input) that are the only value crossing their point
