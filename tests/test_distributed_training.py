@@ -278,6 +278,18 @@ def test_bert_tiny_with_dropout_trains_the_single_device_weights(
     assert _worst(want, _bert_train(tmp, plan, "--mesh", "2", *extra)) < 1e-5
 
 
+def test_bert_tiny_with_dropout_on_a_pipeline_trains_the_single_device_weights(
+    bert_single: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """The transformer cut into 2 stages (the automatic cut balances the forward), its
+    batch of 4 in 2 micro-batches under 1F1B: micro-batch k's dropouts (after the norms,
+    in the fused attention, and their backward) draw the masks of rows 2k.. of the
+    one-device batch, so the pipeline trains the one-device weights within 1e-5."""
+    tmp, want = bert_single
+    got = _bert_train(tmp, "pipe", "--pipeline", "2", "--microbatches", "2")
+    assert _worst(want, got) < 1e-5
+
+
 HUGE = {
     # example: (model, data, optimizer, batch, the search's line for the split layer)
     "embedding": (

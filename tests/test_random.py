@@ -107,8 +107,12 @@ def test_train_dropout_kernel_on_the_host_equals_the_reference(tmp_path: Path) -
     b = GraphBuilder(g)
     x = g.add_input("x", TensorType((3, 5, 7), DType.F32))
     step = g.add_input("step", TensorType((), DType.I64))
-    y = b.emit("TrainDropout", [x, step], {"ratio": 0.4, "seed": 2**40 + 5, "stream": 3})[0]
-    g.outputs = [y]
+    attrs = {"ratio": 0.4, "seed": 2**40 + 5, "stream": 3}
+    y = b.emit("TrainDropout", [x, step], attrs)[0]
+    # Micro-batch 2 of a step's micro-batches of 3 rows: rows 6..8 of the step's masks (an
+    # offset of 2 * 105 elements, not a whole Philox block of 4 from the start).
+    z = b.emit("TrainDropout", [x, step], {**attrs, "offset": 2 * 105})[0]
+    g.outputs = [y, z]
     compile_graph(g, tmp_path / "out")
     build(tmp_path / "out", "host", quick=True)
     xs = np.random.default_rng(1).standard_normal((3, 5, 7)).astype(np.float32)
@@ -117,3 +121,7 @@ def test_train_dropout_kernel_on_the_host_equals_the_reference(tmp_path: Path) -
         keep = dropout_keep(xs.shape, 0.4, seed=2**40 + 5, stream=3, step=s)
         want = np.where(keep, xs * np.float32(1 / 0.6), np.float32(0))
         np.testing.assert_array_equal(got[y.name], want)
+        step_keep = dropout_keep((9, 5, 7), 0.4, seed=2**40 + 5, stream=3, step=s)[6:]
+        want = np.where(step_keep, xs * np.float32(1 / 0.6), np.float32(0))
+        np.testing.assert_array_equal(got[z.name], want)
+        assert not np.array_equal(got[y.name], got[z.name])

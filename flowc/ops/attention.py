@@ -448,9 +448,10 @@ def _dropout_scale(
         for m in _shard_digits(a, letters)[letter]:
             chunk = chunk * int(a["mesh"][m]) + int(a["coords"][m])
         first[letter] = chunk * local
-    whole = (int(a["sizes"][0]), int(a["sizes"][1]), g.sq, g.sk)
+    b0 = int(a["dropout_batch0"])
+    whole = (b0 + int(a["sizes"][0]), int(a["sizes"][1]), g.sq, g.sk)
     keep = dropout_keep(whole, ratio, int(a["seed"]), int(a["dropout_stream"]), int(key))
-    keep = keep[first["b"] : first["b"] + g.b, first["h"] : first["h"] + g.h]
+    keep = keep[b0 + first["b"] : b0 + first["b"] + g.b, first["h"] : first["h"] + g.h]
     return np.where(keep, 1.0 / (1.0 - ratio), 0.0)
 
 
@@ -535,14 +536,15 @@ def _shard_offsets(
     prog: Program, a: Attrs, out_letters: Sequence[str], g: Geometry
 ) -> tuple[str, str]:
     """The shard's first batch and head in the whole, as C++ expressions of the rank's mesh
-    coordinates ("0" unsplit)."""
+    coordinates ("0" unsplit; the batch after dropout_batch0)."""
     out = []
     for letter, local in (("b", g.b), ("h", g.h)):
         chunk = "0"
         for m in _shard_digits(a, out_letters)[letter]:
             chunk = f"({chunk}) * {int(a['mesh'][m])} + static_cast<int64_t>({prog.mesh_coord(m)})"
         out.append(f"({chunk}) * {local}")
-    return out[0], out[1]
+    # A micro-batch's batches start further on in the step's (dropout_batch0).
+    return f"{int(a['dropout_batch0'])} + {out[0]}", out[1]
 
 
 def _out_letters(a: Attrs) -> list[str]:
@@ -640,6 +642,9 @@ defop(
         "dropout": 0.0,
         "dropout_stream": 0,
         "seed": 0,
+        # Micro-batch k of a step's micro-batches (flowc.training.step): its batches are
+        # batches dropout_batch0.. of the whole step's, whose masks it draws.
+        "dropout_batch0": 0,
         # A split with a dropout (flowc.parallel.lower): the mesh, its axes that split and
         # the output axes they split, so the kernels find their shard's place in the whole.
         "mesh": None,

@@ -71,7 +71,9 @@ def to_unit_float(words: np.ndarray) -> np.ndarray:
 # scalar: the step counter the training program keeps on the device).
 
 FAMILY = "random"
-DROPOUT_ATTRS = {"ratio": 0.5, "seed": 0, "stream": 0}
+# offset: x's elements are elements offset.. of the tensor whose masks it draws (micro-batch
+# k of a step's micro-batches: k times its size, flowc.training.step).
+DROPOUT_ATTRS = {"ratio": 0.5, "seed": 0, "stream": 0, "offset": 0}
 # The step counter a training program keeps (flowc.training.step's state): the graph input a
 # model's training dropouts read, made at import by the first of them.
 STEP_INPUT = "train/step"
@@ -150,10 +152,9 @@ def _dropout_infer(ctx: InferCtx) -> list[TensorType]:
 def _dropout_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     x, step = xs[0], xs[1]
     assert x is not None and step is not None
-    ratio = float(a["ratio"])
-    return _masked(
-        x, dropout_keep(x.shape, ratio, int(a["seed"]), int(a["stream"]), int(step)), ratio
-    )
+    ratio, off = float(a["ratio"]), int(a.get("offset", 0))
+    keep = dropout_keep((off + x.size,), ratio, int(a["seed"]), int(a["stream"]), int(step))
+    return _masked(x, keep[off:].reshape(x.shape), ratio)
 
 
 def _masked(x: np.ndarray, keep: np.ndarray, ratio: float) -> np.ndarray:
@@ -180,6 +181,22 @@ def _kernel_params(prog: Program, x: Value, a: Attrs) -> dict[str, str]:
 def _dropout_emit(prog: Program, node: Node) -> None:
     x, step, out = node.inputs[0], node.inputs[1], node.outputs[0]
     assert x is not None and step is not None
+    a = node.attrs.merged(DROPOUT_ATTRS)
+    if int(a["offset"]):
+        # Elements offset..: the shard kernel's per-element index, from there.
+        shape = list(x.type.shape) or [1]
+        name = prog.kernel(
+            "elementwise.cu.j2",
+            "train_dropout_shard",
+            **_kernel_params(prog, x, a),
+            local=shape,
+            strides=[math.prod(shape[d + 1 :]) for d in range(len(shape))],
+            split=[False] * len(shape),
+            base=int(a["offset"]),
+        )
+        n = out.type.numel
+        prog.launch(name, n, [prog.cptr(x), prog.cptr(step), prog.ptr(out), f"(int64_t){n}"])
+        return
     name = prog.kernel(
         "elementwise.cu.j2",
         "train_dropout",
@@ -279,9 +296,10 @@ def _dropout_shard_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
         for m in digits[d]:
             chunk = chunk * int(a["mesh"][m]) + int(a["coords"][m])
         box.append(slice(chunk * n, (chunk + 1) * n))
-    ratio = float(a["ratio"])
-    keep = dropout_keep(whole, ratio, int(a["seed"]), int(a["stream"]), int(step))[tuple(box)]
-    return _masked(x, keep, ratio)
+    ratio, off = float(a["ratio"]), int(a.get("offset", 0))
+    n = math.prod(whole)
+    keep = dropout_keep((off + n,), ratio, int(a["seed"]), int(a["stream"]), int(step))
+    return _masked(x, keep[off:].reshape(whole)[tuple(box)], ratio)
 
 
 def _dropout_shard_emit(prog: Program, node: Node) -> None:
@@ -298,6 +316,7 @@ def _dropout_shard_emit(prog: Program, node: Node) -> None:
         local=list(local),
         strides=strides,
         split=[bool(g) for g in digits],
+        base=int(a["offset"]),
     )
     offsets = []
     for d, n in enumerate(local):

@@ -278,7 +278,7 @@ def _stored(v: Value | None) -> Value:
 def _step_counter(graph: Graph, spec: TrainSpec) -> Value:
     """The step counter input (the model's training dropouts made it at import, else made
     here); each TrainDropout gets the training's seed (the key of its masks, with the step:
-    _loss_and_gradients keys micro-batch k of K by step * K + k instead)."""
+    micro-batch k of K draws the elements after the k before it, _copy_forward)."""
     step_in = next((v for v in graph.inputs if v.name == STEP), None)
     if step_in is None:
         return graph.add_input(STEP, TensorType((), DType.I64))
@@ -293,11 +293,6 @@ def _step_counter(graph: Graph, spec: TrainSpec) -> Value:
 def _fused_dropout(node: Node) -> bool:
     """A FusedAttention that draws a dropout of its probabilities (its key: input 5)."""
     return node.op == "FusedAttention" and float(node.attrs.get("dropout", 0.0)) > 0.0
-
-
-def _dropout_key_input(node: Node) -> int:
-    """Where a training dropout (TrainDropout, or one fused into attention) reads its key."""
-    return 5 if node.op == "FusedAttention" else 1
 
 
 def _loss_and_gradients(
@@ -352,19 +347,6 @@ def _loss_and_gradients(
             graph.replace_uses(v, first)
             for k in range(1, k_count):
                 micro[k][first] = _rows(b, big, k, rows, spec.microbatch_ranks)
-        # Micro-batch k's dropouts draw with key step * K + k: no two micro-batches or
-        # steps draw the same mask.
-        drops = [n for n in forward if n.op == "TrainDropout" or _fused_dropout(n)]
-        step_in = next((v for v in graph.inputs if v.name == STEP), None)
-        if drops and step_in is not None:
-            kk = b.constant("train/micro_batches", np.asarray(k_count, np.int64))
-            key0 = b.emit("Mul", [step_in, kk], name="train/dropout_key")[0]
-            for n in drops:
-                at = _dropout_key_input(n)
-                n.inputs = [*n.inputs[:at], key0, *n.inputs[at + 1 :]]
-            for k in range(1, k_count):
-                kc = b.constant(f"train/micro_batch{k}", np.asarray(k, np.int64))
-                micro[k][key0] = b.emit("Add", [key0, kc], name=f"train/dropout_key@mb{k}")[0]
         # The slices run before the model's nodes that read them.
         graph.nodes = graph.nodes[first_new:] + graph.nodes[:first_new]
     target = _target_input(graph, spec.loss, pred, rows * k_count)
@@ -420,14 +402,24 @@ def _copy_forward(
     graph: Graph, forward: list[Node], inputs: dict[Value, Value], k: int
 ) -> dict[Value, Value]:
     """The nodes ``forward`` once more for micro-batch ``k``, reading ``inputs`` in place of
-    the batch inputs (parameters and constants shared): original value -> its copy."""
+    the batch inputs (parameters and constants shared): original value -> its copy. A
+    training dropout of the copy draws the masks of the elements after the k micro-batches
+    before it (rows k*B.. on a batch axis 0): one step of K*B rows draws the same, and no
+    two micro-batches draw alike; its backward (the same op) follows."""
     copies = dict(inputs)
     for n in forward:
+        attrs = n.attrs
+        x = n.inputs[0] if n.inputs else None
+        if n.op == "TrainDropout" and x is not None:
+            attrs = Attrs({**dict(n.attrs.items()), "offset": k * x.type.numel})
+        elif _fused_dropout(n):
+            batch = int(n.attrs["sizes"][0])
+            attrs = Attrs({**dict(n.attrs.items()), "dropout_batch0": k * batch})
         node = graph.add_node(
             n.op,
             [None if i is None else copies.get(i, i) for i in n.inputs],
             [o.type for o in n.outputs],
-            n.attrs,
+            attrs,
             name=f"{n.name}@mb{k}" if n.name else "",
             output_names=[f"{o.name}@mb{k}" for o in n.outputs],
         )
