@@ -1151,6 +1151,7 @@ def generate_pipeline(
             "output_strides": pipe.output_strides,
             # Rank 0 of the last stage holds the outputs and writes them.
             "output_rank": (p - 1) * k,
+            "train": False,
         },
     )
     return files, all_weights, [c.prog.ops for c in codes]
