@@ -165,3 +165,12 @@ def test_a_pipeline_step_builds_for_cuda_without_a_warning(tmp_path: Path) -> No
     )  # fmt: skip
     bdir = build(project.path, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+
+
+def test_inspect_train_refuses_a_placement_it_would_not_show() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "flowc", "inspect", str(MLP), "--train", "--loss", LOSS,
+         "--optimizer", "adamw:lr=0.01", "--batch", "8", "--pipeline", "2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "shows the step on one device" in r.stderr, r.stderr

@@ -92,6 +92,13 @@ def inspect(
     if train or training != TrainArgs():
         import dataclasses
 
+        if parallel.mesh is not None or parallel.pipeline is not None:
+            raise InputError(
+                "flowc inspect --train shows the step on one device; a mesh's or a "
+                "pipeline's placement of it is printed by the compile",
+                hint="flowc compile MODEL --train ... --mesh/--pipeline ... -o OUT (or flowc "
+                "train)",
+            )
         training = dataclasses.replace(training, mem_limit=parallel.mem_limit)
         _inspect_training(model, train, training, memory, print_ir, precision)
         return
