@@ -72,8 +72,10 @@ class TrainPipeline:
     order: Schedule  # per stage, the (phase, micro-batch) groups in firing order
     # Each state input's stage (-1: every stage holds its own copy).
     state_stage: dict[str, int] = field(default_factory=dict)
-    # The modeled run of the groups (the profile's times per stage), bubble included.
+    # The modeled run of the groups (the profile's times per stage), bubble included, and
+    # each cut's modeled transfer of one micro-batch.
     modeled: PipelineRun | None = None
+    transfer_s: list[float] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         p, m = len(self.stages), self.microbatches
@@ -91,12 +93,20 @@ class TrainPipeline:
                 f"{self.modeled.bubble:.3f} (the formula (P-1)/(M+P-1): {ideal:.3f}); "
                 f"micro-batches in flight per stage: {self.modeled.max_in_flight}"
             )
+            busy = ", ".join(f"{b * 1e6:.1f}" for b in self.modeled.busy_s)
+            cuts = ", ".join(f"{t * 1e6:.1f}" for t in self.transfer_s) or "none"
+            out.append(
+                f"modeled step {self.modeled.makespan * 1e6:.1f} us: compute per stage {busy} "
+                f"us; a micro-batch's transfer per cut {cuts} us (beside the compute)"
+            )
         return out
 
 
 def group_order(schedule: str, stages: int, microbatches: int) -> Schedule:
     if schedule not in SCHEDULES:
-        raise InputError(f"--schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        raise InputError(
+            f"--pipeline-schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}"
+        )
     if schedule == "gpipe":
         return gpipe(stages, microbatches, backward=True)
     return one_f_one_b(stages, microbatches)
@@ -607,7 +617,9 @@ def build_train_pipeline(
         verify_graph(g)
         result.append(stage)
     pipe = TrainPipeline(result, microbatches, schedule, order, state_stage)
-    pipe.modeled = _model(graph, stage_of, forward, tag, order, microbatches, profile, transfers)
+    pipe.modeled, pipe.transfer_s = _model(
+        graph, stage_of, forward, order, microbatches, profile, transfers
+    )
     return pipe
 
 
@@ -642,12 +654,11 @@ def _model(
     graph: Graph,
     stage_of: dict[Node, int | None],
     forward: set[Node],
-    tag: dict[Node, int],
     order: Schedule,
     microbatches: int,
     profile: Profile,
     transfers: list[_Transfer],
-) -> PipelineRun:
+) -> tuple[PipelineRun, list[float]]:
     """The groups' modeled run: each stage's forward and backward time per micro-batch (its
     nodes' kernel times, averaged over the micro-batches), each cut's transfer time."""
     stages = len(order)
@@ -662,10 +673,12 @@ def _model(
             f_s[s] += secs / microbatches
         else:
             b_s[s] += secs / microbatches
+    # A cut's transfer: one micro-batch's share of the bytes crossing it, the larger way
+    # (forward activations or backward gradients), in one exchange.
     link = profile.axis_link(0)
-    cut = [0.0] * max(0, stages - 1)
+    ways = [[0, 0] for _ in range(max(0, stages - 1))]
     for t in transfers:
         if abs(t.dst - t.src) == 1:
-            c = min(t.src, t.dst)
-            cut[c] = max(cut[c], link.alpha + t.value.type.nbytes / link.bandwidth)
-    return simulate(order, microbatches, f_s, b_s, cut)
+            ways[min(t.src, t.dst)][int(t.src > t.dst)] += t.value.type.nbytes
+    cut = [link.alpha + max(w) / microbatches / link.bandwidth for w in ways]
+    return simulate(order, microbatches, f_s, b_s, cut), cut
