@@ -42,7 +42,9 @@ from flowc.codegen.project import project_writer
 from flowc.errors import InputError
 from flowc.formatting import dims_text
 from flowc.frontend import ImportOptions, load_graph
+from flowc.ir.fit_dims import annotate_symbols
 from flowc.ir.graph import Graph, Node
+from flowc.ir.symbolic import DimRange
 from flowc.ir.types import Mesh
 from flowc.ir.verify import verify_graph
 from flowc.memory.plan import MemoryPlan, Order, plan_memory
@@ -51,7 +53,9 @@ from flowc.options import (
     ModelArgs,
     ParallelArgs,
     parse_bytes,
+    parse_dim_ranges,
     parse_dim_values,
+    parse_shape_ranges,
     parse_shapes,
 )
 from flowc.parallel import (
@@ -728,27 +732,95 @@ def load_model(
     ``.flow`` program's placements (``@ S(1)``) are kept only for a graph to be ``placed``
     (the passes keep such values as they are); elsewhere they do not apply."""
     times = StageTimes() if times is None else times
-    opts = ImportOptions(
-        shapes=parse_shapes(model.shapes), dims=parse_dim_values(model.dims), weights=model.weights
-    )
-    graph = times.run("import", lambda: load_graph(model.path, opts))
-    if graph.state and (placed or precision != "fp32"):
-        # A training step (a printed step's `state` declarations) runs on one device in fp32.
-        raise InputError(
-            f"{model.path.name} is a training step (it declares state): it compiles for one "
-            "device in fp32 for now",
-            hint="leave out --mesh, --pipeline and --precision",
+    static_dims, ranges = parse_dim_ranges(model.dims)
+    shapes, shape_ranges = parse_shape_ranges(model.shapes)
+    by_shape = _shape_symbols(model, shape_ranges, ranges)
+
+    def build(sizes: Mapping[str, int], record: bool) -> Graph:
+        at_shapes = {n: list(d) for n, d in shapes.items()}
+        for (n, k), sym in by_shape.items():
+            at_shapes[n][k] = sizes[sym]
+        is_flow = model.path.suffix.lower() == ".flow"
+        opts = ImportOptions(
+            shapes={n: tuple(d) for n, d in at_shapes.items()},
+            dims={**static_dims, **({} if is_flow else sizes)},
+            weights=model.weights,
+            sizes=sizes if is_flow else {},
         )
-    if not placed:
-        for v in graph.values():
-            v.sbp = None
-    pm = PassManager(pass_list(precision, compiled, placed), dump_after=set(model.dump_after))
-    graph = pm.run(graph)
-    times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
-    for name, text in pm.dumps:
-        if dump is not None:
-            dump(name, text)
-    return graph
+        graph = load_graph(model.path, opts)
+        if graph.state and (placed or precision != "fp32"):
+            # A training step (a printed step's `state` declarations) runs on one device in fp32.
+            raise InputError(
+                f"{model.path.name} is a training step (it declares state): it compiles for one "
+                "device in fp32 for now",
+                hint="leave out --mesh, --pipeline and --precision",
+            )
+        if not placed:
+            for v in graph.values():
+                v.sbp = None
+        dump_after = set(model.dump_after) if record else set()
+        pm = PassManager(pass_list(precision, compiled, placed), dump_after=dump_after)
+        graph = pm.run(graph)
+        if record:
+            times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
+            for name, text in pm.dumps:
+                if dump is not None:
+                    dump(name, text)
+        return graph
+
+    if model.path.suffix.lower() == ".flow":
+        # a program declares its own symbols (dim batch: 1..64), each read at its bound
+        graph = times.run("import", lambda: build({}, True))
+        ranges = dict(graph.symbols)
+    elif ranges:
+        graph = times.run("import", lambda: build({s: r.hi for s, r in ranges.items()}, True))
+    else:
+        return times.run("import", lambda: build({}, True))
+    if not ranges:
+        return graph
+    if placed:
+        raise InputError(
+            "symbolic dims (" + ", ".join(f"{s}={r}" for s, r in ranges.items()) + ") are for "
+            "one device for now: a mesh or pipeline splits a program of one size",
+            hint="fix the dims with --dim NAME=N to place the program",
+        )
+    return times.run(
+        "symbolic dims", lambda: annotate_symbols(graph, ranges, lambda p: build(p, False))
+    )
+
+
+def _shape_symbols(
+    model: ModelArgs,
+    shape_ranges: Mapping[tuple[str, int], DimRange],
+    ranges: dict[str, DimRange],
+) -> dict[tuple[str, int], str]:
+    """The symbol each range in --shape sets (the model's name for that dim), added to
+    ``ranges``."""
+    if not shape_ranges:
+        return {}
+    if model.path.suffix.lower() != ".onnx":
+        raise InputError("a range in --shape is for ONNX models")
+    from flowc.frontend.onnx import input_dim_symbols
+
+    named = input_dim_symbols(model.path)
+    found: dict[tuple[str, int], str] = {}
+    for (name, k), r in shape_ranges.items():
+        dims = named.get(name)
+        sym = dims[k] if dims is not None and k < len(dims) else None
+        if sym is None:
+            raise InputError(
+                f"--shape {name}: dim {k} is a range, but the model gives that dim no name "
+                "(a dim_param) to make it a symbol",
+                hint="rewrite the model with named dynamic axes, or give the dim one size",
+            )
+        if sym in ranges and ranges[sym] != r:
+            raise InputError(
+                f"--shape {name}: dim {k} ({sym!r}) is {r} but {ranges[sym]} elsewhere",
+                hint="inputs that share a symbolic dimension share its range",
+            )
+        ranges[sym] = r
+        found[(name, k)] = sym
+    return found
 
 
 Target = ParallelOptions | PipelineSpec | None

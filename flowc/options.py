@@ -10,8 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flowc.errors import InputError
+
+if TYPE_CHECKING:
+    from flowc.ir.symbolic import DimRange
 
 # -- parsing option values ---------------------------------------------------------------------
 
@@ -66,6 +70,12 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
         name, sep, value = item.rpartition("=")
         if not sep or not name:
             raise InputError(f"--dim {item!r}: expected SYMBOL=N", hint="e.g. --dim batch=1")
+        if ".." in value:
+            raise InputError(
+                f"--dim {_shown(item)}: a range is for inference programs (flowc compile, "
+                "run, build); this command takes one size",
+                hint=f"e.g. --dim {name}={value.split('..')[-1].split('@')[0].strip() or 8}",
+            )
         try:
             dims[name] = int(value)
         except ValueError:
@@ -78,6 +88,69 @@ def parse_dim_values(items: Sequence[str]) -> dict[str, int]:
                 "flowc supports"
             )
     return dims
+
+
+def parse_dim_ranges(items: Sequence[str]) -> tuple[dict[str, int], dict[str, DimRange]]:
+    """``--dim`` values: the static sizes (``batch=8``) and the ranges (``batch=1..64``,
+    ``batch=1..64@8``: 8 is the size costs are weighed at)."""
+    from flowc.ir.builder import MAX_ELEMENTS
+    from flowc.ir.symbolic import MAX_SYMBOLS, DimRange, check_symbol_name, parse_range
+
+    static = parse_dim_values([i for i in items if ".." not in i.rpartition("=")[2]])
+    ranges: dict[str, DimRange] = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if ".." not in value:
+            continue
+        if not sep or not name:
+            raise InputError(
+                f"--dim {_shown(item)}: expected SYMBOL=LO..HI", hint="e.g. --dim batch=1..64"
+            )
+        try:
+            check_symbol_name(name, f"--dim {_shown(item)}")
+            r = parse_range(value, f"--dim {_shown(item)}")
+        except ValueError as e:
+            raise InputError(str(e), hint="e.g. --dim batch=1..64 or --dim batch=1..64@8") from None
+        assert isinstance(r, DimRange)
+        if r.hi > MAX_ELEMENTS:
+            raise InputError(f"--dim {_shown(item)}: a bound above {MAX_ELEMENTS}")
+        if name in static or (name in ranges and ranges[name] != r):
+            raise InputError(f"--dim {name} is given twice")
+        ranges[name] = r
+    if len(ranges) > MAX_SYMBOLS:
+        raise InputError(
+            f"--dim: {len(ranges)} ranges; a program has at most {MAX_SYMBOLS} symbolic dims"
+        )
+    return static, ranges
+
+
+def parse_shape_ranges(
+    items: Sequence[str],
+) -> tuple[dict[str, tuple[int, ...]], dict[tuple[str, int], DimRange]]:
+    """``--shape`` values where a dim may be a range (``x=1..8x3x224x224``): the shapes with
+    each range's dim at its bound, and the ranges by (input, dim)."""
+    from flowc.ir.symbolic import DimRange, parse_range
+
+    plain: list[str] = []
+    ranges: dict[tuple[str, int], DimRange] = {}
+    for item in items:
+        name, _sep, dims = item.rpartition("=")
+        if ".." not in dims:
+            plain.append(item)
+            continue
+        parts = dims.lower().replace(",", "x").split("x")
+        sizes = []
+        for k, part in enumerate(parts):
+            try:
+                r = parse_range(part, f"--shape {_shown(item)}, dim {k}")
+            except ValueError as e:
+                raise InputError(str(e), hint="e.g. --shape x=1..8x3x224x224") from None
+            if isinstance(r, DimRange):
+                ranges[(name, k)] = r
+                r = r.hi
+            sizes.append(str(r))
+        plain.append(f"{name}={'x'.join(sizes)}")
+    return parse_shapes(plain), ranges
 
 
 # The largest byte count an option takes: what an int64 (the generated program's sizes and

@@ -692,7 +692,7 @@ def test_syntax_errors_say_what_was_expected() -> None:
         len("    z = 1 +") + 1,
         "unexpected the end of the line; expected a name, a number",
     )
-    check_error("", 1, "", "the program ends too early; expected a new line, ';', 'graph'")
+    check_error("", 1, "", "the program ends too early; expected a new line, ';', 'dim', 'graph'")
     check_error(program("y = relu(x)", sig="x f32[2]"), 1, "f32", "unexpected 'f32'; expected ':'")
 
 

@@ -83,9 +83,72 @@ def broadcast_plan(
     return list(reversed(dims)), strides
 
 
+def _pointwise_sized(
+    prog: Program, values: list[Value], out: Value, steps: list[dict[str, str]], result: str
+) -> None:
+    """The pointwise kernel of a program with symbolic dims: sizes read from the run's size
+    table, each operand's offset from the output coordinates and its own dims' products."""
+    ot = out.type
+    rank = ot.rank
+    dims = [{"axis": a, "size": prog.dim(ot, a)} for a in range(rank)]
+    operands: list[dict[str, object]] = []
+    for k, v in enumerate(values):
+        t = v.type
+        op: dict[str, object] = {"ctype": ctype(t.dtype), "at": k}
+        if t.shape == ot.shape and t.sym == ot.sym:
+            op["same"] = True
+        elif t.numel == 1 and t.sym is None:
+            op["scalar"] = True
+        else:
+            if t.rank > rank:
+                raise prog.fail(f"operand {v.name!r} of type {t} does not broadcast to {ot}")
+            terms: list[str] = []
+            stride: list[str] = []
+            for j in range(t.rank - 1, -1, -1):
+                a = rank - t.rank + j
+                own = prog.dim(t, j, "sizes")
+                if t.sym is None or t.sym[j] is None:
+                    if t.shape[j] == 1:
+                        continue  # broadcast along this axis
+                    if (ot.sym is not None and ot.sym[a] is not None) or ot.shape[a] != t.shape[j]:
+                        raise prog.fail(
+                            f"operand {v.name!r} of type {t} does not broadcast to {ot} "
+                            f"(its dim {j} against the output's)"
+                        )
+                elif ot.sym is None or ot.sym[a] != t.sym[j]:
+                    raise prog.fail(
+                        f"operand {v.name!r} of type {t}: its dim {j} is not the output's ({ot})"
+                    )
+                terms.append(" * ".join([f"c{a}", *stride]))
+                stride.append(f"D{a}" if t.sym is not None and t.sym[j] is not None else own)
+            op["index"] = " + ".join(reversed(terms)) or "0"
+        op.setdefault("same", False)
+        op.setdefault("scalar", False)
+        operands.append(op)
+    total = " * ".join(f"D{a}" for a in range(rank)) or "1"
+    name = prog.kernel(
+        "elementwise.cu.j2",
+        "pointwise_sized",
+        operands=operands,
+        out_type=ctype(ot.dtype),
+        steps=steps,
+        result=result,
+        dims=dims,
+        total=total,
+    )
+    args = [*(prog.cptr(v) for v in values), prog.ptr(out)]
+    prog.launch_sized(name, prog.numel(ot), args)
+
+
 def _pointwise(prog: Program, macro: str, values: list[Value], out: Value, **body: object) -> None:
     """Render and launch the shared kernel (elementwise.cu.j2: pointwise) for operands
     ``values`` writing ``out``; ``body`` is the macro's expression part."""
+    if prog.node is not None and prog.is_sized(prog.node):
+        steps = body.get("steps", [])
+        assert isinstance(steps, list)
+        result = f"t{len(steps) - 1}" if steps else str(body["expr"])
+        _pointwise_sized(prog, values, out, steps, result)
+        return
     shape = out.type.shape
     n = math.prod(shape)
     dims, strides = broadcast_plan([v.type.shape for v in values], shape)

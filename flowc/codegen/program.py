@@ -249,6 +249,41 @@ class Program:
         # index order); run() only executes them. See library_plan().
         self.plans: dict[str, list[tuple[str, str]]] = {}
         self._modules: dict[str, Any] = {}  # template -> its module (see _macro)
+        # Symbolic dims: each symbol's slot in the run's size table (the device copy `ddims`,
+        # which kernels take as `sizes`, and the host copy `hdims` for grids and library
+        # calls; docs/dynamic.md).
+        self.slots = {s: k for k, s in enumerate(graph.symbols)}
+
+    # -- symbolic dims ---------------------------------------------------------------------
+
+    def is_sized(self, node: Node) -> bool:
+        """Whether ``node`` reads or writes a tensor of symbolic type: its code reads the
+        run's sizes."""
+        return any(v is not None and v.type.sym is not None for v in (*node.inputs, *node.outputs))
+
+    def dim(self, t: TensorType, axis: int, table: str = "sizes") -> str:
+        """Dim ``axis`` of ``t`` as C++: its size, or its polynomial over ``table`` (a kernel's
+        ``sizes``, run()'s device ``ddims`` or host ``hdims``)."""
+        sym = t.sym[axis] if t.sym is not None else None
+        if sym is None:
+            return str(t.shape[axis])
+        return sym.c_expr(self.slots, table)
+
+    def numel(self, t: TensorType, table: str = "hdims") -> str:
+        """The element count of ``t`` in this run, as C++ over ``table``."""
+        if t.sym is None:
+            return str(t.numel)
+        return " * ".join(self.dim(t, k, table) for k in range(t.rank)) or "1"
+
+    def nbytes(self, t: TensorType) -> str:
+        """The byte size of ``t`` in this run (host C++ for run()'s statements)."""
+        if t.sym is None:
+            return str(t.nbytes)
+        return f"({self.numel(t)}) * {t.dtype.itemsize}"
+
+    def grid(self, total: str, block: int = BLOCK) -> str:
+        """The grid-stride launch's block count for ``total`` (host C++) work items."""
+        return f"flowc_grid({total}, {block}, {MAX_GRID})"
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -431,6 +466,11 @@ class Program:
                 kernel, [min((total + block - 1) // block, MAX_GRID)], block, args, shared
             )
 
+    def launch_sized(self, kernel: str, total: str, args: list[str]) -> None:
+        """Launch a grid-stride kernel of a program with symbolic dims over ``total`` (host
+        C++ over hdims) work items; its last argument is the device size table."""
+        self.launch_grid(kernel, [self.grid(total)], BLOCK, [*args, "ddims"])
+
     def launch_blocks(
         self, kernel: str, blocks: int, block: int, shared: int, args: list[str]
     ) -> None:
@@ -439,9 +479,10 @@ class Program:
             self.launch_grid(kernel, [blocks], block, args, shared)
 
     def launch_grid(
-        self, kernel: str, grid: list[int], block: int, args: list[str], shared: int = 0
+        self, kernel: str, grid: list[int] | list[str], block: int, args: list[str], shared: int = 0
     ) -> None:
-        """Launch ``grid`` (x, and y when given) blocks of ``block`` threads."""
+        """Launch ``grid`` (x, and y when given) blocks of ``block`` threads (counts, or host
+        C++ expressions of them in a program with symbolic dims)."""
         self.statements.append(
             self._run(
                 "launch",
@@ -463,9 +504,9 @@ class Program:
 
     def copy(self, dst: Value, src: Value) -> None:
         """``src``'s bytes to ``dst`` (the same size) on the current stream."""
-        self.memcpy(self._raw(dst), self._raw(src), dst.type.nbytes)
+        self.memcpy(self._raw(dst), self._raw(src), self.nbytes(dst.type))
 
-    def memcpy(self, dst: str, src: str, nbytes: int) -> None:
+    def memcpy(self, dst: str, src: str, nbytes: int | str) -> None:
         """``nbytes`` bytes from the address ``src`` to ``dst`` (pointer expressions: ptr,
         cptr, maybe plus an element offset) on the current stream."""
         self.statements.append(
@@ -534,6 +575,7 @@ def emit_schedule(prog: Program, poison: bool) -> int:
     stream 0. Returns the number of events used."""
     schedule, plan = prog.schedule, prog.plan
     unsupported: dict[str, list[str]] = {}
+    unsized: dict[str, list[str]] = {}
     ns = schedule.num_streams
     fork = len(schedule.events)
     num_events = fork + (ns if ns > 1 else 0)  # the actors' events, then fork and joins
@@ -588,6 +630,8 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             prog.copy(node.outputs[0], src)
         elif opdef.emit is None:
             unsupported.setdefault(node.op, []).append(node.name)
+        elif not opdef.sized and prog.is_sized(node):
+            unsized.setdefault(node.op, []).append(node.name)
         else:
             prog.node = node
             opdef.emit(prog, node)
@@ -612,6 +656,17 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             + "\n".join(lines),
             hint="flowc eval runs these models with the NumPy reference",
         )
+    if unsized:
+        lines = [
+            f"  {op}: {len(names)} node(s), first: {names[0]!r}"
+            for op, names in sorted(unsized.items())
+        ]
+        raise CodegenError(
+            f"{len(unsized)} op type(s) have no size-generic kernel yet, for tensors of "
+            "symbolic dims:\n" + "\n".join(lines),
+            hint="fix the dims with --dim NAME=N for a program of one size; "
+            "docs/dynamic.md lists the ops that take symbolic dims",
+        )
     for st in range(1, ns):
         if schedule.needs_join(st):
             # The run ends when all streams have: the caller's stream waits for this one.
@@ -627,7 +682,9 @@ def _output_copies(prog: Program) -> None:
     for k, o in enumerate(api_outputs(graph)):
         if o in first_index or o.producer is None:  # an input or a constant is an output
             src = first_index[o] if o in first_index else prog._raw(o)
-            prog.statements.append(prog._run("output_copy", k=k, src=src, nbytes=o.type.nbytes))
+            prog.statements.append(
+                prog._run("output_copy", k=k, src=src, nbytes=prog.nbytes(o.type))
+            )
         first_index.setdefault(o, k)
 
 
@@ -801,7 +858,7 @@ def _render(
         "actor_streams": [schedule.stream_of[a.id] for a in ag.actors],
         # A mesh's collectives act when issued (logged, counted for the deadline; on the
         # host a one-shot MPI call), so a replayed graph would skip them: direct launches.
-        "cuda_graph": cuda_graph and mesh is None,
+        "cuda_graph": cuda_graph and mesh is None and not graph.symbols,
         "input_bytes": input_bytes,
         "output_bytes": output_bytes,
         "staging_inputs": staging[: len(input_bytes)],
@@ -845,6 +902,7 @@ def _render(
         "rank_device_weight_bytes": [w.device_bytes for w in all_weights],
         # The driver spells types as flowc does (f32, bf16, ...); C only sees ONNX codes.
         "dtype_names": sorted((d.onnx, d.short) for d in DType),
+        "symbols": _symbols_context(prog, run_io[0], run_io[1], max_rank),
     }
     env = prog.env
     files = {
@@ -885,6 +943,16 @@ def _render(
                 "mesh": list(mesh.shape) if mesh is not None else [],
                 **({"pipeline": pipeline} if pipeline is not None else {}),
                 "precision": prog.precision,
+                **(
+                    {
+                        "symbols": [
+                            {"name": n, "min": r.lo, "max": r.hi, "typical": r.weighed}
+                            for n, r in graph.symbols.items()
+                        ]
+                    }
+                    if graph.symbols
+                    else {}
+                ),
                 # `flowc compile --target`: what build, run and verify use when not told.
                 "target": build_target,
             },
@@ -899,8 +967,49 @@ def _render(
 
 def _io_json(values: list[Value]) -> list[dict[str, Any]]:
     return [
-        {"name": v.name, "shape": list(v.type.shape), "dtype": v.type.dtype.short} for v in values
+        {
+            "name": v.name,
+            "shape": list(v.type.shape),
+            "dtype": v.type.dtype.short,
+            # symbolic dims: each dim's polynomial of the symbols (null: a fixed size)
+            **(
+                {"dims": [None if d is None else str(d) for d in v.type.sym]}
+                if v.type.sym is not None
+                else {}
+            ),
+        }
+        for v in values
     ]
+
+
+def _symbols_context(
+    prog: Program, inputs: list[Value], outputs: list[Value], max_rank: int
+) -> dict[str, Any] | None:
+    """What model.cu and model.h say of a program's symbolic dims (None: it has none): the
+    symbols and ranges, which symbol each input dim is, each output dim over hdims."""
+    graph = prog.graph
+    if not graph.symbols:
+        return None
+    rows = []
+    for v in inputs:
+        row = []
+        for k in range(v.type.rank):
+            sym = v.type.sym[k] if v.type.sym is not None else None
+            if sym is not None and sym.name is None:
+                raise CodegenError(
+                    f"input {v.name!r} has the dim {sym}: an input's symbolic dims must be "
+                    "symbols themselves (batch, not 2*batch), so a caller's sizes name them"
+                )
+            row.append(prog.slots[sym.name] if sym is not None and sym.name is not None else -1)
+        rows.append(row + [-1] * (max_rank - len(row)) if row else [-1])
+    return {
+        "names": [c_string(s) for s in graph.symbols],
+        "raw": [{"name": c_comment(s), "lo": r.lo, "hi": r.hi} for s, r in graph.symbols.items()],
+        "lo": [r.lo for r in graph.symbols.values()],
+        "hi": [r.hi for r in graph.symbols.values()],
+        "inputs": rows,
+        "outputs": [[prog.dim(v.type, k, "hdims") for k in range(v.type.rank)] for v in outputs],
+    }
 
 
 def _infer_context(infer: StageCode) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def load_graph(path: str | os.PathLike[str], opts: ImportOptions | None = None) 
             )
         from flowc.frontend.dsl import load_program
 
-        return load_program(p, opts.weights if opts is not None else None)
+        return load_program(
+            p, opts.weights if opts is not None else None, opts.sizes if opts is not None else None
+        )
     raise ModelLoadError(
         f"{p}: unknown model format {p.suffix or '(no suffix)'!r}",
         hint="flowc reads ONNX models (.onnx) and flowc DSL programs (.flow)",

@@ -36,8 +36,10 @@ from flowc.frontend.files import check_regular_file
 from flowc.frontend.npy import load_npz
 from flowc.ir.builder import MAX_ELEMENTS, GraphBuilder
 from flowc.ir.dtype import DType
+from flowc.ir.fit_dims import annotate_symbols
 from flowc.ir.graph import Graph, Value, make_splat
 from flowc.ir.layout import fits, split_factor
+from flowc.ir.symbolic import MAX_SYMBOLS, DimRange
 from flowc.ir.types import (
     MAX_MESH_DEVICES,
     MAX_RANK,
@@ -246,8 +248,19 @@ _ELEMENTWISE_LITERAL_OPS = frozenset({"elementwise"})
 
 
 class _Reader:
-    def __init__(self, src: Source, weights: Path | None, base_dir: Path) -> None:
+    def __init__(
+        self,
+        src: Source,
+        weights: Path | None,
+        base_dir: Path,
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
         self.src = src
+        # Symbolic dims: the declared symbols' ranges, and the size each takes in this
+        # reading (its bound unless ``sizes`` names it: the symbolic-type fit reads the
+        # program at several sizes, ir/fit_dims.py).
+        self.symbols: dict[str, DimRange] = {}
+        self.sizes = dict(sizes or {})
         self.weights_override = weights
         self.base_dir = base_dir
         self.weights: Weights | None = Weights(weights) if weights is not None else None
@@ -326,7 +339,7 @@ class _Reader:
                 if close
                 else "types: " + ", ".join(shorts),
             ) from None
-        shape = [] if dims is None else [self.integer(d.children[0]) for d in dims.children]
+        shape = [] if dims is None else [self.dim(d) for d in dims.children]
         if len(shape) > MAX_RANK:
             raise self.fail(
                 t,
@@ -343,6 +356,71 @@ class _Reader:
                 f"({MAX_ELEMENTS})",
             )
         return TensorType(tuple(shape), dtype)
+
+    def dim(self, t: Tree) -> int:
+        """A dim's size in this reading: a literal, or its polynomial of symbols at their
+        sizes; ``batch<=64`` and ``batch:1..64`` declare the symbol where they stand."""
+        if t.data in ("dim_le", "dim_range"):
+            sym_t = t.children[0]
+            if t.data == "dim_le":
+                r = self.declare_symbol(sym_t, 1, t.children[1], None, t)
+            else:
+                lo_t, hi_t, at_t = t.children[1:]
+                r = self.declare_symbol(sym_t, lo_t, hi_t, at_t, t)
+            return self.sizes.get(str(sym_t), r.hi)
+        total = 0
+        for mono in t.children:
+            value = 1
+            for f in mono.children:
+                assert isinstance(f, Token), "the grammar gives a factor token here"
+                if f.type == "CNAME":
+                    name = str(f)
+                    if name not in self.symbols:
+                        raise self.fail(
+                            f,
+                            f"unknown symbol {name!r} in a dimension",
+                            hint=f"declare it with its sizes: dim {name}: 1..64 (before the "
+                            "graph), or in place: [" + name + "<=64, ...]",
+                        )
+                    value *= self.sizes.get(name, self.symbols[name].hi)
+                else:
+                    value *= self.integer(f)
+            total += value
+        return total
+
+    def declare_symbol(
+        self,
+        sym_t: Any,
+        lo_t: Any,
+        hi_t: Any,
+        at_t: Any,
+        where: Tree,
+    ) -> DimRange:
+        """Declare symbol ``sym_t`` (or check it against its declaration): tokens of the
+        grammar's dim_decl/dim_le/dim_range, ``lo_t`` an int where the text gives none."""
+        name = str(sym_t)
+        lo = lo_t if isinstance(lo_t, int) else self.integer(lo_t)
+        hi = self.integer(hi_t)
+        try:
+            r = DimRange(lo, hi, self.integer(at_t) if at_t is not None else None)
+        except ValueError as e:
+            raise self.fail(where, f"symbol {name!r}: {e}") from None
+        if hi > MAX_ELEMENTS:
+            raise self.fail(where, f"symbol {name!r}: a bound above {MAX_ELEMENTS}")
+        prev = self.symbols.get(name)
+        if prev is not None and prev != r and (at_t is not None or (prev.lo, prev.hi) != (lo, hi)):
+            raise self.fail(
+                where,
+                f"symbol {name!r} is {r} here but {prev} before",
+                hint="a symbol has one range; give it once (dim NAME: LO..HI) and write the "
+                "name alone in types",
+            )
+        if prev is None:
+            if len(self.symbols) >= MAX_SYMBOLS:
+                raise self.fail(where, f"a program has at most {MAX_SYMBOLS} symbols")
+            self.symbols[name] = r
+            self.graph.symbols[name] = r
+        return self.symbols[name]
 
     def placement(self, t: Tree | None, ttype: TensorType, what: str) -> NdSbp | None:
         if t is None:
@@ -504,7 +582,12 @@ class _Reader:
     # -- declarations -----------------------------------------------------------------------
 
     def header(self, t: Tree) -> None:
-        if t.data == "mesh_decl":
+        if t.data == "dim_decl":
+            sym_t, lo_t, hi_t, at_t = t.children
+            if str(sym_t) in self.symbols:
+                raise self.fail(t, f"symbol {str(sym_t)!r} is declared twice")
+            self.declare_symbol(sym_t, lo_t, hi_t, at_t, t)
+        elif t.data == "mesh_decl":
             name_t, dims = t.children
             shape = tuple(self.integer(d.children[0]) for d in dims.children)
             problem = mesh_size_problem(shape)
@@ -1179,16 +1262,28 @@ def parse_program(
     path: str = "<program>",
     weights: str | os.PathLike[str] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> Graph:
     """Read a DSL program into a Graph (checked); ``weights`` overrides the program's own
-    ``weights "FILE"`` for ``load(...)`` params."""
+    ``weights "FILE"`` for ``load(...)`` params. A program with symbolic dims is read with
+    each symbol at its bound, or at the size ``sizes`` gives it; the graph's types are static
+    (symbolic types come from reading it at several sizes: ir/fit_dims.py)."""
     src = Source(path, text)
     tree = parse_tree(src)
-    reader = _Reader(src, Path(weights) if weights is not None else None, Path(base_dir or "."))
+    reader = _Reader(
+        src, Path(weights) if weights is not None else None, Path(base_dir or "."), sizes
+    )
     try:
         graph = reader.program(tree)
     except RecursionError:
         raise src.error(1, 1, "the program nests too deeply") from None
+    if reader.symbols and sizes is None:
+        # symbolic types: the program read again at the fit's sizes (ir/fit_dims.py)
+        graph = annotate_symbols(
+            graph,
+            reader.symbols,
+            lambda at: parse_program(text, path, weights, base_dir, at),
+        )
     if weights is not None and not reader.loads:
         # Weights nobody reads are a mistake (another program meant, a load() forgotten),
         # not something to drop silently.
@@ -1200,7 +1295,9 @@ def parse_program(
 
 
 def load_program(
-    path: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    weights: str | os.PathLike[str] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> Graph:
     p = Path(path)
     if p.exists():  # a missing file keeps its own message below
@@ -1212,6 +1309,6 @@ def load_program(
         raise FlowcError(f"{p}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise FlowcError(f"{p}: cannot read it ({e})") from None
-    g = parse_program(text, str(p), weights, p.parent)
+    g = parse_program(text, str(p), weights, p.parent, sizes)
     g.meta = {"format": "flowc DSL", "file": p.name}
     return g

@@ -51,6 +51,9 @@ class ImportOptions:
     # their data in Graph.params), so import folds nothing computed from them (a tied
     # weight's Transpose stays a node the gradient flows through).
     trainable: bool = False
+    # A .flow program's symbols at the sizes of this reading (symbolic dims: each at its
+    # bound unless given; ir/fit_dims.py reads a program at several sizes).
+    sizes: Mapping[str, int] = field(default_factory=dict)
     # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
     # bound to B wherever else it appears).
     batch: int | None = None
@@ -499,6 +502,21 @@ def _expand_function(
             if formal not in scope:
                 raise ModelLoadError(f"the ONNX function body of {what} never computes {formal!r}")
             env[actual] = scope[formal]
+
+
+def input_dim_symbols(path: str | os.PathLike[str]) -> dict[str, list[str | None]]:
+    """Each graph input's dims by the symbols the model names them with (None: a size, or an
+    unnamed dim): how a range in --shape finds the symbol it sets."""
+    model = _load(path, lean=True).model
+    init = {t.name for t in model.graph.initializer}
+    return {
+        vi.name: [
+            d.dim_param if d.HasField("dim_param") and d.dim_param else None
+            for d in vi.type.tensor_type.shape.dim
+        ]
+        for vi in model.graph.input
+        if vi.name not in init
+    }
 
 
 def import_onnx(path: str | os.PathLike[str], opts: ImportOptions | None = None) -> Graph:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from flowc.ir.dtype import DType
+from flowc.ir.symbolic import DimRange
 from flowc.ir.types import Mesh, NdSbp, TensorType
 
 # An attribute value: int, float, str, a tuple of those, or a NumPy array (tensor attribute).
@@ -183,6 +184,9 @@ class Graph:
         # A .flow program's train block: how to train it, as the command line spells the
         # training options (--loss "cross_entropy:z,labels", --optimizer "adamw:lr=0.01").
         self.train: dict[str, str] = {}
+        # The symbols of the graph's symbolic dims (ir/symbolic.py) and their ranges, in the
+        # order of the generated program's size table; empty for a static graph.
+        self.symbols: dict[str, DimRange] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
@@ -354,6 +358,7 @@ class Graph:
         g.params = dict(self.params)
         g.state = dict(self.state)
         g.train = dict(self.train)
+        g.symbols = dict(self.symbols)
         vmap: dict[Value, Value] = {}
         for v in self.inputs:
             vmap[v] = g.add_input(v.name, v.type)

@@ -27,7 +27,7 @@ from flowc.ir.graph import Graph, Value, is_splat
 
 KEYWORDS = frozenset(
     {"graph", "param", "const", "return", "mesh", "stage", "load", "fill", "tensor", "complex"}
-    | {"weights", "state", "train"}
+    | {"weights", "state", "train", "dim"}
     | {"inf", "nan", "true", "false", "S", "B", "P", "_"}
 )
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -116,6 +116,8 @@ def print_graph(g: Graph, weights: str | None = None) -> str:
         lines.append(f"mesh {ident(g.mesh.name)}[{', '.join(str(d) for d in g.mesh.shape)}]")
     if weights is not None:
         lines.append(f"weights {scalar(weights)}")
+    for sym, r in g.symbols.items():
+        lines.append(f"dim {sym}: {r}")
     if lines:
         lines.append("")
     ins = ", ".join(typed(v) for v in g.inputs)

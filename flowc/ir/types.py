@@ -1,4 +1,4 @@
-"""Static tensor types and placement: TensorType, Mesh, Sbp and NdSbp."""
+"""Tensor types and placement: TensorType, Mesh, Sbp and NdSbp."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from flowc.ir.dtype import DType
+from flowc.ir.symbolic import SymDim, dims_text
 
 # The highest rank of a tensor: NumPy's limit (its reference interpreter and every constant
 # are NumPy arrays), refused where a model is read.
@@ -14,16 +15,28 @@ MAX_RANK = 64
 
 @dataclass(frozen=True)
 class TensorType:
-    """A fully static tensor type: every dimension is a known non-negative integer."""
+    """A tensor type. ``shape`` holds every dimension as a known non-negative integer: for a
+    symbolic dimension (``sym``, see ir/symbolic.py), its size at the bound, so everything
+    planned from types is planned for the largest run. ``sym`` is None for a static type."""
 
     shape: tuple[int, ...]
     dtype: DType
+    sym: tuple[SymDim | None, ...] | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(int(d) for d in self.shape)
         if any(d < 0 for d in shape):
             raise ValueError(f"negative dimension in shape {shape}")
         object.__setattr__(self, "shape", shape)
+        if self.sym is not None:
+            sym = tuple(self.sym)
+            if len(sym) != len(shape):
+                raise ValueError(f"symbolic dims {sym} do not match the rank of {shape}")
+            object.__setattr__(self, "sym", sym if any(d is not None for d in sym) else None)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.sym is not None
 
     @property
     def rank(self) -> int:
@@ -42,10 +55,14 @@ class TensorType:
         return TensorType(tuple(shape), self.dtype)
 
     def with_dtype(self, dtype: DType) -> TensorType:
-        return TensorType(self.shape, dtype)
+        return TensorType(self.shape, dtype, self.sym)
+
+    def static(self) -> TensorType:
+        """This type at the bound, with no symbolic dims."""
+        return TensorType(self.shape, self.dtype)
 
     def __str__(self) -> str:
-        return f"{self.dtype.short}[{', '.join(str(d) for d in self.shape)}]"
+        return f"{self.dtype.short}[{', '.join(dims_text(self.shape, self.sym))}]"
 
 
 # The most devices a mesh may hold, the product of its axes (and so the most pipeline

@@ -221,7 +221,7 @@ def emit_fused(prog: Program, node: Node) -> None:
 def codegen(name: str) -> dict[str, Any]:
     """The defop arguments that give an op its element-wise kernel, when it has an expression."""
     if name in CEXPR:
-        return {"cexpr": CEXPR[name], "emit": emit_elementwise}
+        return {"cexpr": CEXPR[name], "emit": emit_elementwise, "sized": True}
     return {}
 
 
@@ -1304,4 +1304,5 @@ defop(
     flops=_fused_flops,
     sbp=_fused_sbp,
     emit=emit_fused,
+    sized=True,
 )

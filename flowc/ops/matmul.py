@@ -277,10 +277,84 @@ class GemmCall:
     bias_grad_of: str = ""  # "a", "b" (op(A) / op(B) summed over k) or "out" (D's columns)
 
 
+def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
+    """A GEMM of a program with symbolic dims: a packed A whose rows (every dim but the last,
+    flattened) change with the run, times a B of fixed size, into a packed output. The plan
+    is made for the rows at the bound; each run multiplies the first rows of this run
+    (flowc::run_gemm_rows), which A, C and D hold packed, a prefix of their buffers."""
+    a, b = g.a_view, g.b_view
+    k = a.shape[-1]
+    n = b.shape[-1]
+    mb = b.matrix()
+    packed_a = a.offset == 0 and a.same(Operand.packed(a.shape)) and a.shape == g.a.type.shape
+    if (
+        g.b.type.sym is not None
+        or any(d != 1 for d in b.shape[:-2])
+        or mb is None
+        or not packed_a
+        or g.aux is not None
+        or g.bias_grad is not None
+        or (g.bias is not None and g.bias.type.sym is not None)
+    ):
+        raise prog.fail(
+            "a product with symbolic dims is size-generic only as packed rows times a "
+            f"matrix of fixed size (A {g.a.type}, B {g.b.type})"
+        )
+    trans_b, ldb = mb
+    rows_bound = g.a.type.numel // max(k, 1)
+    dt = g.a.type.dtype
+    size = dt.itemsize
+    align_a = _alignment(_base_align(prog, g.a), itemsize=size)
+    align_b = _alignment(_base_align(prog, g.b), b.offset, itemsize=size)
+    c_bases = [_base_align(prog, g.out)]
+    if g.residual is not None:
+        c_bases.append(_base_align(prog, g.residual))
+    plan = prog.library_plan(
+        "gemm",
+        "matmul.cu.j2",
+        "gemm_plan",
+        handle=prog.blas,
+        m=rows_bound,
+        n=n,
+        k=k,
+        trans_a=False,
+        trans_b=trans_b,
+        batch=1,
+        lda=k,
+        ldb=ldb,
+        strides=None,
+        alpha=g.alpha,
+        beta=g.beta,
+        type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
+        tf32=prog.tf32,
+        epilogue=_EPILOGUES[g.activation][g.bias is not None],
+        ld_aux=0,
+        align=(align_a, align_b, min(c_bases)),
+        workspace=prog.library_workspace(node),
+    )
+    prog.call(
+        "matmul.cu.j2",
+        "gemm_run_rows",
+        f"{node.op} {node.name}",
+        plan=plan,
+        rows=f"({prog.numel(g.a.type)}) / {max(k, 1)}",
+        a=prog.cptr(g.a),
+        b=prog.cptr(g.b),
+        b_offset=b.offset,
+        c=prog.cptr(g.residual) if g.residual is not None else None,
+        d=prog.ptr(g.out),
+        bias=prog.cptr(g.bias) if g.bias is not None else None,
+        stream=prog.stream,
+    )
+
+
 def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
     """A GEMM plan (made in create()) over the trailing batch axes along which every operand
     steps uniformly (one strided batch; B shared by the batch and A's rows contiguous: one
     taller product), and a loop of calls over the leading axes that cannot be strided."""
+    if prog.is_sized(node):
+        _emit_gemm_sized(prog, node, g)
+        return
     dt = g.a.type.dtype
     a, b = g.a_view, g.b_view
     m, k = a.shape[-2:]
@@ -445,6 +519,8 @@ def _matmul_emit(prog: Program, node: Node) -> None:
     if k == 0:
         _zero(prog, out)
         return
+    if a.type.dtype not in _GEMM_TYPES and prog.is_sized(node):
+        raise prog.fail(f"a {a.type.dtype} product with symbolic dims has no kernel yet")
     if a.type.dtype in _GEMM_TYPES:
         batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
         emit_gemm(prog, node, GemmCall(a, Operand.packed(a2), b, Operand.packed(b2), out, batch))
@@ -481,6 +557,8 @@ def _gemm_emit(prog: Program, node: Node) -> None:
         c = None  # beta * C adds nothing (onnxruntime does not read C either)
     if out.type.numel == 0:
         return
+    if prog.is_sized(node) and (a.type.dtype not in _GEMM_TYPES or trans[0]):
+        raise prog.fail("a Gemm with symbolic dims is size-generic for float A, not transposed")
     if a.type.dtype not in _GEMM_TYPES:
         index = _c_index(c, "row", "col")
         _direct(prog, (a, b, c), out, (m, n, k), trans, [], alpha, beta, index)
@@ -495,6 +573,8 @@ def _gemm_emit(prog: Program, node: Node) -> None:
     elif c is not None and k > 0 and beta == 1.0 and c.type.numel == n and c.type.rank >= 1:
         g.bias = c  # (N,) or (1, N): the library's bias epilogue
     elif c is not None:
+        if prog.is_sized(node):
+            raise prog.fail("a Gemm with symbolic dims takes no C broadcast along columns yet")
         # A C broadcast along columns (or a scalar): put it, broadcast, into the output
         # first; the GEMM then reads C from there.
         scale = c_float(beta) if k == 0 else ""
@@ -641,6 +721,7 @@ defop(
     flops=_matmul_flops,
     sbp=_matmul_sbp,
     emit=_matmul_emit,
+    sized=True,
     library="blas",
     workspace=_flops_workspace(_matmul_flops),
     narrow=NARROW,
@@ -728,6 +809,7 @@ defop(
     onnx_import=_gemm_import,
     sbp=_gemm_sbp,
     emit=_gemm_emit,
+    sized=True,
     library="blas",
     workspace=_flops_workspace(_gemm_flops),
     narrow=NARROW,
@@ -970,6 +1052,7 @@ defop(
     flops=_fused_flops,
     sbp=_fused_sbp,
     emit=_fused_emit,
+    sized=True,
     library="blas",
     workspace=_flops_workspace(_fused_flops),
     narrow=NARROW,

@@ -182,6 +182,10 @@ class OpDef:
     # the result type, $I: the first operand's type), and shares one fused-kernel emitter.
     emit: EmitFn | None = None
     cexpr: CExprFn | None = None
+    # True when `emit` also writes the node of a program with symbolic dims (ir/symbolic.py):
+    # kernels that read the run's sizes (Program.sized); a node of another op with a
+    # symbolic type is refused, naming it.
+    sized: bool = False
     dsl_name: str = ""
     # Parallel placement: the op's SBP signatures along one mesh axis, given the logical
     # input types (and constant inputs) and output types; None means only all-B.
@@ -281,6 +285,7 @@ def defop(
     onnx_import: OnnxAdapter | None = None,
     emit: EmitFn | None = None,
     cexpr: CExprFn | None = None,
+    sized: bool = False,
     dsl_name: str = "",
     sbp: SbpFn | None = None,
     localize: LocalizeFn | None = None,
@@ -305,6 +310,7 @@ def defop(
             onnx_import=onnx_import,
             emit=emit,
             cexpr=cexpr,
+            sized=sized,
             dsl_name=dsl_name,
             sbp=sbp,
             localize=localize,

@@ -479,6 +479,24 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
   return NotSupported("gemm: unknown element type");
 }
 
+// A plan made for m rows run on the first `rows` of them (a program with symbolic dims: the
+// rows of a packed A and D are the run's, one product, no batch): the same problem with m =
+// rows, which CBLAS takes as it is.
+inline Status run_gemm_rows(const GemmPlan& p, int64_t rows, const void* a, const void* b, const void* c,
+                            void* d, const void* bias, cudaStream_t stream) {
+  if (rows < 0 || rows > p.desc.m || p.desc.batch != 1 || p.desc.trans_a) {
+    return InvalidArgument("gemm: " + std::to_string(rows) + " rows of a plan for " +
+                           std::to_string(p.desc.m) + " (untransposed, unbatched)");
+  }
+  GemmPlan q = p;
+  q.desc.m = rows;
+  q.desc.stride_a = rows * q.desc.k;
+  q.desc.stride_c = rows * q.desc.n;
+  GemmEpilogueIo io;
+  io.bias = bias;
+  return run_gemm(q, a, b, c, d, io, stream);
+}
+
 #else
 
 struct BlasHandle {
@@ -773,6 +791,53 @@ inline Status run_gemm(const GemmPlan& p, const void* a, const void* b, const vo
       return LibraryError(std::string("gemm: the epilogue kernel: ") + cudaGetErrorString(e));
   }
   return Status::Ok();
+}
+
+// A plan made for m rows run on the first `rows` of them (a program with symbolic dims: the
+// rows of a packed A and D are the run's, one product, no batch). cuBLASLt's layouts hold the
+// rows, so the call gets layouts of its own (host-side descriptors, made outside any capture);
+// the plan's algorithm serves when the library accepts it for these rows, else the heuristic
+// chooses for them.
+inline Status run_gemm_rows(const GemmPlan& p, int64_t rows, const void* a, const void* b, const void* c,
+                            void* d, const void* bias, cudaStream_t stream) {
+  const GemmDesc& pd = p.desc;
+  if (rows < 0 || rows > pd.m || pd.batch != 1 || pd.trans_a) {
+    return InvalidArgument("gemm: " + std::to_string(rows) + " rows of a plan for " + std::to_string(pd.m) +
+                           " (untransposed, unbatched)");
+  }
+  GemmEpilogueIo io;
+  io.bias = bias;
+  if (rows == pd.m || pd.n == 0) return run_gemm(p, a, b, c, d, io, stream);
+  if (rows == 0) return Status::Ok();
+  GemmPlan q = p;
+  q.desc.m = rows;
+  q.desc.stride_a = rows * pd.k;
+  q.desc.stride_c = rows * pd.n;
+  q.b = nullptr;
+  q.c = nullptr;
+  const cudaDataType_t t = cuda_type(pd.type);
+  Status s = Status::Ok();
+  if (!lt_layout(&q.b, t, pd.k, rows, pd.lda, 1, 0) || !lt_layout(&q.c, t, pd.n, rows, pd.ldc, 1, 0)) {
+    s = LibraryError("gemm: cuBLASLt rejected a matrix layout of " + std::to_string(rows) + " rows");
+  } else {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(p.lt, p.op, q.a, q.b, q.c, q.c, &p.algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > p.workspace_bytes) {
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      if (cublasLtMatmulAlgoGetHeuristic(p.lt, p.op, q.a, q.b, q.c, q.c, p.pref, 1, &result, &found) !=
+              CUBLAS_STATUS_SUCCESS ||
+          found == 0) {
+        s = NotSupported("gemm: cuBLASLt has no algorithm for " + std::to_string(rows) + " rows");
+      } else {
+        q.algo = result.algo;
+      }
+    }
+    if (s.ok()) s = run_gemm(q, a, b, c, d, io, stream);
+  }
+  if (q.c) cublasLtMatrixLayoutDestroy(q.c);
+  if (q.b) cublasLtMatrixLayoutDestroy(q.b);
+  return s;
 }
 
 #endif
