@@ -17,6 +17,7 @@ pipeline generators share the Program, its template environment and the weight l
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -271,9 +272,14 @@ class Program:
 
     def numel(self, t: TensorType, table: str = "hdims") -> str:
         """The element count of ``t`` in this run, as C++ over ``table``."""
-        if t.sym is None:
-            return str(t.numel)
-        return " * ".join(self.dim(t, k, table) for k in range(t.rank)) or "1"
+        return self.count(t, 0, t.rank, table)
+
+    def count(self, t: TensorType, start: int, stop: int, table: str = "hdims") -> str:
+        """The product of dims ``start`` .. ``stop`` - 1 of ``t`` in this run, as C++ over
+        ``table`` (a literal where none is symbolic)."""
+        if t.sym is None or not any(t.sym[start:stop]):
+            return str(math.prod(t.shape[start:stop]))
+        return "(" + " * ".join(self.dim(t, k, table) for k in range(start, stop)) + ")"
 
     def nbytes(self, t: TensorType) -> str:
         """The byte size of ``t`` in this run (host C++ for run()'s statements)."""
@@ -281,9 +287,10 @@ class Program:
             return str(t.nbytes)
         return f"({self.numel(t)}) * {t.dtype.itemsize}"
 
-    def grid(self, total: str, block: int = BLOCK) -> str:
-        """The grid-stride launch's block count for ``total`` (host C++) work items."""
-        return f"flowc_grid({total}, {block}, {MAX_GRID})"
+    def grid(self, total: str, block: int = BLOCK, most: int = MAX_GRID) -> str:
+        """The grid-stride launch's block count for ``total`` (host C++) work items, at
+        most ``most``."""
+        return f"flowc_grid({total}, {block}, {most})"
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -631,7 +638,7 @@ def emit_schedule(prog: Program, poison: bool) -> int:
         elif opdef.emit is None:
             unsupported.setdefault(node.op, []).append(node.name)
         elif not opdef.sized and prog.is_sized(node):
-            unsized.setdefault(node.op, []).append(node.name)
+            unsized.setdefault(node.op, []).append(node.name or node.outputs[0].name)
         else:
             prog.node = node
             opdef.emit(prog, node)

@@ -26,6 +26,7 @@ from flowc.errors import ShapeError
 from flowc.ir.graph import Graph, Node, Value
 from flowc.ir.symbolic import DimRange, SymDim, fit, probe_points
 from flowc.ir.types import TensorType
+from flowc.ops.registry import get_op
 
 # The inputs that only give their node's output shape (the kernel never reads them): a
 # constant there may hold sizes computed from the symbols.
@@ -68,12 +69,10 @@ def _check_structure(graph: Graph, probe: Graph, point: Mapping[str, int]) -> No
                 hint="a graph whose ops depend on the sizes cannot be one program for the "
                 "range; narrow the range or fix the dim with --dim NAME=N",
             )
-        for key in set(n.attrs) | set(m.attrs):
-            if (
-                key not in n.attrs
-                or key not in m.attrs
-                or not _same_attr(n.attrs[key], m.attrs[key])
-            ):
+        sizeless = get_op(n.op).sizeless
+        mine, theirs = (sizeless(n.attrs), sizeless(m.attrs)) if sizeless else (n.attrs, m.attrs)
+        for key in sorted(set(mine) | set(theirs)):
+            if key not in mine or key not in theirs or not _same_attr(mine[key], theirs[key]):
                 raise ShapeError(
                     f"{n.op} node {n.name or n.outputs[0].name!r}: its attribute {key!r} "
                     f"depends on the sizes ({_attr_text(m.attrs.get(key))} at "

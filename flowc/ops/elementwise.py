@@ -1295,6 +1295,12 @@ def _fused_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
     return sigs
 
 
+def _fused_sizeless(a: Attrs) -> Attrs:
+    """The chain without its steps' shapes (which only count FLOPs)."""
+    steps = [{k: v for k, v in step.items() if k != "shape"} for step in _program(a)]
+    return Attrs({**a, "program": json.dumps(steps, sort_keys=True)})
+
+
 defop(
     "FusedElementwise",
     FAMILY,
@@ -1305,4 +1311,5 @@ defop(
     sbp=_fused_sbp,
     emit=emit_fused,
     sized=True,
+    sizeless=_fused_sizeless,
 )

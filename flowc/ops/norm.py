@@ -133,9 +133,11 @@ def _emit_normalize(
     affine: tuple[Value | None, str, Value | None, str] = (None, "0", None, "0"),
     stats: Sequence[Value] = (),
     eps_on_std: bool = False,
+    sized_rows: tuple[str, str] | None = None,
 ) -> None:
     """``row_offset`` and ``elem_offset`` (and the affine indices) are C++ expressions of
-    ``row``, ``j`` and ``size`` (the kernel's runtime row length)."""
+    ``row``, ``j`` and ``size`` (the kernel's runtime row length). ``sized_rows``: a program
+    with symbolic dims, the row count over the kernel's size table and over run()'s."""
     x = node_input(node, 0)
     y = node.outputs[0]
     t = float_ctype(prog, x)
@@ -169,10 +171,15 @@ def _emit_normalize(
         bias_index=bias_index,
         mean_t=float_ctype(prog, stats[0]) if len(stats) > 0 else "",
         inv_t=float_ctype(prog, stats[1]) if len(stats) > 1 else "",
+        **({"rows_sized": sized_rows[0]} if sized_rows is not None else {}),
     )
     args = [prog.cptr(x)]
     args += [prog.cptr(v) for v in (scale, bias) if v is not None]
     args += [prog.ptr(v) for v in stats]
+    if sized_rows is not None:
+        args += [prog.ptr(y), "ddims", f"(int64_t){size}", c_float(eps, t)]
+        prog.launch_grid(name, [prog.grid(sized_rows[1], 1, MAX_BLOCKS)], block, args)
+        return
     args += [prog.ptr(y), f"(int64_t){rows}", f"(int64_t){size}", c_float(eps, t)]
     prog.launch_blocks(name, min(rows, MAX_BLOCKS), block, 0, args)
 
@@ -196,6 +203,14 @@ def _layernorm_emit(prog: Program, node: Node) -> None:
 
     scale = node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 else None
+    sized_rows = None
+    if prog.is_sized(node):
+        if any(
+            v is not None and v.type.sym is not None and any(v.type.sym[-len(norm) :])
+            for v in (x, scale, bias)
+        ):
+            raise prog.fail("a LayerNormalization over symbolic dims has no kernel yet")
+        sized_rows = (prog.count(x.type, 0, axis, "sizes"), prog.count(x.type, 0, axis, "hdims"))
     _emit_normalize(
         prog,
         node,
@@ -206,6 +221,7 @@ def _layernorm_emit(prog: Program, node: Node) -> None:
         float(a["epsilon"]),
         (scale, index(scale), bias, index(bias)),
         node.outputs[1:3],
+        sized_rows=sized_rows,
     )
 
 
@@ -577,6 +593,7 @@ defop(
     flops=elementwise_flops(8),
     sbp=_layernorm_sbp,
     emit=_layernorm_emit,
+    sized=True,
 )
 
 

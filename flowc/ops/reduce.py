@@ -142,6 +142,17 @@ def launch_rows(
     prog.launch_blocks(kernel, lay.blocks, lay.threads, 0, args)
 
 
+def launch_rows_sized(
+    prog: Program, kernel: str, x: Value, y: Value, rows: str, layout: RowLayout
+) -> None:
+    """launch_rows for a program with symbolic dims: the kernel reads rows and cols from the
+    run's size table; ``layout`` is the bound's, the grid covers this run's ``rows`` (host
+    C++)."""
+    args = [prog.cptr(x), prog.ptr(y), "ddims", str(layout.log2w)]
+    grid = prog.grid(rows, layout.per_block)
+    prog.launch_grid(kernel, [grid], layout.threads, args)
+
+
 def vec_width(dtype: DType, cols: int) -> int:
     """4 when rows of ``cols`` elements of ``dtype`` can be read 16 bytes at a time (float32
     rows of a multiple of 4 elements; the kernels check the pointers' alignment at run time),

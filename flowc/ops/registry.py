@@ -186,6 +186,10 @@ class OpDef:
     # kernels that read the run's sizes (Program.sized); a node of another op with a
     # symbolic type is refused, naming it.
     sized: bool = False
+    # The node's attributes with the sizes some of them spell taken out (FusedElementwise's
+    # step shapes, for its FLOP count): what must be the same at every size of a program
+    # with symbolic dims (ir/fit_dims.py compares it across the sizes it builds at).
+    sizeless: Callable[[Attrs], Attrs] | None = None
     dsl_name: str = ""
     # Parallel placement: the op's SBP signatures along one mesh axis, given the logical
     # input types (and constant inputs) and output types; None means only all-B.
@@ -286,6 +290,7 @@ def defop(
     emit: EmitFn | None = None,
     cexpr: CExprFn | None = None,
     sized: bool = False,
+    sizeless: Callable[[Attrs], Attrs] | None = None,
     dsl_name: str = "",
     sbp: SbpFn | None = None,
     localize: LocalizeFn | None = None,
@@ -311,6 +316,7 @@ def defop(
             emit=emit,
             cexpr=cexpr,
             sized=sized,
+            sizeless=sizeless,
             dsl_name=dsl_name,
             sbp=sbp,
             localize=localize,

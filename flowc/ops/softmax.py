@@ -23,7 +23,14 @@ from flowc.ir.graph import Attrs, Node
 from flowc.ir.types import TensorType
 from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
-from flowc.ops.reduce import kernel_ctype, launch_rows, outer_inner, vec_width
+from flowc.ops.reduce import (
+    kernel_ctype,
+    launch_rows,
+    launch_rows_sized,
+    outer_inner,
+    row_layout,
+    vec_width,
+)
 from flowc.ops.registry import (
     EmitFn,
     InferCtx,
@@ -133,7 +140,23 @@ def _emitter(mode: str) -> EmitFn:
             return
         attrs = node.attrs.merged(get_op(node.op).attrs)
         shape = x.type.shape
-        outer, extent, inner = outer_inner(shape, int(attrs["axis"]) % len(shape))
+        axis = int(attrs["axis"]) % len(shape)
+        outer, extent, inner = outer_inner(shape, axis)
+        if prog.is_sized(node):
+            t_x = x.type
+            if prog.count(t_x, axis + 1, len(shape)) != "1":
+                raise prog.fail(
+                    "a softmax of symbolic dims is size-generic over the last axis only"
+                )
+            sym_cols = t_x.sym is not None and t_x.sym[axis] is not None
+            vec = vec_width(x.type.dtype, extent) if mode != "hardmax" and not sym_cols else 1
+            sized = {"rows": prog.count(t_x, 0, axis, "sizes"), "cols": prog.dim(t_x, axis)}
+            k = prog.kernel(
+                "softmax.cu.j2", "softmax_rows", ctype=t, acc=t, mode=mode, vec=vec, sized=sized
+            )
+            lay = row_layout(outer, extent, vec)
+            launch_rows_sized(prog, k, x, y, prog.count(t_x, 0, axis, "hdims"), lay)
+            return
         if inner == 1:
             vec = vec_width(x.type.dtype, extent) if mode != "hardmax" else 1
             k = prog.kernel("softmax.cu.j2", "softmax_rows", ctype=t, acc=t, mode=mode, vec=vec)
@@ -167,6 +190,7 @@ def normalizer(name: str, kernel: Kernel, cost: int, mode: str) -> None:
         sbp=_sbp,
         onnx_import=_coerce_2d,
         emit=_emitter(mode),
+        sized=True,
     )
 
 
