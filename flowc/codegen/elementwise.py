@@ -140,6 +140,11 @@ def _pointwise_sized(
     prog.launch_sized(name, prog.numel(ot), args)
 
 
+def emit_broadcast_sized(prog: Program, x: Value, out: Value) -> None:
+    """``x`` broadcast into ``out`` (Expand) in a program with symbolic dims."""
+    _pointwise_sized(prog, [x], out, [], "a0")
+
+
 def _pointwise(prog: Program, macro: str, values: list[Value], out: Value, **body: object) -> None:
     """Render and launch the shared kernel (elementwise.cu.j2: pointwise) for operands
     ``values`` writing ``out``; ``body`` is the macro's expression part."""

@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from itertools import product
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -44,11 +45,12 @@ from flowc.codegen.cpp import (
     ctype,
     is_c_ident,
 )
-from flowc.codegen.elementwise import emit_elementwise, emit_fused
+from flowc.codegen.elementwise import emit_broadcast_sized, emit_elementwise, emit_fused
 from flowc.codegen.weights import WEIGHTS_MAGIC as WEIGHTS_MAGIC  # re-exported
 from flowc.codegen.weights import WeightsLayout as WeightsLayout  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
+from flowc.ir.symbolic import SymDim, evaluate, fit_grid
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
 from flowc.ops.registry import get_op, is_view
@@ -197,6 +199,11 @@ def api_outputs(graph: Graph) -> list[Value]:
     return [v for v in graph.outputs if v.name not in written]
 
 
+# The highest power of one symbol in the sizes an emitter computes (sized_ints): a mask of
+# [batch, 1, seq, seq] steps seq^2 elements per batch.
+SIZED_DEGREE = 3
+
+
 class Program:
     """What emit hooks write into; see the module docstring."""
 
@@ -286,6 +293,32 @@ class Program:
         if t.sym is None:
             return str(t.nbytes)
         return f"({self.numel(t)}) * {t.dtype.itemsize}"
+
+    def sized_ints(self, at: Callable[[Mapping[str, int]], list[int]]) -> list[str]:
+        """Integers an emitter computes from its tensors' shapes (strides, offsets, counts),
+        as C++ over run()'s ``hdims``: ``at`` gives them for given sizes of the symbols, and
+        each is fitted as a polynomial of the symbols (ir/symbolic.py) and checked at the
+        bound. An emitter written for one size so serves every size in range. The fit reads
+        sizes above the ranges (hi + 2, hi + 5, ...): at a size of 1 a stride is moot (the
+        emitters write 0 for it), which no polynomial matches."""
+        ranges = self.graph.symbols
+        names = list(ranges)
+        bound = {s: r.hi for s, r in ranges.items()}
+        grid = [[r.hi + 2 + 3 * k for k in range(SIZED_DEGREE + 1)] for r in ranges.values()]
+        points = [dict(zip(names, pick, strict=True)) for pick in product(*grid)]
+        seen = [at(p) for p in points]
+        want = at(bound)
+        out = []
+        for j, x in enumerate(want):
+            f = fit_grid(names, grid, [v[j] for v in seen])
+            if f is None or evaluate(f, bound) != x:
+                raise self.fail(
+                    "a size the kernel takes is no polynomial of the symbols "
+                    f"({', '.join(names)}) of degree {SIZED_DEGREE} at most; fix the dims "
+                    "with --dim NAME=N"
+                )
+            out.append(f.c_expr(self.slots, "hdims") if isinstance(f, SymDim) else str(f))
+        return out
 
     def grid(self, total: str, block: int = BLOCK, most: int = MAX_GRID) -> str:
         """The grid-stride launch's block count for ``total`` (host C++) work items, at
@@ -527,6 +560,10 @@ class Program:
     def elementwise(self, node: Node) -> None:
         """An element-wise node (its op's cexpr) as one broadcasting kernel."""
         emit_elementwise(self, node)
+
+    def broadcast_sized(self, x: Value, out: Value) -> None:
+        """``x`` broadcast to ``out``'s shape, in a program with symbolic dims."""
+        emit_broadcast_sized(self, x, out)
 
     def fused(self, node: Node) -> None:
         """A FusedElementwise chain as one kernel (codegen/elementwise.py)."""

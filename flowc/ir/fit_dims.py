@@ -17,7 +17,9 @@ constant whose symbolic shape is not a prefix of its bound's memory.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from itertools import product
 from typing import Any
 
 import numpy as np
@@ -88,6 +90,39 @@ def _check_structure(graph: Graph, probe: Graph, point: Mapping[str, int]) -> No
         )
 
 
+def _fit_attrs(
+    graph: Graph,
+    names: list[str],
+    points: list[dict[str, int]],
+    probes: list[Graph],
+    bound: Mapping[str, int],
+) -> None:
+    """Integer attributes that change with the sizes (what an op's ``sizeless`` leaves out,
+    FusedAttention's letter sizes): each element fitted as a polynomial of the symbols, for
+    the emitter to compute at run time (Node.sym_attrs)."""
+    for k, n in enumerate(graph.nodes):
+        for key, value in n.attrs.items():
+            seen = [g.nodes[k].attrs.get(key) for g in probes]
+            if all(_same_attr(value, o) for o in seen):
+                continue
+            flat = value if isinstance(value, tuple) else (value,)
+            if not all(isinstance(x, int) for x in flat):
+                continue  # a size-free spelling differs (the op's sizeless took it out)
+            fitted: list[SymDim | int] = []
+            for j, x in enumerate(flat):
+                sizes = [int((o if isinstance(o, tuple) else (o,))[j]) for o in seen]
+                f = fit(names, points, sizes)
+                at_bound = f.evaluate(bound) if isinstance(f, SymDim) else f
+                if f is None or at_bound != x:
+                    raise ShapeError(
+                        f"{n.op} node {n.name or n.outputs[0].name!r}: its attribute {key!r} "
+                        "spells a size that is no polynomial of the symbols",
+                        hint="fix the dim with --dim NAME=N",
+                    )
+                fitted.append(f)
+            n.sym_attrs[key] = tuple(fitted)
+
+
 def _attr_text(a: Any) -> str:
     text = repr(a.tolist()) if isinstance(a, np.ndarray) else repr(a)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -121,35 +156,50 @@ def _fit_type(
 
 
 def _check_constant(
-    c: Value, probes: list[tuple[dict[str, int], Value]], readers: list[tuple[Node, int]]
+    graph: Graph,
+    c: Value,
+    probes: list[tuple[dict[str, int], Value]],
+    readers: list[tuple[Node, int]],
 ) -> None:
-    """A constant whose data changes with the sizes: either a prefix of its data at the bound
-    (a table read up to a symbolic length: position ids) or sizes only a shape reads."""
+    """A constant whose data changes with the sizes: a prefix of its data at the bound (a
+    table read up to a symbolic length: position ids), the same along every symbolic dim (a
+    folded row broadcast over batch and sequence: it becomes an Expand of that row), or
+    sizes only a shape reads."""
     assert c.const is not None
     full = np.asarray(c.const)
     ttype = c.type
     if ttype.sym is not None:
+        sym_axes = [k for k, d in enumerate(ttype.sym) if d is not None]
+        one = full[tuple(slice(0, 1) if k in sym_axes else slice(None) for k in range(full.ndim))]
+        if np.array_equal(
+            np.broadcast_to(one, full.shape), full, equal_nan=full.dtype.kind in "fc"
+        ):
+            _expand_constant(graph, c, one)
+            return
         lead = next((k for k, d in enumerate(ttype.shape) if d != 1), None)
-        if any(s is not None for s in ttype.sym[(lead or 0) + 1 :]):
-            raise ShapeError(
-                f"{_where(c)} has the symbolic type {ttype}: a constant may change size along "
-                "its outermost dim only",
-                hint="fix the dim with --dim NAME=N",
+        outermost = not any(s is not None for s in ttype.sym[(lead or 0) + 1 :])
+        prefix = outermost and all(
+            np.array_equal(
+                full[tuple(slice(0, n) for n in p.type.shape)],
+                np.asarray(p.const),
+                equal_nan=full.dtype.kind in "fc",
             )
-        for point, p in probes:
-            part = full[tuple(slice(0, n) for n in p.type.shape)]
-            if not np.array_equal(part, np.asarray(p.const), equal_nan=full.dtype.kind in "fc"):
-                raise ShapeError(
-                    f"{_where(c)}: its data at {_size_text(point)} is not the start of its "
-                    "data at the bound, so no one constant serves every size",
-                    hint="fix the dim with --dim NAME=N",
-                )
-        return
+            for _, p in probes
+        )
+        if prefix or _polynomial(graph, c, probes):
+            return
+        raise ShapeError(
+            f"{_where(c)} of symbolic type {ttype} changes with the sizes in a way no one "
+            "program serves: neither the start of its data at the bound along its outermost "
+            "dim, nor the same along its symbolic dims, nor integers that are a polynomial of "
+            "their coordinates and the sizes",
+            hint="fix the dim with --dim NAME=N",
+        )
     varies = any(
         not np.array_equal(full, np.asarray(p.const), equal_nan=full.dtype.kind in "fc")
         for _, p in probes
     )
-    if not varies:
+    if not varies or _polynomial(graph, c, probes):
         return
     for n, k in readers:
         if (n.op, k) not in SHAPE_ONLY_INPUTS:
@@ -166,6 +216,95 @@ def _check_constant(
             )
 
 
+# The most coordinates and symbols a size-computed constant's polynomial may take (its
+# multilinear terms number 2^n).
+MAX_POLY_VARIABLES = 8
+
+
+def _polynomial(graph: Graph, c: Value, probes: list[tuple[dict[str, int], Value]]) -> bool:
+    """Replace integer constant ``c``, which the sizes change, by a SizePolynomial node when
+    each element is an integer multilinear polynomial of its coordinates and the symbols
+    (b * seq + s, the row offsets of a flattened mask); False when it is not."""
+    assert c.const is not None
+    full = np.asarray(c.const)
+    if full.dtype.kind not in "iu" or full.size == 0:
+        return False
+    names = sorted(graph.symbols or {s for p, _ in probes for s in p})
+    bound = {s: int(r.hi) for s, r in graph.symbols.items()} if graph.symbols else None
+    axes = [k for k, d in enumerate(full.shape) if d > 1]
+    variables = [("c", k) for k in axes] + [("s", n) for n in names]
+    if len(variables) > MAX_POLY_VARIABLES:
+        return False
+    monomials = [
+        [v for v, on in zip(variables, pick, strict=True) if on]
+        for pick in product((0, 1), repeat=len(variables))
+    ]
+
+    def design(data: np.ndarray, at: Mapping[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        coords = np.indices(data.shape, dtype=np.int64).reshape(data.ndim, -1)
+        cols = []
+        for mono in monomials:
+            col = np.ones(data.size, dtype=np.float64)
+            for kind, key in mono:
+                col = col * (coords[int(key)] if kind == "c" else at[str(key)])
+            cols.append(col)
+        return np.stack(cols, axis=1), data.reshape(-1).astype(np.float64)
+
+    samples = [(dict(p), np.asarray(v.const)) for p, v in probes]
+    if bound is not None:
+        samples.append((bound, full))
+    mats = [design(d, at) for at, d in samples if d.size]
+    a = np.concatenate([m for m, _ in mats])
+    b = np.concatenate([y for _, y in mats])
+    coef, *_ = np.linalg.lstsq(a, b, rcond=None)
+    ints = np.rint(coef).astype(np.int64)
+    if not all(np.array_equal(m @ ints.astype(np.float64), y) for m, y in mats):
+        return False
+    terms = [
+        {
+            "c": int(k),
+            "axes": [int(key) for kind, key in mono if kind == "c"],
+            "syms": [str(key) for kind, key in mono if kind == "s"],
+        }
+        for mono, k in zip(monomials, ints, strict=True)
+        if k
+    ]
+    node = graph.add_node(
+        "SizePolynomial",
+        [],
+        [c.type],
+        attrs={
+            "shape": tuple(c.type.shape),
+            "dtype": c.type.dtype.onnx,
+            "terms": json.dumps(terms, sort_keys=True),
+            "at": json.dumps(bound or {}, sort_keys=True),
+        },
+        name=f"{c.name}/sizes",
+    )
+    graph.nodes.insert(0, graph.nodes.pop())
+    name = c.name
+    graph.constants.remove(c)
+    graph.rename(c, graph.unique_name(f"{name}/folded"))
+    graph.rename(node.outputs[0], name)
+    graph.replace_uses(c, node.outputs[0])
+    return True
+
+
+def _expand_constant(graph: Graph, c: Value, one: np.ndarray) -> None:
+    """Replace constant ``c`` (the same along its symbolic dims) by an Expand of ``one``,
+    its slice of size 1 along them, to ``c``'s symbolic type; the Expand's output takes
+    ``c``'s name."""
+    row = graph.add_constant(f"{c.name}/row", one)
+    shape = graph.add_constant(f"{c.name}/shape", np.asarray(c.type.shape, dtype=np.int64))
+    name = c.name
+    graph.constants.remove(c)
+    graph.rename(c, graph.unique_name(f"{name}/folded"))
+    node = graph.add_node("Expand", [row, shape], [c.type], name=f"{name}/expand")
+    graph.nodes.insert(0, graph.nodes.pop())
+    graph.rename(node.outputs[0], name)
+    graph.replace_uses(c, node.outputs[0])
+
+
 def annotate_symbols(
     graph: Graph, ranges: Mapping[str, DimRange], build: Callable[[dict[str, int]], Graph]
 ) -> Graph:
@@ -174,9 +313,11 @@ def annotate_symbols(
     names = list(ranges)
     bound = {s: r.hi for s, r in ranges.items()}
     points = probe_points(ranges)
+    graph.symbols = dict(ranges)
     probes = [build(dict(p)) for p in points]
     for p, g in zip(points, probes, strict=True):
         _check_structure(graph, g, p)
+    _fit_attrs(graph, names, points, probes, bound)
     tables = [{v.name: v for v in g.values()} for g in probes]
     readers: dict[Value, list[tuple[Node, int]]] = {}
     for n in graph.nodes:
@@ -197,6 +338,6 @@ def annotate_symbols(
             others.append(o)
         v.type = _fit_type(v, names, points, others, bound)
         if v.const is not None:
-            _check_constant(v, list(zip(points, others, strict=True)), readers.get(v, []))
+            _check_constant(graph, v, list(zip(points, others, strict=True)), readers.get(v, []))
     graph.symbols = dict(ranges)
     return graph

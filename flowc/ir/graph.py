@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from flowc.ir.dtype import DType
-from flowc.ir.symbolic import DimRange
+from flowc.ir.symbolic import DimRange, SymDim
 from flowc.ir.types import Mesh, NdSbp, TensorType
 
 # An attribute value: int, float, str, a tuple of those, or a NumPy array (tensor attribute).
@@ -136,7 +136,7 @@ class Value:
 class Node:
     """One operation. ``inputs`` may hold None for an omitted optional input."""
 
-    __slots__ = ("attrs", "inputs", "name", "op", "outputs", "stage")
+    __slots__ = ("attrs", "inputs", "name", "op", "outputs", "stage", "sym_attrs")
 
     def __init__(
         self,
@@ -152,6 +152,9 @@ class Node:
         self.attrs = attrs if isinstance(attrs, Attrs) else Attrs(attrs or {})
         self.name = name
         self.stage: int | None = None
+        # Symbolic dims: the integer attributes that spell sizes (FusedAttention's sizes),
+        # each element as its polynomial of the symbols (ir/fit_dims.py); empty otherwise.
+        self.sym_attrs: dict[str, tuple[SymDim | int, ...]] = {}
         for o in self.outputs:
             o.producer = self
 
@@ -375,6 +378,7 @@ class Graph:
                 n.name,
             )
             copy.stage = n.stage
+            copy.sym_attrs = dict(n.sym_attrs)
             for o, c in zip(n.outputs, copy.outputs, strict=True):
                 g._claim(o.name)
                 vmap[o] = c

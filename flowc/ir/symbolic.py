@@ -133,6 +133,10 @@ class SymDim:
 Dim = int | SymDim
 
 
+def evaluate(d: SymDim | int, values: Mapping[str, int]) -> int:
+    return d.evaluate(values) if isinstance(d, SymDim) else d
+
+
 def dims_text(shape: Iterable[int], sym: Iterable[SymDim | None] | None) -> list[str]:
     """Each dim as the printer writes it: its polynomial where symbolic, else its size."""
     if sym is None:
@@ -198,3 +202,55 @@ def fit(names: list[str], points: list[dict[str, int]], sizes: list[int]) -> Sym
         if coef:
             terms[tuple(s for s, on in zip(names, subset, strict=True) if on)] = int(coef)
     return SymDim.from_terms(terms)
+
+
+def fit_grid(names: list[str], grid: list[list[int]], sizes: list[int]) -> SymDim | int | None:
+    """The integer polynomial of ``names`` of degree len(grid[j]) - 1 in symbol j through
+    ``sizes`` at every point of the grid (product order: the last symbol fastest), or None
+    when its coefficients are not integers. Each axis's Vandermonde system is solved
+    exactly, one axis after another (the tensor-product interpolation)."""
+    n = len(names)
+    values: dict[tuple[int, ...], Fraction] = {}
+    for idx, s in zip(product(*(range(len(g)) for g in grid)), sizes, strict=True):
+        values[idx] = Fraction(s)
+    for j in range(n):
+        inv = _vandermonde_inverse(grid[j])
+        out: dict[tuple[int, ...], Fraction] = {}
+        for idx in values:
+            if idx[j] != 0:
+                continue
+            line = [values[(*idx[:j], r, *idx[j + 1 :])] for r in range(len(grid[j]))]
+            for power, row in enumerate(inv):
+                out[(*idx[:j], power, *idx[j + 1 :])] = sum(
+                    (w * v for w, v in zip(row, line, strict=True)), Fraction(0)
+                )
+        values = out
+    terms: dict[tuple[str, ...], int] = {}
+    for powers, coef in values.items():
+        if coef.denominator != 1:
+            return None
+        if coef:
+            key = tuple(s for s, p in zip(names, powers, strict=True) for _ in range(p))
+            terms[key] = int(coef)
+    return SymDim.from_terms(terms)
+
+
+def _vandermonde_inverse(xs: list[int]) -> list[list[Fraction]]:
+    """The inverse of [[x^p for p] for x in xs] (distinct xs), exactly: coefficient p of the
+    interpolating polynomial is row p times the values."""
+    m = len(xs)
+    a = [
+        [Fraction(x) ** p for p in range(m)] + [Fraction(int(i == r)) for i in range(m)]
+        for r, x in enumerate(xs)
+    ]
+    for col in range(m):
+        pivot = next(r for r in range(col, m) if a[r][col] != 0)
+        a[col], a[pivot] = a[pivot], a[col]
+        lead = a[col][col]
+        a[col] = [v / lead for v in a[col]]
+        for r in range(m):
+            if r != col and a[r][col] != 0:
+                f = a[r][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col], strict=True)]
+    # rows of [I | V^-1]: V^-1 maps values to coefficients
+    return [row[m:] for row in a]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flowc.ir.dtype import DType
@@ -56,6 +57,15 @@ class TensorType:
 
     def with_dtype(self, dtype: DType) -> TensorType:
         return TensorType(self.shape, dtype, self.sym)
+
+    def shape_at(self, values: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape when the symbols have sizes ``values``."""
+        if self.sym is None:
+            return self.shape
+        return tuple(
+            d if s is None else s.evaluate(values)
+            for d, s in zip(self.shape, self.sym, strict=True)
+        )
 
     def static(self) -> TensorType:
         """This type at the bound, with no symbolic dims."""

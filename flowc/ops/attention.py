@@ -39,6 +39,7 @@ import numpy as np
 from flowc.codegen.cpp import c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
+from flowc.ir.symbolic import evaluate
 from flowc.ir.types import TensorType
 from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
@@ -551,6 +552,63 @@ def _out_letters(a: Attrs) -> list[str]:
     return [axis[0] if axis else "" for axis in parse_layout(str(a["out_layout"]))]
 
 
+def _emit_sized(prog: Program, node: Node, a: Attrs, kern: str, bm: int) -> None:
+    """The launch of a program with symbolic dims: the kernel is the bound's (head dims and
+    tiles fixed; rows and keys past the run's lengths are masked as at any length), its
+    strides, lengths and grid computed from the run's sizes."""
+    q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    cond = node.inputs[4] if len(node.inputs) > 4 else None
+    y = node.outputs[0]
+    assert q is not None and k is not None and v is not None
+    if len(node.inputs) > 5 and node.inputs[5] is not None:
+        raise prog.fail("a training dropout with symbolic dims has no kernel")
+
+    def ints(at: Mapping[str, int]) -> list[int]:
+        sizes = tuple(evaluate(x, at) for x in node.sym_attrs.get("sizes", a["sizes"]))
+        here = Attrs({**a, "sizes": sizes})
+        shapes = {w: x.type.shape_at(at) for w, x in zip(OPERANDS, (q, k, v), strict=True)}
+        g = geometry(here, shapes)
+        out: list[int] = []
+        for w in ("q", "k", "v", "out"):
+            out += [g.views[w].offset, *g.views[w].strides]
+        for x in (mask, cond):
+            if x is not None:
+                out += mask_strides(x.type.shape_at(at), g)
+        return [*out, g.b, g.h, g.sq, g.sk, g.d, g.dv]
+
+    e = prog.sized_ints(ints)
+    if not (e[-1].isdigit() and e[-2].isdigit()):
+        raise prog.fail("symbolic head dims have no kernel")
+    b, h, sq, sk = e[-6:-2]
+
+    def strided(ptr: str, at: int) -> list[str]:
+        off = e[at]
+        return [
+            ptr if off == "0" else f"{ptr} + {off}",
+            *(f"(int64_t)({s})" for s in e[at + 1 : at + 5]),
+        ]
+
+    args = [*strided(prog.cptr(q), 0), *strided(prog.cptr(k), 5), *strided(prog.cptr(v), 10)]
+    at = 20
+    for x in (mask, cond):
+        if x is not None:
+            args += [prog.cptr(x), *(f"(int64_t)({s})" for s in e[at : at + 4])]
+            at += 4
+    args += strided(prog.ptr(y), 15)
+    args += [f"(int)({h})", f"(int64_t)({sq})", f"(int64_t)({sk})", c_float(float(a["scale"]))]
+    if str(a["where"]) != "none":
+        args.append(c_float(float(a["where_fill"])))
+    blocks = f"static_cast<unsigned>(({b}) * ({h}) * ((({sq}) + {bm - 1}) / {bm}))"
+    prog.launch_grid(kern, [blocks], bm * TPR, args)
+
+
+def _sizeless(a: Attrs) -> Attrs:
+    """The attributes without the letter sizes (which symbolic dims change; the emitter
+    computes them at run time)."""
+    return Attrs({k: v for k, v in a.items() if k != "sizes"})
+
+
 def _emit(prog: Program, node: Node) -> None:
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
     mask = node.inputs[3] if len(node.inputs) > 3 else None
@@ -594,6 +652,9 @@ def _emit(prog: Program, node: Node) -> None:
         nan_zero=bool(int(a["nan_zero"])),
         **_dropout_params(a),
     )
+    if prog.is_sized(node):
+        _emit_sized(prog, node, a, kern, bm)
+        return
 
     args = [
         *_strided(prog.cptr(q), g.views["q"]),
@@ -656,6 +717,8 @@ defop(
     flops=_flops,
     sbp=_sbp,
     emit=_emit,
+    sized=True,
+    sizeless=_sizeless,
 )
 
 

@@ -6,6 +6,7 @@ ConstantOfShape's shape and Range's start, limit and delta must be compile-time 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -189,3 +190,67 @@ def _range_emit(prog: Program, node: Node) -> None:
 
 
 defop("Range", FAMILY, infer=_range_infer, reference=_range_ref, inputs=3, emit=_range_emit)
+
+
+# -- SizePolynomial: a constant computed from the run's sizes -----------------------------------
+# A program with symbolic dims folds what an exporter computes from input shapes (row offsets
+# b * seq + s into a flattened mask, say) at each size it is built at; such a constant differs
+# from size to size, and ir/fit_dims.py replaces it by this node: each element an integer
+# polynomial of its own coordinates and the symbols, computed on the device every run.
+
+
+def _poly_terms(a: Mapping[str, Any]) -> list[dict[str, Any]]:
+    terms = json.loads(str(a["terms"]))
+    assert isinstance(terms, list)
+    return terms
+
+
+def _poly_infer(ctx: InferCtx) -> list[TensorType]:
+    shape = tuple(int(d) for d in ctx.attr("shape"))
+    return [TensorType(shape, DType.from_onnx(int(ctx.attr("dtype"))))]
+
+
+def _poly_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
+    """The constant at the bound (the symbols at the sizes ``at`` names)."""
+    shape = tuple(int(d) for d in a["shape"])
+    at = json.loads(str(a["at"]))
+    coords = np.indices(shape, dtype=np.int64) if shape else np.zeros((0,), np.int64)
+    out = np.zeros(shape, dtype=np.int64)
+    for t in _poly_terms(a):
+        term = np.full(shape, int(t["c"]) * math.prod(int(at[s]) for s in t["syms"]), np.int64)
+        for k in t["axes"]:
+            term = term * coords[int(k)]
+        out += term
+    return out.astype(DType.from_onnx(int(a["dtype"])).np)
+
+
+def _poly_emit(prog: Program, node: Node) -> None:
+    out = node.outputs[0]
+    t = out.type
+    terms = []
+    for term in _poly_terms(node.attrs):
+        factors = [f"c{int(k)}" for k in term["axes"]]
+        factors += [f"sizes[{prog.slots[s]}]" for s in term["syms"]]
+        terms.append(" * ".join([f"INT64_C({int(term['c'])})", *factors]))
+    dims = [{"axis": a, "size": prog.dim(t, a)} for a in range(t.rank)]
+    name = prog.kernel(
+        "shape.cu.j2",
+        "size_polynomial",
+        ctype=prog.ctype(out),
+        dims=dims,
+        value=" + ".join(terms) or "0",
+    )
+    prog.launch_sized(name, prog.numel(t), [prog.ptr(out)])
+
+
+defop(
+    "SizePolynomial",
+    FAMILY,
+    infer=_poly_infer,
+    reference=_poly_ref,
+    attrs={"shape": (), "dtype": 7, "terms": "[]", "at": "{}"},
+    inputs=0,
+    emit=_poly_emit,
+    sized=True,
+    sizeless=lambda a: Attrs({k: v for k, v in a.items() if k not in ("shape", "at")}),
+)

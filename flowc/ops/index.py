@@ -96,6 +96,22 @@ def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 def _gather_emit(prog: Program, node: Node) -> None:
     x, ind, out = node_input(node, 0), node_input(node, 1), node.outputs[0]
     axis = node_attrs(node)["axis"] % x.type.rank
+    if prog.is_sized(node):
+        # sizes over the run's size table (a symbolic table axis too: its bound checks)
+        xt = x.type
+        name = prog.kernel(
+            "index.cu.j2",
+            "gather",
+            ctype=prog.ctype(x),
+            itype=prog.ctype(ind),
+            dim=prog.dim(xt, axis),
+            count=prog.count(ind.type, 0, ind.type.rank, "sizes"),
+            inner=prog.count(xt, axis + 1, xt.rank, "sizes"),
+            total=prog.numel(out.type, "sizes"),
+        )
+        args = [prog.cptr(x), prog.cptr(ind), prog.ptr(out), "error_flag"]
+        prog.launch_sized(name, prog.numel(out.type), args)
+        return
     name = prog.kernel(
         "index.cu.j2",
         "gather",
@@ -154,6 +170,7 @@ defop(
     attrs={"axis": 0},
     inputs=2,
     emit=_gather_emit,
+    sized=True,
     sbp=_gather_sbp,
 )
 

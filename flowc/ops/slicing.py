@@ -398,6 +398,9 @@ def _expand_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 def _expand_emit(prog: Program, node: Node) -> None:
     """Broadcast axes read with stride 0."""
     x, out = node_input(node, 0), node.outputs[0]
+    if prog.is_sized(node):
+        prog.broadcast_sized(x, out)
+        return
     shape = out.type.shape
     xshape = (1,) * (len(shape) - x.type.rank) + x.type.shape
     box = [
@@ -416,6 +419,7 @@ defop(
     reference=_expand_ref,
     inputs=2,
     emit=_expand_emit,
+    sized=True,
     # Split like a broadcasting element-wise op; each rank expands to its own output shape.
     sbp=lambda ctx, outs: [*sr.broadcast_splits(ctx, outs, data=(0,)), sr.partial(ctx, outs)],
     localize=sr.local_shape_input(1),
