@@ -39,7 +39,7 @@ import numpy as np
 from flowc.codegen.cpp import c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node
-from flowc.ir.symbolic import evaluate
+from flowc.ir.symbolic import SymDim, evaluate
 from flowc.ir.types import TensorType
 from flowc.ops import grad
 from flowc.ops import sbp_rules as sr
@@ -564,8 +564,10 @@ def _emit_sized(prog: Program, node: Node, a: Attrs, kern: str, bm: int) -> None
     if len(node.inputs) > 5 and node.inputs[5] is not None:
         raise prog.fail("a training dropout with symbolic dims has no kernel")
 
+    letters: tuple[SymDim | int, ...] = node.sym_attrs.get("sizes") or tuple(a["sizes"])
+
     def ints(at: Mapping[str, int]) -> list[int]:
-        sizes = tuple(evaluate(x, at) for x in node.sym_attrs.get("sizes", a["sizes"]))
+        sizes = tuple(evaluate(x, at) for x in letters)
         here = Attrs({**a, "sizes": sizes})
         shapes = {w: x.type.shape_at(at) for w, x in zip(OPERANDS, (q, k, v), strict=True)}
         g = geometry(here, shapes)
