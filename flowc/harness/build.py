@@ -383,9 +383,17 @@ def bench_figures(stdout: str) -> dict[str, Any]:
     )
 
 
-def check_feeds(feeds: Mapping[str, Any], inputs: Sequence[Mapping[str, Any]]) -> None:
+def check_feeds(
+    feeds: Mapping[str, Any],
+    inputs: Sequence[Mapping[str, Any]],
+    symbols: Sequence[Mapping[str, Any]] = (),
+) -> None:
     """Every input given, of its declared type and shape (array-likes with ``dtype`` and
-    ``shape``); the messages the command line and the Python API share."""
+    ``shape``); the messages the command line and the Python API share. A program with
+    symbolic dims (``symbols``, flowc_model.json's) takes any size in range where an input's
+    ``dims`` names a symbol, the same size wherever the symbol appears."""
+    ranges = {str(s["name"]): (int(s["min"]), int(s["max"])) for s in symbols}
+    sizes: dict[str, tuple[int, str]] = {}
     for spec in inputs:
         name = spec["name"]
         if name not in feeds:
@@ -402,11 +410,51 @@ def check_feeds(feeds: Mapping[str, Any], inputs: Sequence[Mapping[str, Any]]) -
             same_type = np.dtype(got).newbyteorder("=") == want
         except TypeError:
             same_type = False
+        dims = spec.get("dims")
+        if dims is not None and same_type:
+            _check_dims(name, spec, list(a.shape), ranges, sizes)
+            continue
         if not same_type or list(a.shape) != list(spec["shape"]):
             raise InputError(
                 f"input {name!r}: expected {spec['dtype']}{list(spec['shape'])}, got "
                 f"{got}{list(a.shape)}",
                 hint=f"give the array as {want} with shape {list(spec['shape'])}",
+            )
+
+
+def _check_dims(
+    name: str,
+    spec: Mapping[str, Any],
+    shape: list[int],
+    ranges: Mapping[str, tuple[int, int]],
+    sizes: dict[str, tuple[int, str]],
+) -> None:
+    """An input of symbolic dims: its rank, fixed dims, ranges, and the sizes other inputs
+    gave the same symbols."""
+    dims = list(spec["dims"])
+    want = ", ".join(
+        str(n) if d is None else f"{d}:{ranges[d][0]}..{ranges[d][1]}"
+        for n, d in zip(spec["shape"], dims, strict=True)
+    )
+    expected = f"expected {spec['dtype']}[{want}], got {list(shape)}"
+    if len(shape) != len(dims):
+        raise InputError(f"input {name!r}: {expected}")
+    for k, (n, d, got) in enumerate(zip(spec["shape"], dims, shape, strict=True)):
+        if d is None:
+            if got != n:
+                raise InputError(f"input {name!r}: {expected} (dim {k} is fixed to {n})")
+            continue
+        lo, hi = ranges[d]
+        if not lo <= got <= hi:
+            raise InputError(
+                f"input {name!r}: {expected} (dim {k}, {d}, is {got}: outside {lo}..{hi})",
+                hint=f"the program was compiled for {d} in {lo}..{hi}",
+            )
+        prev = sizes.setdefault(d, (got, name))
+        if prev[0] != got:
+            raise InputError(
+                f"input {name!r}: dim {k} ({d}) is {got}, but input {prev[1]!r} makes it {prev[0]}",
+                hint="inputs that share a symbolic dim agree on its size",
             )
 
 
@@ -449,7 +497,7 @@ def run(
             "--out-dir",
             str(results_dir),
         ]
-        check_feeds(feeds, inputs)
+        check_feeds(feeds, inputs, info.get("symbols") or ())
         # Paths the user never gave: the driver's messages name the input instead.
         scrub = {str(results_dir): "the outputs folder"}
         for k, spec in enumerate(inputs):

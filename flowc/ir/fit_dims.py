@@ -199,7 +199,9 @@ def _check_constant(
         not np.array_equal(full, np.asarray(p.const), equal_nan=full.dtype.kind in "fc")
         for _, p in probes
     )
-    if not varies or _polynomial(graph, c, probes):
+    if not varies or all((n.op, k) in SHAPE_ONLY_INPUTS for n, k in readers):
+        return
+    if _polynomial(graph, c, probes):
         return
     for n, k in readers:
         if (n.op, k) not in SHAPE_ONLY_INPUTS:

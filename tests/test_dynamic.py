@@ -1,0 +1,486 @@
+"""Symbolic dims (--dim NAME=LO..HI): one program for every size in range.
+
+The references: onnxruntime on the same ONNX model at each size, NumPy for the polynomial
+fits. Builds are shared per module (one host build of an exporter-style encoder and one of
+bert_tiny, one CUDA compile-and-link)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SHARED_MODELS, require_cuda_build_toolchain, run_cli
+from onnx import TensorProto, helper, numpy_helper
+
+from flowc.codegen.cpp import CodegenError
+from flowc.compiler import compile_graph, compile_model, load_model
+from flowc.errors import InputError, ShapeError
+from flowc.frontend.dsl import parse_program
+from flowc.harness.build import build, run
+from flowc.harness.compare import max_rel_error
+from flowc.harness.ort import inference_mode, run_onnxruntime
+from flowc.ir.printer import print_graph
+from flowc.ir.symbolic import DimRange, SymDim, fit, fit_grid, probe_points
+from flowc.options import CompileOptions, ModelArgs, parse_dim_ranges, parse_shape_ranges
+
+TOL = 1e-4
+
+
+def _encoder(path: Path) -> Path:
+    """An encoder layer as exporters write one: the flattening reshape's target computed
+    from Shape -> Gather -> Unsqueeze -> Mul -> Concat, a GEMM with ReLU, the reshape back,
+    a LayerNorm and a softmax over the features; batch and seq are named dims."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "B"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "G"),
+        numpy_helper.from_array(np.array(0, np.int64), "i0"),
+        numpy_helper.from_array(np.array(1, np.int64), "i1"),
+        numpy_helper.from_array(np.array([0], np.int64), "ax"),
+        numpy_helper.from_array(np.array([16], np.int64), "c16"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i0"], ["b"], axis=0),
+        helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "ax"], ["bu"]),
+        helper.make_node("Unsqueeze", ["t", "ax"], ["tu"]),
+        helper.make_node("Mul", ["bu", "tu"], ["bt"]),
+        helper.make_node("Concat", ["bt", "c16"], ["flat"], axis=0),
+        helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+        helper.make_node("MatMul", ["x2", "W"], ["y2"]),
+        helper.make_node("Add", ["y2", "B"], ["y3"]),
+        helper.make_node("Relu", ["y3"], ["r"]),
+        helper.make_node("Concat", ["bu", "tu", "c16"], ["back"], axis=0),
+        helper.make_node("Reshape", ["r", "back"], ["r3"]),
+        helper.make_node("LayerNormalization", ["r3", "G", "B"], ["n"], axis=-1),
+        helper.make_node("Softmax", ["n"], ["y"], axis=-1),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "enc",
+        [vi("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+        [vi("y", TensorProto.FLOAT, ["batch", "seq", 16])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def _compile(model: Path, dims: tuple[str, ...], out: Path, target: str = "host") -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = load_model(ModelArgs(path=model, dims=dims))
+    # Debug builds poison dead arena bytes with NaN: a read past this run's prefix shows.
+    compile_graph(graph, out, source=model.name, poison=target == "host", build_target=target)
+    return out
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("enc")
+    model = _encoder(tmp / "enc.onnx")
+    out = _compile(model, ("batch=1..8", "seq=1..32"), tmp / "out")
+    build(out, "host", quick=True)
+    return model, out
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = _compile(
+        SHARED_MODELS / "bert_tiny.onnx",
+        ("batch=1..4", "seq=1..16"),
+        tmp_path_factory.mktemp("bert") / "out",
+    )
+    bdir = build(out, "host", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+    return out
+
+
+def test_encoder_one_build_matches_onnxruntime_over_the_range(encoder: tuple[Path, Path]) -> None:
+    model, out = encoder
+    info = json.loads((out / "flowc_model.json").read_text())
+    assert info["symbols"] == [
+        {"name": "batch", "min": 1, "max": 8, "typical": 8},
+        {"name": "seq", "min": 1, "max": 32, "typical": 32},
+    ]
+    assert info["inputs"][0]["dims"] == ["batch", "seq", None]
+    proto = onnx.load(str(model))
+    for b, s in [(1, 1), (8, 32), (3, 7), (2, 17)]:
+        x = np.random.default_rng(b * 100 + s).standard_normal((b, s, 16)).astype(np.float32)
+        ref = run_onnxruntime(proto, {"x": x})["y"]
+        # the emulator's race-revealing order must not matter either
+        got, _ = run(out, {"x": x}, env={"FLOWC_SIM_ORDER": "shuffle:3"})
+        assert got["y"].shape == (b, s, 16)
+        assert max_rel_error(got["y"], ref) <= TOL, (b, s)
+
+
+def test_bert_tiny_one_build_matches_onnxruntime_over_the_range(bert: Path) -> None:
+    """Symbolic batch and sequence through the exporter's mask arithmetic (a flattened-mask
+    Gather whose indices become a SizePolynomial), fused attention masked by the run's
+    length, LayerNorm rows, the pooler's Gather, both ends of the ranges included."""
+    proto = inference_mode(onnx.load(str(SHARED_MODELS / "bert_tiny.onnx")))
+    for b, s in [(1, 1), (4, 16), (2, 7), (3, 12)]:
+        rng = np.random.default_rng(b * 100 + s)
+        ids = rng.integers(0, 1000, (b, s)).astype(np.int64)
+        mask = np.ones((b, s), np.int64)
+        if s > 2:
+            mask[0, -2:] = 0  # padding in the first row
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        ref = run_onnxruntime(proto, feeds)
+        got, _ = run(bert, feeds)
+        for k, v in ref.items():
+            assert got[k].shape == v.shape
+            assert max_rel_error(got[k], v) <= TOL, (b, s, k)
+
+
+def test_bert_tiny_graph_computes_size_constants_on_the_device() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = load_model(
+            ModelArgs(path=SHARED_MODELS / "bert_tiny.onnx", dims=("batch=1..4", "seq=1..16"))
+        )
+    ops = {n.op for n in g.nodes}
+    # b * seq + s into the flattened mask; the token-type row broadcast over batch and seq
+    assert {"SizePolynomial", "Expand", "FusedAttention"} <= ops
+    att = next(n for n in g.nodes if n.op == "FusedAttention")
+    b, h, sq, sk, d, dv = att.sym_attrs["sizes"]
+    assert (str(b), h, str(sq), str(sk), d, dv) == ("batch", 2, "seq", "seq", 64, 64)
+
+
+def test_inputs_outside_the_range_are_refused(
+    bert: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = np.zeros((2, 5), np.int64)
+    cases = [
+        ((5, 4), (5, 4), "outside 1..4"),
+        ((2, 17), (2, 17), "outside 1..16"),
+        ((2, 5), (2, 6), "'input_ids' makes it 5"),
+        ((2, 5, 1), (2, 5), "expected i64[batch:1..4, seq:1..16]"),
+    ]
+    for id_shape, mask_shape, message in cases:
+        np.save(tmp_path / "ids.npy", np.zeros(id_shape, np.int64))
+        np.save(tmp_path / "mask.npy", np.ones(mask_shape, np.int64))
+        code, err = run_cli(
+            [
+                "run",
+                str(bert),
+                "--input",
+                f"input_ids={tmp_path / 'ids.npy'}",
+                "--input",
+                f"attention_mask={tmp_path / 'mask.npy'}",
+                "-o",
+                str(tmp_path / "o.npz"),
+            ],
+            capsys,
+        )
+        assert code == 2 and message in err, (id_shape, err)
+        assert not (tmp_path / "o.npz").exists()
+    del ids
+
+
+def test_driver_refuses_inputs_that_disagree_on_a_symbol(bert: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    np.save(tmp_path / "ids.npy", np.zeros((2, 5), np.int64))
+    np.save(tmp_path / "mask.npy", np.ones((3, 5), np.int64))
+    r = subprocess.run(
+        [
+            str(bert / "build-host" / "model_main"),
+            "--weights",
+            str(bert / "weights.bin"),
+            "--input",
+            f"input_ids={tmp_path / 'ids.npy'}",
+            "--input",
+            f"attention_mask={tmp_path / 'mask.npy'}",
+            "--out-dir",
+            str(tmp_path / "res"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2
+    assert "dim 0 (batch) is 3, but input 'input_ids' makes it 2" in r.stderr
+    assert not (tmp_path / "res").exists()
+
+
+def test_run_shaped_reports_bad_dims_with_a_status(bert: Path) -> None:
+    """The C API itself (ctypes over the host build's library): a size out of range, a fixed
+    dim changed, inputs that disagree: a nonzero status, last_error naming input and dim,
+    nothing run."""
+    lib = ctypes.CDLL(str(bert / "build-host" / "libbert_tiny_model.so"))
+    p = "bert_tiny_"
+    model = ctypes.c_void_p()
+    create = getattr(lib, p + "create")
+    create.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    assert create(str(bert / "weights.bin").encode(), ctypes.byref(model)) == 0
+    try:
+        run_shaped = getattr(lib, p + "run_shaped")
+        run_shaped.argtypes = [ctypes.c_void_p] * 5
+        last_error = getattr(lib, p + "last_error")
+        last_error.argtypes = [ctypes.c_void_p]
+        last_error.restype = ctypes.c_char_p
+        assert getattr(lib, p + "num_symbols")() == 2
+        sym_max = getattr(lib, p + "symbol_max")
+        sym_max.restype = ctypes.c_int64
+        assert [sym_max(0), sym_max(1)] == [4, 16]
+
+        def status(ids: tuple[int, int], mask: tuple[int, int]) -> tuple[int, str]:
+            dims = [(ctypes.c_int64 * 2)(*ids), (ctypes.c_int64 * 2)(*mask)]
+            table = (ctypes.c_void_p * 2)(*(ctypes.cast(d, ctypes.c_void_p) for d in dims))
+            rc = run_shaped(model, None, table, None, None)
+            return rc, (last_error(model) or b"").decode()
+
+        rc, msg = status((5, 3), (5, 3))
+        assert rc != 0 and "input input_ids dim 0 (batch) is 5, outside its range 1..4" in msg
+        rc, msg = status((2, 3), (2, 4))
+        assert (
+            rc != 0
+            and "input attention_mask dim 1 (seq) is 4 but input input_ids makes it 3" in msg
+        )
+        rc, msg = status((2, 0), (2, 0))
+        assert rc != 0 and "outside its range 1..16" in msg
+    finally:
+        destroy = getattr(lib, p + "destroy")
+        destroy.argtypes = [ctypes.c_void_p]
+        destroy(model)
+
+
+def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = load_model(
+            ModelArgs(path=SHARED_MODELS / "bert_tiny.onnx", dims=("batch=2", "seq=7"))
+        )
+    assert not graph.symbols and all(v.type.sym is None for v in graph.values())
+    compile_graph(graph, tmp_path / "out")
+    for f in ("model.cu", "model.h", "main.cu"):
+        text = (tmp_path / "out" / f).read_text()
+        assert "run_shaped" not in text and "flowc_set_sizes" not in text and "hdims" not in text
+    assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
+
+
+def test_cuda_build_of_a_dynamic_program_compiles_and_links(tmp_path: Path) -> None:
+    require_cuda_build_toolchain()
+    out = _compile(
+        SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16"), tmp_path / "out", "cuda"
+    )
+    bdir = build(out, "cuda", quick=True)
+    assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+
+
+# -- what no one program serves is refused, naming the node -------------------------------------
+
+
+def _model(
+    path: Path, nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], **io: list
+) -> Path:  # type: ignore[type-arg]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "m",
+        [vi(n, TensorProto.FLOAT, d) for n, d in io["inputs"]],
+        [vi(n, TensorProto.FLOAT, d) for n, d in io["outputs"]],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_a_dim_that_is_no_polynomial_is_refused_naming_the_node(tmp_path: Path) -> None:
+    # x[:, : seq // 2]: half the sequence
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "i1"], ["t"], axis=0),
+        helper.make_node("Div", ["t", "two"], ["half"]),
+        helper.make_node("Unsqueeze", ["half", "ax"], ["end"]),
+        helper.make_node("Slice", ["x", "zero", "end", "ax1"], ["y"], name="halve"),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.int64), "i1"),
+        numpy_helper.from_array(np.array(2, np.int64), "two"),
+        numpy_helper.from_array(np.array([0], np.int64), "ax"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+    ]
+    path = _model(
+        tmp_path / "half.onnx",
+        nodes,
+        inits,
+        inputs=[("x", ["batch", "seq"])],
+        outputs=[("y", ["batch", "half"])],
+    )
+    with pytest.raises(ShapeError, match="Slice node 'halve' reads 'end'") as e:
+        load_model(ModelArgs(path=path, dims=("batch=1..4", "seq=2..32")))
+    assert "computed from the sizes ([6] at batch=2, seq=12, [16] at the bound)" in str(e.value)
+    assert e.value.hint is not None and "--dim NAME=N" in e.value.hint
+
+
+def test_a_dim_that_is_no_polynomial_is_refused(tmp_path: Path) -> None:
+    # a stride-2 pool halves the sequence: floor(seq / 2) is no polynomial of seq
+    path = _model(
+        tmp_path / "pool.onnx",
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2], strides=[2], name="pool")],
+        [],
+        inputs=[("x", ["batch", 4, "seq"])],
+        outputs=[("y", ["batch", 4, "half"])],
+    )
+    with pytest.raises(ShapeError, match="MaxPool node 'pool'") as e:
+        load_model(ModelArgs(path=path, dims=("batch=1..4", "seq=2..32")))
+    assert "dim 2 is" in str(e.value) and "not a polynomial of batch, seq" in str(e.value)
+
+
+def test_an_op_without_a_size_generic_kernel_is_refused(tmp_path: Path) -> None:
+    w = numpy_helper.from_array(np.ones((2, 3, 1, 1), np.float32), "w")
+    path = _model(
+        tmp_path / "conv.onnx",
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv0")],
+        [w],
+        inputs=[("x", ["batch", 3, 4, 4])],
+        outputs=[("y", ["batch", 2, 4, 4])],
+    )
+    graph = load_model(ModelArgs(path=path, dims=("batch=1..4",)))
+    with pytest.raises(CodegenError, match="no size-generic kernel yet") as e:
+        compile_graph(graph, tmp_path / "out")
+    assert "Conv: 1 node(s), first: 'conv0'" in e.value.message
+    assert not (tmp_path / "out").exists()
+
+
+def test_symbolic_dims_on_a_mesh_are_refused(encoder: tuple[Path, Path], tmp_path: Path) -> None:
+    model, _ = encoder
+    from flowc.options import ParallelArgs
+
+    opts = CompileOptions(
+        ModelArgs(path=model, dims=("batch=1..8", "seq=1..32")),
+        parallel=ParallelArgs(mesh="2"),
+    )
+    with pytest.raises(InputError, match="for one device for now"):
+        compile_model(opts, tmp_path / "out", target="host")
+
+
+# -- options, the DSL and the printer ---------------------------------------------------------
+
+
+def test_dim_ranges_parse_and_bad_ones_are_refused() -> None:
+    static, ranges = parse_dim_ranges(["batch=1..64@8", "seq=1..512", "heads=12"])
+    assert static == {"heads": 12}
+    assert ranges == {"batch": DimRange(1, 64, 8), "seq": DimRange(1, 512)}
+    assert ranges["batch"].weighed == 8 and ranges["seq"].weighed == 512
+    for bad, why in [
+        ("batch=64..1", "is empty (its min is above its max)"),
+        ("batch=0..4", "starts at 1 or more"),
+        ("batch=1..x", "neither a size"),
+        ("batch=1..8@9", "typical size 9 is outside 1..8"),
+        ("a b=1..4", "not a symbol name"),
+    ]:
+        with pytest.raises(InputError, match=re.escape(why)):
+            parse_dim_ranges([bad])
+    shapes, sranges = parse_shape_ranges(["x=1..8x3x224x224"])
+    assert shapes == {"x": (8, 3, 224, 224)} and sranges == {("x", 0): DimRange(1, 8)}
+
+
+def test_cli_refuses_an_empty_range(
+    encoder: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, _ = encoder
+    code, err = run_cli(
+        ["compile", str(model), "-o", str(tmp_path / "o"), "--dim", "batch=8..1", "--dim", "seq=4"],
+        capsys,
+    )
+    assert code == 2 and "the range 8..1 is empty" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_shape_ranges_name_the_models_symbol(encoder: tuple[Path, Path]) -> None:
+    model, _ = encoder
+    g = load_model(ModelArgs(path=model, shapes=("x=2..6x1..9x16",)))
+    assert g.symbols == {"batch": DimRange(2, 6), "seq": DimRange(1, 9)}
+    assert str(g.inputs[0].type) == "f32[batch, seq, 16]"
+
+
+PROGRAM = """\
+dim batch: 1..64@8
+
+graph m(x: f32[batch, seq:1..16, 4]) -> (y: f32[batch*seq, 3]) {
+    param w: f32[4, 3] = fill(0.5)
+    h = relu(x)
+    f = reshape(h, [-1, 4])
+    y = f @ w
+    return y
+}
+"""
+
+
+def test_dsl_symbolic_dims_print_and_read_back() -> None:
+    g = parse_program(PROGRAM)
+    assert {k: str(v) for k, v in g.symbols.items()} == {"batch": "1..64@8", "seq": "1..16"}
+    text = print_graph(g)
+    assert "dim batch: 1..64@8\ndim seq: 1..16\n" in text
+    assert "y: f32[batch*seq, 3] = matmul(" in text
+    again = parse_program(text)
+    assert print_graph(again) == text
+    assert [str(v.type) for v in again.values()] == [str(v.type) for v in g.values()]
+
+
+@pytest.mark.parametrize(
+    ("sig", "message"),
+    [
+        ("x: f32[b, 4]", "unknown symbol 'b' in a dimension"),
+        ("x: f32[b:4..2, 4]", "the range 4..2 is empty"),
+        ("x: f32[b<=4, b<=8]", "symbol 'b' is 1..8 here but 1..4 before"),
+    ],
+)
+def test_dsl_symbol_errors_point_at_the_dim(sig: str, message: str) -> None:
+    from flowc.frontend.dsl import DslError
+
+    with pytest.raises(DslError, match=message):
+        parse_program(f"graph m({sig}) -> (y: f32[2]) {{\n    y = x\n    return y\n}}\n")
+
+
+# -- the fits ---------------------------------------------------------------------------------
+
+
+def test_multilinear_fit_finds_integer_polynomials_and_refuses_others() -> None:
+    ranges = {"batch": DimRange(1, 64), "seq": DimRange(1, 512)}
+    points = probe_points(ranges)
+    assert all(1 < p["batch"] < 64 and 1 < p["seq"] < 512 for p in points)
+    names = list(ranges)
+    for f, want in [
+        (lambda b, s: b * s, "batch*seq"),
+        (lambda b, s: 2 * s + 1, "1+2*seq"),
+        (lambda b, s: 12 * b * s + b, "batch+12*batch*seq"),
+        (lambda b, s: 7, "7"),
+    ]:
+        got = fit(names, points, [f(p["batch"], p["seq"]) for p in points])
+        assert str(got) == want
+    assert fit(names, points, [p["seq"] // 2 + p["seq"] % 2 for p in points]) is None
+
+
+def test_grid_fit_matches_numpy_polynomials() -> None:
+    rng = np.random.default_rng(1)
+    grid = [[5, 8, 13, 21], [3, 4, 9, 10]]
+    for _ in range(20):
+        coef = rng.integers(-5, 6, (4, 4))
+        vals = [
+            int(sum(coef[i, j] * b**i * s**j for i in range(4) for j in range(4)))
+            for b in grid[0]
+            for s in grid[1]
+        ]
+        f = fit_grid(["b", "s"], grid, vals)
+        assert f is not None
+        for b, s in [(1, 1), (7, 30), (100, 2)]:
+            want = int(sum(coef[i, j] * b**i * s**j for i in range(4) for j in range(4)))
+            got = f.evaluate({"b": b, "s": s}) if isinstance(f, SymDim) else f
+            assert got == want
