@@ -227,12 +227,18 @@ def model_options(fn: F) -> F:
             text_option(
                 "--shape",
                 "NAME=DIMS",
-                "Whole shape of an input, e.g. x=1x3x224x224.",
+                "Whole shape of an input, e.g. x=1x3x224x224; a dim the model names may be a "
+                "range, x=1..8x3x224x224.",
                 dest="shapes",
                 multiple=True,
             ),
             text_option(
-                "--dim", "SYMBOL=N", "Value of a symbolic dimension.", dest="dims", multiple=True
+                "--dim",
+                "SYMBOL=N",
+                "Value of a symbolic dimension, or its range LO..HI[@TYPICAL]: one program for "
+                "every size in it (docs/dynamic.md).",
+                dest="dims",
+                multiple=True,
             ),
             flag_option(
                 "--print-pass-times", "Print how long each pass took (to stderr).", "print_times"

@@ -497,7 +497,9 @@ def run(
             "--out-dir",
             str(results_dir),
         ]
-        check_feeds(feeds, inputs, info.get("symbols") or ())
+        symbols = info.get("symbols") or []
+        assert isinstance(symbols, list)
+        check_feeds(feeds, inputs, symbols)
         # Paths the user never gave: the driver's messages name the input instead.
         scrub = {str(results_dir): "the outputs folder"}
         for k, spec in enumerate(inputs):

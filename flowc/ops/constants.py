@@ -206,6 +206,12 @@ def _poly_terms(a: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _poly_infer(ctx: InferCtx) -> list[TensorType]:
+    missing = [k for k in ("shape", "dtype", "terms", "at") if k not in ctx.attrs]
+    if missing:
+        raise ctx.fail(
+            f"needs the attributes {', '.join(missing)} (flowc makes this node for a constant "
+            "computed from symbolic sizes)"
+        )
     shape = tuple(int(d) for d in ctx.attr("shape"))
     return [TensorType(shape, DType.from_onnx(int(ctx.attr("dtype"))))]
 
@@ -248,7 +254,7 @@ defop(
     FAMILY,
     infer=_poly_infer,
     reference=_poly_ref,
-    attrs={"shape": (), "dtype": 7, "terms": "[]", "at": "{}"},
+    attrs={"shape": None, "dtype": None, "terms": None, "at": None},
     inputs=0,
     emit=_poly_emit,
     sized=True,
