@@ -163,6 +163,7 @@ def compile_options(model: str | os.PathLike[str], **options: Any) -> CompileOpt
         Path(model),
         shapes=_items(o.get("shape"), "shape"),
         dims=_items(o.get("dim"), "dim"),
+        bounds=_items(o.get("bound"), "bound"),
         weights=None if weights is None else str(weights),
         dump_after=_items(o.get("dump_ir_after"), "dump_ir_after"),
         print_times=bool(o.get("print_pass_times", False)),
@@ -210,6 +211,7 @@ PARALLEL = ("auto", "data", "none")
 COMPILE_OPTIONS = (
     "shape",
     "dim",
+    "bound",
     "weights",
     "dump_ir_after",
     "print_pass_times",

@@ -52,6 +52,7 @@ from flowc.options import (
     CompileOptions,
     ModelArgs,
     ParallelArgs,
+    parse_bounds,
     parse_bytes,
     parse_dim_ranges,
     parse_dim_values,
@@ -735,6 +736,12 @@ def load_model(
     static_dims, ranges = parse_dim_ranges(model.dims)
     shapes, shape_ranges = parse_shape_ranges(model.shapes)
     by_shape = _shape_symbols(model, shape_ranges, ranges)
+    bounds = parse_bounds(model.bounds)
+    if bounds and model.path.suffix.lower() == ".flow":
+        raise InputError(
+            "--bound is for ONNX models; a .flow program gives an op its bound attribute",
+            hint="write bound=K in the call: non_zero(x, bound=100)",
+        )
 
     def build(sizes: Mapping[str, int], record: bool) -> Graph:
         at_shapes = {n: list(d) for n, d in shapes.items()}
@@ -746,6 +753,7 @@ def load_model(
             dims={**static_dims, **({} if is_flow else sizes)},
             weights=model.weights,
             sizes=sizes if is_flow else {},
+            bounds=bounds,
         )
         graph = load_graph(model.path, opts)
         if graph.state and (placed or precision != "fp32"):
@@ -771,19 +779,20 @@ def load_model(
     if model.path.suffix.lower() == ".flow":
         # a program declares its own symbols (dim batch: 1..64), each read at its bound
         graph = times.run("import", lambda: build({}, True))
-        ranges = dict(graph.symbols)
+        ranges = {k: r for k, r in graph.symbols.items() if not r.computed}
     elif ranges:
         graph = times.run("import", lambda: build({s: r.hi for s, r in ranges.items()}, True))
     else:
-        return times.run("import", lambda: build({}, True))
-    if not ranges:
-        return graph
-    if placed:
+        graph = times.run("import", lambda: build({}, True))
+    if placed and graph.symbols:
         raise InputError(
-            "symbolic dims (" + ", ".join(f"{s}={r}" for s, r in ranges.items()) + ") are for "
-            "one device for now: a mesh or pipeline splits a program of one size",
+            "symbolic dims ("
+            + ", ".join(f"{s}={r}" for s, r in graph.symbols.items())
+            + ") are for one device for now: a mesh or pipeline splits a program of one size",
             hint="fix the dims with --dim NAME=N to place the program",
         )
+    if not ranges:
+        return graph
     return times.run(
         "symbolic dims", lambda: annotate_symbols(graph, ranges, lambda p: build(p, False))
     )

@@ -124,6 +124,30 @@ def parse_dim_ranges(items: Sequence[str]) -> tuple[dict[str, int], dict[str, Di
     return static, ranges
 
 
+def parse_bounds(items: Sequence[str]) -> dict[str, int]:
+    """``--bound NAME=K``: the rows the data-dependent output NAME holds (its buffer's
+    bound; a run that finds more keeps K and reports it)."""
+    from flowc.ir.builder import MAX_ELEMENTS
+
+    bounds: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name:
+            raise InputError(
+                f"--bound {_shown(item)}: expected OUTPUT=K", hint="e.g. --bound selected=100"
+            )
+        try:
+            k = int(value)
+        except ValueError:
+            raise InputError(f"--bound {_shown(item)}: {_shown(value)} is not an integer") from None
+        if not 0 <= k <= MAX_ELEMENTS:
+            raise InputError(f"--bound {_shown(item)}: a bound is 0..{MAX_ELEMENTS}")
+        if name in bounds:
+            raise InputError(f"--bound {name} is given twice")
+        bounds[name] = k
+    return bounds
+
+
 def parse_shape_ranges(
     items: Sequence[str],
 ) -> tuple[dict[str, tuple[int, ...]], dict[tuple[str, int], DimRange]]:
@@ -187,6 +211,8 @@ class ModelArgs:
     shapes: tuple[str, ...] = ()
     dims: tuple[str, ...] = ()
     weights: str | None = None
+    # --bound NAME=K: the rows a data-dependent output (NonZero, NonMaxSuppression) holds
+    bounds: tuple[str, ...] = ()
     dump_after: tuple[str, ...] = ()
     print_times: bool = False
 

@@ -41,7 +41,7 @@ MAX_SEARCH_NODES = (1 << 31) - 1
 # The group each option is listed under in `--help` of compile, verify, eval and inspect
 # (by the option's parameter name); an option not listed goes under "Other".
 HELP_GROUPS: dict[str, tuple[str, ...]] = {
-    "Input": ("shapes", "dims", "weights", "inputs", "seed", "random_inputs"),
+    "Input": ("shapes", "dims", "bounds", "weights", "inputs", "seed", "random_inputs"),
     "Training": (
         "train",
         "loss",
@@ -238,6 +238,14 @@ def model_options(fn: F) -> F:
                 "Value of a symbolic dimension, or its range LO..HI[@TYPICAL]: one program for "
                 "every size in it (docs/dynamic.md).",
                 dest="dims",
+                multiple=True,
+            ),
+            text_option(
+                "--bound",
+                "OUTPUT=K",
+                "Rows a data-dependent output (NonZero, NonMaxSuppression) holds at most: its "
+                "buffer's size (docs/dynamic.md).",
+                dest="bounds",
                 multiple=True,
             ),
             flag_option(

@@ -261,6 +261,7 @@ class Program:
         # which kernels take as `sizes`, and the host copy `hdims` for grids and library
         # calls; docs/dynamic.md).
         self.slots = {s: k for k, s in enumerate(graph.symbols)}
+        self.counts = frozenset(s for s, r in graph.symbols.items() if r.computed)
 
     # -- symbolic dims ---------------------------------------------------------------------
 
@@ -273,7 +274,9 @@ class Program:
         """Dim ``axis`` of ``t`` as C++: its size, or its polynomial over ``table`` (a kernel's
         ``sizes``, run()'s device ``ddims`` or host ``hdims``)."""
         sym = t.sym[axis] if t.sym is not None else None
-        if sym is None:
+        if sym is None or (table == "hdims" and sym.symbols & self.counts):
+            # (a count the device computes is not known on the host during the run: grids
+            # and copies there cover its bound, the kernels read the count)
             return str(t.shape[axis])
         return sym.c_expr(self.slots, table)
 
@@ -1052,7 +1055,9 @@ def _symbols_context(
         "lo": [r.lo for r in graph.symbols.values()],
         "hi": [r.hi for r in graph.symbols.values()],
         "inputs": rows,
-        "outputs": [[prog.dim(v.type, k, "hdims") for k in range(v.type.rank)] for v in outputs],
+        "outputs": [[prog.dim(v.type, k, "d") for k in range(v.type.rank)] for v in outputs],
+        "computed": [int(r.computed) for r in graph.symbols.values()],
+        "counts": bool(prog.counts),
     }
 
 

@@ -395,6 +395,7 @@ class _Reader:
         hi_t: Any,
         at_t: Any,
         where: Tree,
+        computed: bool = False,
     ) -> DimRange:
         """Declare symbol ``sym_t`` (or check it against its declaration): tokens of the
         grammar's dim_decl/dim_le/dim_range, ``lo_t`` an int where the text gives none."""
@@ -402,7 +403,7 @@ class _Reader:
         lo = lo_t if isinstance(lo_t, int) else self.integer(lo_t)
         hi = self.integer(hi_t)
         try:
-            r = DimRange(lo, hi, self.integer(at_t) if at_t is not None else None)
+            r = DimRange(lo, hi, self.integer(at_t) if at_t is not None else None, computed)
         except ValueError as e:
             raise self.fail(where, f"symbol {name!r}: {e}") from None
         if hi > MAX_ELEMENTS:
@@ -583,10 +584,10 @@ class _Reader:
 
     def header(self, t: Tree) -> None:
         if t.data == "dim_decl":
-            sym_t, lo_t, hi_t, at_t = t.children
+            sym_t, lo_t, hi_t, at_t, computed_t = t.children
             if str(sym_t) in self.symbols:
                 raise self.fail(t, f"symbol {str(sym_t)!r} is declared twice")
-            self.declare_symbol(sym_t, lo_t, hi_t, at_t, t)
+            self.declare_symbol(sym_t, lo_t, hi_t, at_t, t, computed=computed_t is not None)
         elif t.data == "mesh_decl":
             name_t, dims = t.children
             shape = tuple(self.integer(d.children[0]) for d in dims.children)
@@ -904,7 +905,7 @@ class _Reader:
             name = self.new_name(name_t)
             if type_t is not None:
                 want = self.tensor_type(type_t)
-                if want != v.type:
+                if want != v.type.static():
                     raise self.fail(
                         target, f"{name!r} is declared {want}, but the expression gives {v.type}"
                     )
@@ -1068,7 +1069,7 @@ class _Reader:
         outs = []
         for n_t, (oname, otype, osbp) in zip(names, declared, strict=True):
             v = self.lookup(n_t)
-            if v.type != otype:
+            if v.type.static() != otype:
                 raise self.fail(
                     n_t, f"output {oname!r} is declared {otype}, but {self.name(n_t)!r} is {v.type}"
                 )
@@ -1277,11 +1278,12 @@ def parse_program(
         graph = reader.program(tree)
     except RecursionError:
         raise src.error(1, 1, "the program nests too deeply") from None
-    if reader.symbols and sizes is None:
+    given = {k: r for k, r in reader.symbols.items() if not r.computed}
+    if given and sizes is None:
         # symbolic types: the program read again at the fit's sizes (ir/fit_dims.py)
         graph = annotate_symbols(
             graph,
-            reader.symbols,
+            given,
             lambda at: parse_program(text, path, weights, base_dir, at),
         )
     if weights is not None and not reader.loads:

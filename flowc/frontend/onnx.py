@@ -54,6 +54,8 @@ class ImportOptions:
     # A .flow program's symbols at the sizes of this reading (symbolic dims: each at its
     # bound unless given; ir/fit_dims.py reads a program at several sizes).
     sizes: Mapping[str, int] = field(default_factory=dict)
+    # --bound NAME=K: the rows of the data-dependent output NAME
+    bounds: Mapping[str, int] = field(default_factory=dict)
     # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
     # bound to B wherever else it appears).
     batch: int | None = None
@@ -340,6 +342,7 @@ def import_model(
     }
     builder = GraphBuilder(graph)
     builder.training = opts.trainable
+    builder.bounds = dict(opts.bounds)
     env: dict[str, Value] = {}
 
     init_names = {t.name for t in og.initializer} | {s.values.name for s in og.sparse_initializer}
@@ -412,7 +415,29 @@ def import_model(
         graph.outputs.append(v)
     graph.remove_unused()
     builder.flush_warnings()
+    _check_bounds(graph, opts.bounds)
     return graph
+
+
+def _check_bounds(graph: Graph, bounds: Mapping[str, int]) -> None:
+    """Every --bound names a data-dependent output of the graph."""
+    computed = {s for s, r in graph.symbols.items() if r.computed}
+    counted = {
+        v.name
+        for v in graph.values()
+        if v.type.sym is not None
+        and any(d is not None and d.symbols & computed for d in v.type.sym)
+    }
+    for name in bounds:
+        if name not in counted:
+            raise InputError(
+                f"--bound {name}: the model has no data-dependent output named {name!r}",
+                hint=(
+                    "its data-dependent outputs are: " + ", ".join(sorted(counted))
+                    if counted
+                    else "the model has no output whose size depends on its data"
+                ),
+            )
 
 
 def _name_output(graph: Graph, builder: GraphBuilder, v: Value, name: str) -> Value:

@@ -103,7 +103,12 @@ def evaluate_node(
         raise ShapeError(f"{where}: reference gave {len(outs)} outputs, expected {len(types)}")
     result = []
     for o, t in zip(outs, types, strict=False):
-        if tuple(o.shape) != t.shape:
+        # a symbolic dim (a count the data decides, a run's size) holds at most its bound
+        sym = t.sym if t.sym is not None else (None,) * t.rank
+        fits = o.ndim == t.rank and all(
+            g == d if s is None else g <= d for g, d, s in zip(o.shape, t.shape, sym, strict=True)
+        )
+        if not fits:
             raise ShapeError(
                 f"{where}: internal error: reference output shape {list(o.shape)} differs from "
                 f"the inferred {list(t.shape)}"
@@ -121,6 +126,9 @@ class GraphBuilder:
         self.training = False
         # message -> names of the nodes it concerns; reported once per message by flush_warnings
         self._warnings: dict[str, list[str]] = {}
+        # --bound NAME=K: the rows a data-dependent output (NonZero, NonMaxSuppression, ...)
+        # named NAME holds; its op's adapter reads it.
+        self.bounds: dict[str, int] = {}
 
     def warn(self, message: str, node_name: str) -> None:
         """Note a FlowcWarning about a node; the same message for many nodes prints once."""

@@ -134,10 +134,21 @@ def _fit_type(
     points: list[dict[str, int]],
     others: list[Value],
     bound: Mapping[str, int],
+    counts: frozenset[str] = frozenset(),
 ) -> TensorType:
     sym: list[SymDim | None] = []
     for k, d in enumerate(v.type.shape):
         sizes = [o.type.shape[k] for o in others]
+        own = v.type.sym[k] if v.type.sym is not None else None
+        if own is not None and counts & own.symbols:
+            if any(s != d for s in sizes):
+                raise ShapeError(
+                    f"{_where(v)}: the bound of its data-dependent dim {k} ({own}) changes with "
+                    "the sizes; flowc bounds such a count by a fixed size for now",
+                    hint="fix the dims with --dim NAME=N, or give the bound: --bound NAME=K",
+                )
+            sym.append(own)  # a count the program computes, bounded by a fixed size
+            continue
         if all(s == d for s in sizes):
             sym.append(None)
             continue
@@ -315,7 +326,9 @@ def annotate_symbols(
     names = list(ranges)
     bound = {s: r.hi for s, r in ranges.items()}
     points = probe_points(ranges)
-    graph.symbols = dict(ranges)
+    computed = {s: r for s, r in graph.symbols.items() if r.computed}
+    counts = frozenset(computed)
+    graph.symbols = {**ranges, **computed}
     probes = [build(dict(p)) for p in points]
     for p, g in zip(points, probes, strict=True):
         _check_structure(graph, g, p)
@@ -338,8 +351,8 @@ def annotate_symbols(
                     hint="fix the dim with --dim NAME=N",
                 )
             others.append(o)
-        v.type = _fit_type(v, names, points, others, bound)
+        v.type = _fit_type(v, names, points, others, bound, counts)
         if v.const is not None:
             _check_constant(graph, v, list(zip(points, others, strict=True)), readers.get(v, []))
-    graph.symbols = dict(ranges)
+    graph.symbols = {**ranges, **computed}
     return graph

@@ -7,13 +7,14 @@ model whose weights are fills (ConstantOfShape) never materializes them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from flowc.ir.dtype import DType
-from flowc.ir.symbolic import DimRange, SymDim
+from flowc.ir.symbolic import COUNT, DimRange, SymDim
 from flowc.ir.types import Mesh, NdSbp, TensorType
 
 # An attribute value: int, float, str, a tuple of those, or a NumPy array (tensor attribute).
@@ -265,8 +266,41 @@ class Graph:
             self._claim(n)
             outs.append(Value(n, t))
         node = Node(op, inputs, outs, attrs, name)
+        for o in outs:
+            if o.type.sym is not None and any(
+                d is not None and COUNT in d.symbols for d in o.type.sym
+            ):
+                o.type = self._name_counts(o)
         self.nodes.append(node)
         return node
+
+    def _name_counts(self, v: Value) -> TensorType:
+        """``v``'s type with each data-dependent dim (ir/symbolic.py: COUNT) a symbol of its
+        own, named after ``v`` and registered with the range 0..its bound."""
+        assert v.type.sym is not None
+        sym: list[SymDim | None] = []
+        for d, s in zip(v.type.shape, v.type.sym, strict=True):
+            if s is None or COUNT not in s.symbols:
+                sym.append(s)
+                continue
+            base = "n_" + re.sub(r"[^A-Za-z0-9_]", "_", v.name)
+            used = {
+                x
+                for w in self.values()
+                if w.type.sym is not None
+                for e in w.type.sym
+                if e is not None
+                for x in e.symbols
+            }
+            name, k = base, 1
+            # (a printed program declares its counts before the graph: the same name then)
+            while name in used or (
+                name in self.symbols and self.symbols[name] != DimRange(0, d, computed=True)
+            ):
+                name, k = f"{base}_{k}", k + 1
+            self.symbols[name] = DimRange(0, d, computed=True)
+            sym.append(SymDim.of(name))
+        return TensorType(v.type.shape, v.type.dtype, tuple(sym))
 
     # -- queries ----------------------------------------------------------------------------
 

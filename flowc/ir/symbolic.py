@@ -36,9 +36,12 @@ class DimRange:
     lo: int
     hi: int
     typical: int | None = None
+    # A size the program computes (a data-dependent output's row count: NonZero, NonMaxSuppression),
+    # 0..hi, hi the output buffer's bound; not one the caller gives.
+    computed: bool = False
 
     def __post_init__(self) -> None:
-        if self.lo < 1:
+        if self.lo < (0 if self.computed else 1):
             raise ValueError(f"a range starts at 1 or more, got {self.lo}")
         if self.lo > self.hi:
             raise ValueError(f"the range {self.lo}..{self.hi} is empty (its min is above its max)")
@@ -52,7 +55,7 @@ class DimRange:
 
     def __str__(self) -> str:
         at = f"@{self.typical}" if self.typical is not None else ""
-        return f"{self.lo}..{self.hi}{at}"
+        return f"{self.lo}..{self.hi}{at}" + (" computed" if self.computed else "")
 
 
 def parse_range(text: str, what: str) -> DimRange | int:
@@ -131,6 +134,15 @@ class SymDim:
 
 
 Dim = int | SymDim
+
+# The symbol an op's shape inference gives a data-dependent dim (a count it computes): the
+# graph names it after the node's output when the node is added (Graph.add_node), with the
+# range 0..bound.
+COUNT = "?"
+
+
+def count_dim() -> SymDim:
+    return SymDim.of(COUNT)
 
 
 def evaluate(d: SymDim | int, values: Mapping[str, int]) -> int:

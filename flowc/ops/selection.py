@@ -14,6 +14,7 @@ import numpy as np
 
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
+from flowc.ir.symbolic import count_dim
 from flowc.ir.types import TensorType
 from flowc.ops import sbp_rules as sr
 from flowc.ops.movement import arg, node_input
@@ -178,8 +179,26 @@ defop(
 
 
 def _nonzero_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.const(0, "the data: the number of nonzero elements is the output's length")
-    return [TensorType((max(x.ndim, 1), int(np.count_nonzero(x))), DType.I64)]
+    """Known data: the exact count. Data of run time: the output holds its bound (the
+    `bound` attribute, --bound, else every element), its length a count the kernel
+    computes (ir/symbolic.py: a computed symbol)."""
+    c = ctx.maybe_const(0)
+    if c is not None:
+        return [TensorType((max(c.ndim, 1), int(np.count_nonzero(c))), DType.I64)]
+    x = ctx.type(0)
+    bound = output_bound(ctx, x.numel)
+    return [TensorType((max(x.rank, 1), bound), DType.I64, (None, count_dim()))]
+
+
+def output_bound(ctx: InferCtx, most: int) -> int:
+    """The rows a data-dependent output holds: its ``bound`` attribute (from --bound) or
+    ``most``, what the op can produce at all."""
+    b = ctx.attrs.get("bound")
+    if b is None:
+        return most
+    if int(b) < 0:
+        raise ctx.fail(f"bound {b} is negative")
+    return int(b)
 
 
 def _nonzero_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
@@ -187,7 +206,52 @@ def _nonzero_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
     return np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64).reshape(max(x.ndim, 1), -1)
 
 
-defop("NonZero", FAMILY, infer=_nonzero_infer, reference=_nonzero_ref)
+def _nonzero_emit(prog: Program, node: Node) -> None:
+    """One block counts the nonzero elements per thread's chunk, scans the counts, and
+    writes each one's coordinates packed at the run's count (rows past the bound dropped,
+    the flag raised); the count goes into the run's size table."""
+    x, out = node_input(node, 0), node.outputs[0]
+    t = x.type
+    count = out.type.sym[1] if out.type.sym is not None else None
+    if count is None or count.name is None:
+        raise prog.fail("NonZero's output has no computed length")
+    dims = [{"axis": a, "size": prog.dim(t, a)} for a in range(t.rank)] or [
+        {"axis": 0, "size": "1"}
+    ]
+    name = prog.kernel(
+        "index.cu.j2",
+        "nonzero",
+        ctype=prog.ctype(x),
+        dims=dims,
+        bound=out.type.shape[1],
+        slot=prog.slots[count.name],
+        threads=NONZERO_THREADS,
+    )
+    prog.launch_grid(
+        name, [1], NONZERO_THREADS, [prog.cptr(x), prog.ptr(out), "error_flag", "ddims"]
+    )
+
+
+# One block does NonZero: its threads split the input into chunks and scan their counts.
+NONZERO_THREADS = 256
+
+
+def _nonzero_import(n: AdapterNode) -> None:
+    bound = n.builder.bounds.get(n.output_names[0]) if n.output_names else None
+    if bound is not None:
+        n.attrs["bound"] = bound
+
+
+defop(
+    "NonZero",
+    FAMILY,
+    infer=_nonzero_infer,
+    reference=_nonzero_ref,
+    attrs={"bound": None},
+    emit=_nonzero_emit,
+    sized=True,
+    onnx_import=_nonzero_import,
+)
 
 
 def _unique_parts(x: np.ndarray, a: Attrs) -> list[np.ndarray]:
