@@ -163,6 +163,20 @@ class Node:
         return f"Node({self.op} {self.name!r})"
 
 
+def keep_counts(t: TensorType, like: TensorType) -> TensorType:
+    """``t``, re-inferred for a value whose type was ``like``, with the data-dependent dims
+    ``like`` has named (an op's inference leaves them unnamed: ir/symbolic.py COUNT)."""
+    if t.sym is None or like.sym is None or t.rank != like.rank:
+        return t
+    sym = tuple(b if _counts(a) else a for a, b in zip(t.sym, like.sym, strict=True))
+    return TensorType(t.shape, t.dtype, sym)
+
+
+def _counts(d: SymDim | None) -> bool:
+    """Whether ``d`` is a data-dependent dim an op's inference left for the graph to name."""
+    return d is not None and COUNT in d.symbols
+
+
 class Graph:
     """A graph: inputs, constants, nodes in topological order, outputs; optionally a mesh."""
 
@@ -266,11 +280,17 @@ class Graph:
             self._claim(n)
             outs.append(Value(n, t))
         node = Node(op, inputs, outs, attrs, name)
-        for o in outs:
-            if o.type.sym is not None and any(
-                d is not None and COUNT in d.symbols for d in o.type.sym
-            ):
-                o.type = self._name_counts(o)
+        # One count per node, named after its first output that has one: Unique's values,
+        # first indices and counts share theirs.
+        counted = [
+            o for o in outs if o.type.sym is not None and any(_counts(d) for d in o.type.sym)
+        ]
+        if counted:
+            at = next(k for k, d in enumerate(counted[0].type.sym or ()) if _counts(d))
+            named = (self._name_counts(counted[0]).sym or ())[at]
+            for o in counted:
+                sym = tuple(named if _counts(d) else d for d in o.type.sym or ())
+                o.type = TensorType(o.type.shape, o.type.dtype, sym)
         self.nodes.append(node)
         return node
 

@@ -6,6 +6,7 @@ from flowc.ops import (  # noqa: F401
     constants,
     conv,
     deform,
+    detection,
     elementwise,
     index,
     layout,

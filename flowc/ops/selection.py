@@ -276,18 +276,86 @@ def _unique_parts(x: np.ndarray, a: Attrs) -> list[np.ndarray]:
 
 
 def _unique_infer(ctx: InferCtx) -> list[TensorType]:
-    x = ctx.const(0, "the data: the number of distinct values is the output's length")
+    """Known data: the exact outputs. Data of run time: values, first indices and counts
+    hold every slice (the bound), their length the count the kernel computes; the inverse
+    indices have one entry per slice; a fifth output, the kernel's int64 scratch, comes
+    from the ONNX adapter."""
     axis = ctx.attrs.get("axis")
-    if axis is not None:
-        ctx.axis(int(axis), x.ndim)
-    parts = _unique_parts(x, ctx.attrs)
-    types = [TensorType(parts[0].shape, ctx.dtype(0))]
-    types += [TensorType(p.shape, DType.I64) for p in parts[1:]]
+    c = ctx.maybe_const(0)
+    if c is not None:
+        if axis is not None:
+            ctx.axis(int(axis), c.ndim)
+        parts = _unique_parts(c, ctx.attrs)
+        types = [TensorType(parts[0].shape, ctx.dtype(0))]
+        types += [TensorType(p.shape, DType.I64) for p in parts[1:]]
+        types.append(TensorType((4 * max(parts[2].size, 1),), DType.I64))
+        return types[: max(ctx.num_outputs, 1)]
+    x = ctx.type(0)
+    if x.sym is not None:
+        raise ctx.fail("Unique of data with symbolic dims has no kernel yet")
+    y_shape: tuple[int, ...]
+    if axis is None:
+        slices, y_shape, at = x.numel, (x.numel,), 0
+    else:
+        ax = ctx.axis(int(axis), x.rank)
+        slices, y_shape, at = x.shape[ax], x.shape, ax
+    n = count_dim()
+    y_sym = tuple(n if k == at else None for k in range(len(y_shape)))
+    types = [
+        TensorType(y_shape, x.dtype, y_sym),
+        TensorType((slices,), DType.I64, (n,)),
+        TensorType((slices,), DType.I64),
+        TensorType((slices,), DType.I64, (n,)),
+        TensorType((4 * max(slices, 1),), DType.I64),
+    ]
     return types[: max(ctx.num_outputs, 1)]
 
 
 def _unique_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
-    return _unique_parts(arg(xs, 0), a)
+    parts = _unique_parts(arg(xs, 0), a)
+    return [*parts, np.zeros(4 * max(parts[2].size, 1), np.int64)]
+
+
+def _unique_emit(prog: Program, node: Node) -> None:
+    """One thread: a heap sort of the slices' indices by (slice, index), the groups of equal
+    slices, renumbered by first occurrence unless sorted, written packed at the count."""
+    x = node_input(node, 0)
+    if len(node.outputs) < 5:
+        raise prog.fail("needs its scratch output (the ONNX adapter gives it one)")
+    y = node.outputs[0]
+    a = node_attrs(node)
+    count = next((d for d in y.type.sym or () if d is not None), None)
+    if count is None or count.name is None:
+        raise prog.fail("Unique's output has no computed length")
+    shape = x.type.shape
+    if a.get("axis") is None:
+        outer, slices, inner = 1, x.type.numel, 1
+    else:
+        ax = int(a["axis"]) % x.type.rank
+        outer, slices, inner = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
+    name = prog.kernel(
+        "index.cu.j2",
+        "unique",
+        ctype=prog.ctype(x),
+        outer=outer,
+        slices=slices,
+        inner=inner,
+        sort=bool(a["sorted"]),
+        slot=prog.slots[count.name],
+    )
+    args = [prog.cptr(x), *(prog.ptr(o) for o in node.outputs[:5]), "ddims"]
+    prog.launch_grid(name, [1], 1, args)
+
+
+def _unique_import(n: AdapterNode) -> list[Value] | None:
+    """All four outputs and the scratch (the kernel writes them together)."""
+    base = n.name or "Unique"
+    names = [
+        (n.output_names[k] if k < len(n.output_names) and n.output_names[k] else f"{base}:{k}")
+        for k in range(4)
+    ]
+    outs = n.emit("Unique", n.inputs, n.attrs, output_names=[*names, f"{base}:scratch"])
+    return outs[: max(len(n.output_names), 1)]
 
 
 defop(
@@ -296,5 +364,8 @@ defop(
     infer=_unique_infer,
     reference=_unique_ref,
     attrs={"axis": None, "sorted": 1},
-    outputs=(1, 4),
+    outputs=(1, 5),
+    emit=_unique_emit,
+    sized=True,
+    onnx_import=_unique_import,
 )

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from flowc.ir.dtype import DType
-from flowc.ir.graph import Attrs, Graph, Node, Value, is_splat, make_splat
+from flowc.ir.graph import Attrs, Graph, Node, Value, is_splat, keep_counts, make_splat
 from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
 
@@ -91,7 +91,7 @@ def store_narrow(graph: Graph, narrow: DType) -> Graph:
                 continue
             changed = True
             if t.dtype == narrow:
-                out.type = t
+                out.type = keep_counts(t, out.type)
             else:
                 # The op insists on float32 (a type attribute, a float32-only result): its
                 # result is stored narrow for its users.

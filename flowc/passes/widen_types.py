@@ -14,7 +14,7 @@ After this pass fuse_elementwise folds the casts into the neighbouring element-w
 from __future__ import annotations
 
 from flowc.codegen.cpp import CodegenError
-from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.graph import Graph, Node, Value, keep_counts
 from flowc.ir.types import TensorType
 from flowc.ops.registry import get_op
 from flowc.passes.manager import register_pass
@@ -64,6 +64,7 @@ def widen_types(graph: Graph) -> Graph:
         types: list[TensorType] = opdef.infer(opdef.ctx(node))
         backs: list[Node] = []
         for k, (out, t) in enumerate(zip(node.outputs, types, strict=False)):
+            t = keep_counts(t, out.type)
             if t == out.type:
                 if t.dtype.storage_only:
                     raise CodegenError(
