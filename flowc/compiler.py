@@ -748,12 +748,14 @@ def load_model(
         for (n, k), sym in by_shape.items():
             at_shapes[n][k] = sizes[sym]
         is_flow = model.path.suffix.lower() == ".flow"
+        given = {k: v for k, v in sizes.items() if k in ranges}
         opts = ImportOptions(
             shapes={n: tuple(d) for n, d in at_shapes.items()},
-            dims={**static_dims, **({} if is_flow else sizes)},
+            dims={**static_dims, **({} if is_flow else given)},
             weights=model.weights,
             sizes=sizes if is_flow else {},
             bounds=bounds,
+            counts={k: v for k, v in sizes.items() if k not in ranges},
         )
         graph = load_graph(model.path, opts)
         if graph.state and (placed or precision != "fp32"):
@@ -784,17 +786,19 @@ def load_model(
         graph = times.run("import", lambda: build({s: r.hi for s, r in ranges.items()}, True))
     else:
         graph = times.run("import", lambda: build({}, True))
-    if placed and graph.symbols:
+    if placed and (ranges or graph.symbols):
         raise InputError(
             "symbolic dims ("
-            + ", ".join(f"{s}={r}" for s, r in graph.symbols.items())
+            + ", ".join(f"{s}={r}" for s, r in {**ranges, **graph.symbols}.items())
             + ") are for one device for now: a mesh or pipeline splits a program of one size",
             hint="fix the dims with --dim NAME=N to place the program",
         )
-    if not ranges:
+    # the computed counts (NonZero, NonMaxSuppression, ...) are fitted like the given sizes
+    every = {**ranges, **{k: r for k, r in graph.symbols.items() if r.computed}}
+    if not every:
         return graph
     return times.run(
-        "symbolic dims", lambda: annotate_symbols(graph, ranges, lambda p: build(p, False))
+        "symbolic dims", lambda: annotate_symbols(graph, every, lambda p: build(p, False))
     )
 
 

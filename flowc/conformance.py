@@ -76,7 +76,6 @@ GAPS: dict[str, tuple[str, str]] = {
         "training mode with ratio > 0 drops at random; flowc compiles inference and keeps "
         "every value (with a warning)",
     ),
-    "NonMaxSuppression": (_DATA_SHAPES, "the number of selected boxes depends on the scores"),
     "ImageDecoder": (
         _DATA_SHAPES,
         "decoding JPEG/PNG/... needs an image codec, and the image's size comes from its bytes",

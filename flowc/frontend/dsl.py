@@ -265,6 +265,7 @@ class _Reader:
         self.base_dir = base_dir
         self.weights: Weights | None = Weights(weights) if weights is not None else None
         self.graph = Graph("main")
+        self.graph.count_sizes = dict(self.sizes)  # (the computed counts' among them)
         self.builder = GraphBuilder(self.graph, fold=False)
         self.scope: dict[str, Value] = {}
         self.bound: set[Value] = set()
@@ -1278,12 +1279,12 @@ def parse_program(
         graph = reader.program(tree)
     except RecursionError:
         raise src.error(1, 1, "the program nests too deeply") from None
-    given = {k: r for k, r in reader.symbols.items() if not r.computed}
-    if given and sizes is None:
+    every = {**reader.symbols, **{k: r for k, r in graph.symbols.items() if r.computed}}
+    if every and sizes is None:
         # symbolic types: the program read again at the fit's sizes (ir/fit_dims.py)
         graph = annotate_symbols(
             graph,
-            given,
+            every,
             lambda at: parse_program(text, path, weights, base_dir, at),
         )
     if weights is not None and not reader.loads:

@@ -56,6 +56,8 @@ class ImportOptions:
     sizes: Mapping[str, int] = field(default_factory=dict)
     # --bound NAME=K: the rows of the data-dependent output NAME
     bounds: Mapping[str, int] = field(default_factory=dict)
+    # A build at probe sizes (ir/fit_dims.py): the rows of each computed count (n0, n1, ...).
+    counts: Mapping[str, int] = field(default_factory=dict)
     # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
     # bound to B wherever else it appears).
     batch: int | None = None
@@ -343,6 +345,7 @@ def import_model(
     builder = GraphBuilder(graph)
     builder.training = opts.trainable
     builder.bounds = dict(opts.bounds)
+    graph.count_sizes = dict(opts.counts)
     env: dict[str, Value] = {}
 
     init_names = {t.name for t in og.initializer} | {s.values.name for s in og.sparse_initializer}

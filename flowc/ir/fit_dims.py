@@ -134,21 +134,10 @@ def _fit_type(
     points: list[dict[str, int]],
     others: list[Value],
     bound: Mapping[str, int],
-    counts: frozenset[str] = frozenset(),
 ) -> TensorType:
     sym: list[SymDim | None] = []
     for k, d in enumerate(v.type.shape):
         sizes = [o.type.shape[k] for o in others]
-        own = v.type.sym[k] if v.type.sym is not None else None
-        if own is not None and counts & own.symbols:
-            if any(s != d for s in sizes):
-                raise ShapeError(
-                    f"{_where(v)}: the bound of its data-dependent dim {k} ({own}) changes with "
-                    "the sizes; flowc bounds such a count by a fixed size for now",
-                    hint="fix the dims with --dim NAME=N, or give the bound: --bound NAME=K",
-                )
-            sym.append(own)  # a count the program computes, bounded by a fixed size
-            continue
         if all(s == d for s in sizes):
             sym.append(None)
             continue
@@ -322,16 +311,25 @@ def annotate_symbols(
     graph: Graph, ranges: Mapping[str, DimRange], build: Callable[[dict[str, int]], Graph]
 ) -> Graph:
     """``graph`` (built with every symbol at its bound) with symbolic types: ``build`` makes
-    the same graph with the symbols at the given sizes."""
+    the same graph with the symbols at the given sizes. ``ranges`` may hold the graph's
+    computed counts (n0, ...): a build gives such a count's output that many rows, so what
+    its consumers make of it is fitted like any size."""
     names = list(ranges)
     bound = {s: r.hi for s, r in ranges.items()}
     points = probe_points(ranges)
     computed = {s: r for s, r in graph.symbols.items() if r.computed}
-    counts = frozenset(computed)
     graph.symbols = {**ranges, **computed}
     probes = [build(dict(p)) for p in points]
     for p, g in zip(points, probes, strict=True):
         _check_structure(graph, g, p)
+        for name, r in computed.items():
+            if g.symbols.get(name) != r:
+                raise ShapeError(
+                    f"the bound of the computed count {name} is {r.hi} at the bound but "
+                    f"{g.symbols[name].hi if name in g.symbols else 'missing'} at "
+                    f"{_size_text(p)}: flowc bounds a data-dependent size by a fixed size",
+                    hint="fix the dims with --dim NAME=N, or give the bound: --bound NAME=K",
+                )
     _fit_attrs(graph, names, points, probes, bound)
     tables = [{v.name: v for v in g.values()} for g in probes]
     readers: dict[Value, list[tuple[Node, int]]] = {}
@@ -351,7 +349,7 @@ def annotate_symbols(
                     hint="fix the dim with --dim NAME=N",
                 )
             others.append(o)
-        v.type = _fit_type(v, names, points, others, bound, counts)
+        v.type = _fit_type(v, names, points, others, bound)
         if v.const is not None:
             _check_constant(graph, v, list(zip(points, others, strict=True)), readers.get(v, []))
     graph.symbols = {**ranges, **computed}

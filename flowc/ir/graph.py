@@ -7,7 +7,6 @@ model whose weights are fills (ConstantOfShape) never materializes them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -205,6 +204,8 @@ class Graph:
         # The symbols of the graph's symbolic dims (ir/symbolic.py) and their ranges, in the
         # order of the generated program's size table; empty for a static graph.
         self.symbols: dict[str, DimRange] = {}
+        # A build at probe sizes (ir/fit_dims.py): the rows each computed count has here.
+        self.count_sizes: dict[str, int] = {}
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
@@ -288,22 +289,28 @@ class Graph:
         if counted:
             at = next(k for k, d in enumerate(counted[0].type.sym or ()) if _counts(d))
             named = (self._name_counts(counted[0]).sym or ())[at]
+            assert named is not None and named.name is not None
+            # a build at a probe size of the count (ir/fit_dims.py) gives it that many rows
+            rows = self.count_sizes.get(named.name)
             for o in counted:
                 sym = tuple(named if _counts(d) else d for d in o.type.sym or ())
-                o.type = TensorType(o.type.shape, o.type.dtype, sym)
+                shape = tuple(
+                    rows if rows is not None and _counts(d) else n
+                    for n, d in zip(o.type.shape, o.type.sym or (), strict=True)
+                )
+                o.type = TensorType(shape, o.type.dtype, sym)
         self.nodes.append(node)
         return node
 
     def _name_counts(self, v: Value) -> TensorType:
         """``v``'s type with each data-dependent dim (ir/symbolic.py: COUNT) a symbol of its
-        own, named after ``v`` and registered with the range 0..its bound."""
+        own, registered with the range 0..its bound."""
         assert v.type.sym is not None
         sym: list[SymDim | None] = []
         for d, s in zip(v.type.shape, v.type.sym, strict=True):
             if s is None or COUNT not in s.symbols:
                 sym.append(s)
                 continue
-            base = "n_" + re.sub(r"[^A-Za-z0-9_]", "_", v.name)
             used = {
                 x
                 for w in self.values()
@@ -312,12 +319,15 @@ class Graph:
                 if e is not None
                 for x in e.symbols
             }
-            name, k = base, 1
-            # (a printed program declares its counts before the graph: the same name then)
-            while name in used or (
-                name in self.symbols and self.symbols[name] != DimRange(0, d, computed=True)
+            # n0, n1, ... in the order the nodes are made: the same names however the values
+            # are named or renamed (a printed program declares its counts before the graph,
+            # and reading it back reuses each unused declaration of the same range).
+            k = 0
+            while f"n{k}" in used or (
+                f"n{k}" in self.symbols and self.symbols[f"n{k}"] != DimRange(0, d, computed=True)
             ):
-                name, k = f"{base}_{k}", k + 1
+                k += 1
+            name = f"n{k}"
             self.symbols[name] = DimRange(0, d, computed=True)
             sym.append(SymDim.of(name))
         return TensorType(v.type.shape, v.type.dtype, tuple(sym))

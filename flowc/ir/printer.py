@@ -116,8 +116,12 @@ def print_graph(g: Graph, weights: str | None = None) -> str:
         lines.append(f"mesh {ident(g.mesh.name)}[{', '.join(str(d) for d in g.mesh.shape)}]")
     if weights is not None:
         lines.append(f"weights {scalar(weights)}")
+    used = {
+        x for v in g.values() if v.type.sym is not None for d in v.type.sym if d for x in d.symbols
+    }
     for sym, r in g.symbols.items():
-        lines.append(f"dim {sym}: {r}")
+        if sym in used or not r.computed:
+            lines.append(f"dim {sym}: {r}")
     if lines:
         lines.append("")
     ins = ", ".join(typed(v) for v in g.inputs)

@@ -159,14 +159,13 @@ def _emit(prog: Program, node: Node) -> None:
     assert boxes is not None and scores is not None
     out, scratch = node.outputs[0], node.outputs[1]
     count = out.type.sym[0] if out.type.sym is not None else None
-    if (
-        count is None
-        or count.name is None
-        or boxes.type.sym is not None
-        or scores.type.sym is not None
-    ):
-        raise prog.fail("the selection's count is computed, its boxes and scores of fixed size")
-    b, c, n = scores.type.shape
+    if count is None or count.name is None:
+        raise prog.fail("the selection's count is not computed")
+    st = scores.type
+    if st.sym is not None and (st.sym[0] is not None or st.sym[1] is not None):
+        raise prog.fail("batches and classes of fixed size (the boxes may vary)")
+    b, c, _ = st.shape
+    n = prog.dim(st, 2)  # the boxes of this run (sizes: the run's size table)
     opt: list[Value | None] = [node.inputs[i] if len(node.inputs) > i else None for i in (2, 3, 4)]
     select = prog.kernel(
         "detection.cu.j2",
@@ -180,7 +179,7 @@ def _emit(prog: Program, node: Node) -> None:
     )
     args = [prog.cptr(boxes), prog.cptr(scores)]
     args += [prog.cptr(v) for v in opt if v is not None]
-    args += [prog.ptr(scratch), f"(int64_t){b * c}"]
+    args += [prog.ptr(scratch), f"(int64_t){b * c}", "ddims"]
     prog.launch_grid(select, [max(-(-(b * c) // THREADS), 1)], THREADS, args)
     gather = prog.kernel(
         "detection.cu.j2",
@@ -190,12 +189,8 @@ def _emit(prog: Program, node: Node) -> None:
         bound=out.type.shape[0],
         slot=prog.slots[count.name],
     )
-    prog.launch_grid(
-        gather,
-        [1],
-        1,
-        [prog.cptr(scratch), prog.ptr(out), f"(int64_t){b * c}", "error_flag", "ddims"],
-    )
+    args = [prog.cptr(scratch), prog.ptr(out), f"(int64_t){b * c}", "error_flag", "ddims"]
+    prog.launch_grid(gather, [1], 1, args)
 
 
 def _import(n: AdapterNode) -> list[Value] | None:
