@@ -484,3 +484,133 @@ def test_grid_fit_matches_numpy_polynomials() -> None:
             want = int(sum(coef[i, j] * b**i * s**j for i in range(4) for j in range(4)))
             got = f.evaluate({"b": b, "s": s}) if isinstance(f, SymDim) else f
             assert got == want
+
+
+# -- outputs whose size depends on the data ---------------------------------------------------
+
+
+def _detection(path: Path) -> Path:
+    """Detection post-processing: boxes and scores -> NonMaxSuppression -> the selected
+    boxes gathered; the number of boxes N is a named dim."""
+    nh = numpy_helper
+    nodes = [
+        helper.make_node(
+            "NonMaxSuppression",
+            ["boxes", "scores", "k", "iou", "thr"],
+            ["selected"],
+            name="nms",
+            center_point_box=0,
+        ),
+        helper.make_node("Gather", ["selected", "two"], ["box_index"], axis=1),
+        helper.make_node("Squeeze", ["boxes", "zero"], ["b0"]),
+        helper.make_node("Gather", ["b0", "box_index"], ["picked"], axis=0),
+    ]
+    inits = [
+        nh.from_array(np.array([5], np.int64), "k"),
+        nh.from_array(np.array([0.5], np.float32), "iou"),
+        nh.from_array(np.array([0.3], np.float32), "thr"),
+        nh.from_array(np.array(2, np.int64), "two"),
+        nh.from_array(np.array([0], np.int64), "zero"),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "det",
+        [vi("boxes", TensorProto.FLOAT, [1, "N", 4]), vi("scores", TensorProto.FLOAT, [1, 3, "N"])],
+        [vi("selected", TensorProto.INT64, ["n", 3]), vi("picked", TensorProto.FLOAT, ["n", 4])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def _boxes(n: int, seed: int, flipped: bool) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    corner = rng.random((1, n, 2)).astype(np.float32)
+    size = (rng.random((1, n, 2)) * 0.4).astype(np.float32)
+    boxes = np.concatenate([corner, corner + size], -1).astype(np.float32)
+    if flipped:  # the other corner first
+        boxes = boxes[..., [2, 3, 0, 1]]
+    scores = rng.random((1, 3, n)).astype(np.float32)
+    if seed % 2:
+        scores = np.round(scores * 4) / 4  # equal scores
+    return {"boxes": np.ascontiguousarray(boxes), "scores": scores}
+
+
+def test_detection_post_processing_equals_onnxruntime_exactly(tmp_path: Path) -> None:
+    """One build for 8..200 boxes: the selection (a computed count of rows) and the boxes
+    gathered by it, bit for bit, for random boxes of several counts."""
+    model = _detection(tmp_path / "det.onnx")
+    out = _compile(model, ("N=8..200",), tmp_path / "out")
+    build(out, "host", quick=True)
+    info = json.loads((out / "flowc_model.json").read_text())
+    assert {"name": "n0", "min": 0, "max": 15, "typical": 15} in info["symbols"]
+    proto = onnx.load(str(model))
+    for seed, n in enumerate([8, 9, 13, 64, 200, 150]):
+        feeds = _boxes(n, seed, flipped=seed % 3 == 2)
+        ref = run_onnxruntime(proto, feeds)
+        got, _ = run(out, feeds)
+        for k in ("selected", "picked"):
+            assert got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k]), (n, k)
+
+
+def test_a_count_past_its_bound_is_an_error_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["idx"], name="nz")],
+        "nz",
+        [vi("x", TensorProto.FLOAT, [4, 5])],
+        [vi("idx", TensorProto.INT64, [2, "n"])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "nz.onnx"))
+    code, err = run_cli(
+        ["compile", str(tmp_path / "nz.onnx"), "-o", str(tmp_path / "o"), "--bound", "nope=3"],
+        capsys,
+    )
+    assert code == 2 and "no data-dependent output named 'nope'" in err and "idx" in err
+    out = tmp_path / "out"
+    code, err = run_cli(
+        [
+            "compile",
+            str(tmp_path / "nz.onnx"),
+            "-o",
+            str(out),
+            "--bound",
+            "idx=6",
+            "--target",
+            "host",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    build(out, "host", quick=True)
+    x = np.zeros((4, 5), np.float32)
+    x[1, 2] = x[3, 0] = 1.0
+    got, _ = run(out, {"x": x})
+    assert np.array_equal(got["idx"], np.array(np.nonzero(x)))
+    np.save(tmp_path / "x.npy", np.ones((4, 5), np.float32))  # 20 nonzero, 6 rows
+    code, err = run_cli(
+        ["run", str(out), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")],
+        capsys,
+    )
+    assert code == 2 and "had more rows than its bound" in err
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_computed_dims_print_and_read_back() -> None:
+    text = (
+        "dim n0: 0..20 computed\n\n"
+        "graph m(x: f32[4, 5]) -> (y: i64[2, n0]) {\n"
+        "    y: i64[2, n0] = non_zero(x)\n"
+        "    return y\n"
+        "}\n"
+    )
+    g = parse_program(text)
+    assert g.symbols["n0"] == DimRange(0, 20, computed=True)
+    assert print_graph(g) == text
