@@ -614,3 +614,22 @@ def test_computed_dims_print_and_read_back() -> None:
     g = parse_program(text)
     assert g.symbols["n0"] == DimRange(0, 20, computed=True)
     assert print_graph(g) == text
+
+
+def test_shared_mlp_rewritten_with_a_dynamic_batch(tmp_path: Path) -> None:
+    """The shared MLP with its batch dim renamed to a symbol: one build for 1..16 rows."""
+    m = onnx.load(str(SHARED_MODELS / "mlp.onnx"))
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    for vo in m.graph.output:
+        vo.type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(m, str(tmp_path / "mlp.onnx"))
+    out = _compile(tmp_path / "mlp.onnx", ("batch=1..16",), tmp_path / "out")
+    build(out, "host", quick=True)
+    name = m.graph.input[0].name
+    width = m.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    for b in (1, 16, 5, 8):
+        x = np.random.default_rng(b).standard_normal((b, width)).astype(np.float32)
+        ref = run_onnxruntime(m, {name: x})
+        got, _ = run(out, {name: x})
+        for k, v in ref.items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
