@@ -187,10 +187,19 @@ def inspect(
     io.add_column("name")
     io.add_column("type")
     for v in graph.inputs:
-        io.add_row("input", Text(v.name), str(v.type))
+        io.add_row("input", Text(v.name), Text(str(v.type)))
     for v in graph.outputs:
-        io.add_row("output", Text(v.name), str(v.type))
+        io.add_row("output", Text(v.name), Text(str(v.type)))
     console.print(io)
+    if graph.symbols:
+        # both ends of each range, and the counts the program computes
+        console.print(
+            Text(
+                "symbolic dims: "
+                + ", ".join(f"{name}:{r}" for name, r in graph.symbols.items())
+                + " (the memory and the costs below are at the bound)"
+            )
+        )
     from flowc.compiler import pass_list
 
     # Say which passes ran: with --memory the table counts the compiled (fused) graph's nodes.
