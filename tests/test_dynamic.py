@@ -633,3 +633,31 @@ def test_shared_mlp_rewritten_with_a_dynamic_batch(tmp_path: Path) -> None:
         got, _ = run(out, {name: x})
         for k, v in ref.items():
             assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
+
+
+def test_concat_places_each_input_at_its_run_time_offset(tmp_path: Path) -> None:
+    vi = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Concat", ["x", "y"], ["c"], axis=1),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Concat", ["r", "r"], ["z"], axis=0),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "cc",
+        [vi("x", TensorProto.FLOAT, ["b", "s", 4]), vi("y", TensorProto.FLOAT, ["b", 3, 4])],
+        [vi("z", TensorProto.FLOAT, ["z0", "z1", 4])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "cc.onnx"))
+    out = _compile(tmp_path / "cc.onnx", ("b=1..4", "s=1..9"), tmp_path / "out")
+    build(out, "host", quick=True)
+    for b, s in [(1, 1), (4, 9), (2, 5)]:
+        rng = np.random.default_rng(b + s)
+        feeds = {
+            "x": rng.standard_normal((b, s, 4)).astype(np.float32),
+            "y": rng.standard_normal((b, 3, 4)).astype(np.float32),
+        }
+        got, _ = run(out, feeds)
+        assert np.array_equal(got["z"], run_onnxruntime(m, feeds)["z"]), (b, s)

@@ -310,6 +310,9 @@ def find_aliases(
     for node in steps:
         if allowed is not None and node not in allowed:
             continue
+        if any(v is not None and v.type.sym is not None for v in (*node.inputs, *node.outputs)):
+            # symbolic dims: a slice's offset changes with the run's sizes, the plan's cannot
+            continue
         if node.op == "Concat" and len(node.outputs) == 1:
             out = node.outputs[0]
             axis = int(node.attrs.get("axis", 0)) % max(out.type.rank, 1)

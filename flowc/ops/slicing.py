@@ -102,6 +102,9 @@ def _concat_emit(prog: Program, node: Node) -> None:
     out = node.outputs[0]
     shape = out.type.shape
     axis = node_attrs(node)["axis"] % len(shape)
+    if prog.is_sized(node):
+        _concat_sized(prog, node, axis)
+        return
     os = row_major_strides(shape)
     at = 0
     for k, x in enumerate(node.inputs):
@@ -114,6 +117,31 @@ def _concat_emit(prog: Program, node: Node) -> None:
         at += x.type.shape[axis]
 
 
+def _concat_sized(prog: Program, node: Node, axis: int) -> None:
+    """A program with symbolic dims: one copy kernel per input, its place along the axis the
+    sum of the earlier inputs' lengths in this run (the memory plan writes no input in place
+    here: a place that moves with the sizes is no fixed offset)."""
+    out = node.outputs[0]
+    ot = out.type
+    at = "0"
+    for x in node.inputs:
+        if x is None:
+            continue
+        t = x.type
+        name = prog.kernel(
+            "shape.cu.j2",
+            "concat_sized",
+            ctype=prog.ctype(x),
+            outer=prog.count(t, 0, axis, "sizes"),
+            inner=prog.count(t, axis + 1, t.rank, "sizes"),
+            length=prog.dim(t, axis),
+            total=prog.dim(ot, axis),
+            at=at,
+        )
+        prog.launch_sized(name, prog.numel(t), [prog.cptr(x), prog.ptr(out)])
+        at = f"{at} + {prog.dim(t, axis)}" if at != "0" else prog.dim(t, axis)
+
+
 def _concat_import(n: AdapterNode) -> None:
     if n.opset < 4:
         n.attrs.setdefault("axis", 1)
@@ -122,6 +150,7 @@ def _concat_import(n: AdapterNode) -> None:
 defop(
     "Concat",
     FAMILY,
+    sized=True,
     infer=_concat_infer,
     reference=_concat_ref,
     attrs={"axis": None},
