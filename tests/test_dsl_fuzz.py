@@ -517,6 +517,17 @@ graph mlp(x: f32[4, 4] @ (S(0), B), "/in:0": f32[4, 3]) -> (y: f32[4, 3], "/o:0"
     'graph "weird \\"name\\""() -> (c: c64[2]) {\n    const c: c64[2] = [complex(1.0, -2.0), nan]\n'
     "    return c\n}\n",
     "graph empty() -> () {\n    return\n}\n",
+    # symbolic dims: declared before the graph and in place, a polynomial, a computed count
+    """dim batch: 1..8@4
+dim n0: 0..24 computed
+
+graph dyn(x: f32[batch, seq:1..6, 4], k: f32[4, 6]) -> (y: f32[batch*seq, 4], z: i64[2, n0]) {
+    h = relu(x)
+    y = reshape(h, [-1, 4])
+    z: i64[2, n0] = non_zero(k)
+    return y, z
+}
+""",
 ]
 
 TOKEN_RE = re.compile(
