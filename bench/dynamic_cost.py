@@ -1,7 +1,9 @@
 """What symbolic dims cost (issue 31, item 5): bert_tiny compiled once with batch=1..B and
 seq=1..S, run at several sizes beside a static program compiled for each size, on the host
 target: the median latency of each (model_main --bench N), their ratio, the launches per run
-(FLOWC_STATS), and the arena of the dynamic program beside the static one's at the bound.
+(FLOWC_STATS), the modeled GPU time of each (the schedule's makespan under the H200
+profile: the dynamic program's schedule costed at that size, --dim batch=1..B@b), and the
+arena of the dynamic program beside the static one's at the bound.
 
     python bench/dynamic_cost.py [--runs 30] [--out bench/results/dynamic_cost.txt]
 
@@ -34,13 +36,18 @@ BOUND = (8, 64)
 SIZES = [(1, 8), (2, 16), (4, 32), (8, 64), (3, 24), (5, 40), (1, 1)]
 
 
-def _project(dims: tuple[str, ...], out: Path) -> Path:
+def _project(dims: tuple[str, ...], out: Path, built: bool = True) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph = load_model(ModelArgs(path=MODEL, dims=dims))
     compile_graph(graph, out, source=MODEL.name, build_target="host")
-    build(out, "host")
+    if built:
+        build(out, "host")
     return out
+
+
+def _makespan(out: Path) -> float:
+    return float(json.loads((out / "schedule.json").read_text())["ranks"][0]["makespan_us"])
 
 
 def _feeds(b: int, s: int) -> dict[str, np.ndarray]:
@@ -73,7 +80,7 @@ def main() -> None:
         "(model_main --bench)",
         "",
         f"{'batch x seq':>12} {'dynamic ms':>11} {'static ms':>10} {'ratio':>6} "
-        f"{'launches dyn/static':>20}",
+        f"{'launches dyn/static':>20} {'modeled us dyn/static':>22}",
     ]
     with tempfile.TemporaryDirectory(prefix="flowc-dyn-bench-") as tmp:
         dyn = _project((f"batch=1..{BOUND[0]}", f"seq=1..{BOUND[1]}"), Path(tmp) / "dynamic")
@@ -85,13 +92,16 @@ def main() -> None:
             d_ms, d_l = _measure(dyn, feeds, args.runs)
             s_ms, s_l = _measure(static, feeds, args.runs)
             ratio = d_ms / s_ms
+            at = (f"batch=1..{BOUND[0]}@{b}", f"seq=1..{BOUND[1]}@{s}")
+            modeled = _makespan(_project(at, Path(tmp) / f"typical_{b}_{s}", built=False))
+            model_text = f"{modeled:.1f}/{_makespan(static):.1f}"
             pow2 = b & (b - 1) == 0 and s & (s - 1) == 0 and (b, s) != (1, 1)
             if pow2:
                 ratios.append(ratio)
             mark = "" if pow2 else "  (between sizes)"
             lines.append(
                 f"{f'{b} x {s}':>12} {d_ms:>11.3f} {s_ms:>10.3f} {ratio:>6.2f} "
-                f"{f'{d_l:g}/{s_l:g}':>20}{mark}"
+                f"{f'{d_l:g}/{s_l:g}':>20} {model_text:>22}{mark}"
             )
             if (b, s) == BOUND:
                 arena["static"] = json.loads((static / "flowc_model.json").read_text())[

@@ -11,9 +11,11 @@ consumer of the previous use has fired) -- OneFlow's req/ack, decided here at co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flowc.ir.graph import Graph, Node, Value
+from flowc.ir.types import TensorType
 from flowc.ops.registry import get_op, is_view, state_writes
 from flowc.parallel.cost import COLLECTIVE_OPS, Profile, device_share, kernel_time
 
@@ -80,9 +82,30 @@ def actor_kind(node: Node) -> str:
     return "node"
 
 
+def _at_sizes(node: Node, sizes: Mapping[str, int]) -> Node:
+    """``node`` as it runs when the symbols have ``sizes``: what its cost is weighed at (a
+    stand-in outside the graph)."""
+
+    def value(v: Value | None) -> Value | None:
+        if v is None or v.type.sym is None:
+            return v
+        return Value(v.name, TensorType(v.type.shape_at(sizes), v.type.dtype), const=v.const)
+
+    outs = [value(o) for o in node.outputs]
+    stand_in = Node(node.op, [value(i) for i in node.inputs], [o for o in outs if o], node.attrs)
+    stand_in.name = node.name
+    for o in node.outputs:  # Node() took the outputs' producer: give it back
+        o.producer = node
+    return stand_in
+
+
 def build_actor_graph(graph: Graph, profile: Profile) -> ActorGraph:
     """Actors in the graph's (topological) order, registers for every value they write and
-    for the graph's inputs and constants (producer -1)."""
+    for the graph's inputs and constants (producer -1). A graph with symbolic dims is costed
+    at each symbol's typical size (--dim batch=1..64@8; the bound when none is named); its
+    registers hold the bound's bytes, which the memory is planned for."""
+    typical = {s: r.weighed for s, r in graph.symbols.items()}
+    costed = (lambda n: _at_sizes(n, typical)) if typical else (lambda n: n)
     registers: list[Register] = []
     register_of: dict[Value, int] = {}
 
@@ -109,8 +132,8 @@ def build_actor_graph(graph: Graph, profile: Profile) -> ActorGraph:
             len(actors),
             node,
             actor_kind(node),
-            kernel_time(node, profile),
-            device_share(node, profile),
+            kernel_time(costed(node), profile),
+            device_share(costed(node), profile),
         )
         for i in node.inputs:
             if i is None:
