@@ -670,10 +670,18 @@ def merge_graphs(graphs: Sequence[Any]) -> Any:
     graphs are consumed: their values move into the result)."""
     from flowc.ir.graph import Graph
 
+    from flowc.ir.types import TensorType
+
     merged = Graph("conformance")
     for k, g in enumerate(graphs):
+        # each graph's symbols (a data-dependent output's count) apart from the others'
+        names = {s: f"c{k}_{s}" for s in g.symbols}
+        merged.symbols.update({names[s]: r for s, r in g.symbols.items()})
         for v in g.values():
             v.name = merged.claim_name(f"c{k}_{v.name}")
+            if v.type.sym is not None:
+                sym = tuple(d.renamed(names) if d is not None else None for d in v.type.sym)
+                v.type = TensorType(v.type.shape, v.type.dtype, sym)
         for n in g.nodes:
             n.name = f"c{k}_{n.name}"
         merged.inputs += g.inputs

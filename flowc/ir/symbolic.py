@@ -106,6 +106,13 @@ class SymDim:
             return self.terms[0][0][0]
         return None
 
+    def renamed(self, names: Mapping[str, str]) -> SymDim:
+        """This polynomial with its symbols renamed (those ``names`` maps)."""
+        terms = {tuple(names.get(x, x) for x in k): c for k, c in self.terms}
+        out = SymDim.from_terms(terms)
+        assert isinstance(out, SymDim)
+        return out
+
     def evaluate(self, values: Mapping[str, int]) -> int:
         return sum(c * math.prod(values[s] for s in k) for k, c in self.terms)
 
