@@ -737,6 +737,7 @@ def load_model(
     shapes, shape_ranges = parse_shape_ranges(model.shapes)
     by_shape = _shape_symbols(model, shape_ranges, ranges)
     bounds = parse_bounds(model.bounds)
+    decisions: dict[str, bool] = {}  # the bound build's constant folding, for the probes
     if bounds and model.path.suffix.lower() == ".flow":
         raise InputError(
             "--bound is for ONNX models; a .flow program gives an op its bound attribute",
@@ -756,8 +757,10 @@ def load_model(
             sizes=sizes if is_flow else {},
             bounds=bounds,
             counts={k: v for k, v in sizes.items() if k not in ranges},
+            fold_as=None if record else decisions,
         )
         graph = load_graph(model.path, opts)
+        graph.fold_as = None if record else dict(decisions)  # (the passes fold too)
         if graph.state and (placed or precision != "fp32"):
             # A training step (a printed step's `state` declarations) runs on one device in fp32.
             raise InputError(
@@ -772,6 +775,7 @@ def load_model(
         pm = PassManager(pass_list(precision, compiled, placed), dump_after=dump_after)
         graph = pm.run(graph)
         if record:
+            decisions.update(graph.fold_decisions)
             times.stages.extend((f"pass {name}", seconds) for name, seconds in pm.timings)
             for name, text in pm.dumps:
                 if dump is not None:

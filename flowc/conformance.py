@@ -669,7 +669,6 @@ def merge_graphs(graphs: Sequence[Any]) -> Any:
     """One IR graph holding every graph side by side, value names prefixed per graph (the
     graphs are consumed: their values move into the result)."""
     from flowc.ir.graph import Graph
-
     from flowc.ir.types import TensorType
 
     merged = Graph("conformance")

@@ -56,8 +56,10 @@ class ImportOptions:
     sizes: Mapping[str, int] = field(default_factory=dict)
     # --bound NAME=K: the rows of the data-dependent output NAME
     bounds: Mapping[str, int] = field(default_factory=dict)
-    # A build at probe sizes (ir/fit_dims.py): the rows of each computed count (n0, n1, ...).
+    # A build at probe sizes (ir/fit_dims.py): the rows of each computed count (n0, n1, ...),
+    # and the bound build's constant-folding choices to repeat.
     counts: Mapping[str, int] = field(default_factory=dict)
+    fold_as: Mapping[str, bool] | None = None
     # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
     # bound to B wherever else it appears).
     batch: int | None = None
@@ -346,6 +348,7 @@ def import_model(
     builder.training = opts.trainable
     builder.bounds = dict(opts.bounds)
     graph.count_sizes = dict(opts.counts)
+    graph.fold_as = dict(opts.fold_as) if opts.fold_as is not None else None
     env: dict[str, Value] = {}
 
     init_names = {t.name for t in og.initializer} | {s.values.name for s in og.sparse_initializer}

@@ -76,6 +76,16 @@ def small_enough_to_fold(
     return sum(t.nbytes for t in types) <= max(MAX_FOLD_BYTES, 2 * held)
 
 
+def fold_forced(graph: Graph, key: str) -> bool | None:
+    """Whether the node ``key`` (op and first output) must fold (True) or stay (False) in
+    this build, or None: as the size rules decide. A graph built at another size of its
+    symbols (ir/fit_dims.py) folds exactly what the build at the bound folded, whatever the
+    sizes say, so the builds have the same nodes."""
+    if graph.fold_as is None:
+        return None
+    return graph.fold_as.get(key)
+
+
 def held_bytes(a: np.ndarray) -> int:
     """Bytes an array really holds: one element for a splat."""
     return a.itemsize if is_splat(a) else a.nbytes
@@ -200,14 +210,23 @@ class GraphBuilder:
                 )
         names = output_names or [f"{name or op}:{i}" for i in range(len(types))]
         arrays = fold_inputs(opdef, ins) if self.fold else None
-        if arrays is not None and small_enough_to_fold(types, arrays, opdef):
+        key = f"{op}:{names[0]}" if names else op
+        forced = fold_forced(self.graph, key)
+        if (
+            arrays is not None
+            and forced is not False
+            and (forced or small_enough_to_fold(types, arrays, opdef))
+        ):
             try:
                 outs = evaluate_node(opdef, arrays, frozen, types, where)
             except InputError as e:
                 # Constants are the model's own data: a failure here is the model's fault.
                 raise ShapeError(f"constant folding failed: {e.message}") from None
-            if worth_folding(arrays, outs):
+            if forced or worth_folding(arrays, outs):
+                self.graph.fold_decisions[key] = True
                 return [self.constant(n, a) for n, a in zip(names, outs, strict=False)]
+        if arrays is not None:
+            self.graph.fold_decisions[key] = False
         node = self.graph.add_node(op, ins, types, frozen, name=name, output_names=names)
         return node.outputs
 

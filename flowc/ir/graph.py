@@ -206,6 +206,10 @@ class Graph:
         self.symbols: dict[str, DimRange] = {}
         # A build at probe sizes (ir/fit_dims.py): the rows each computed count has here.
         self.count_sizes: dict[str, int] = {}
+        # Constant folding's choices, by op and first output (True: folded), and, in a build
+        # at probe sizes, the bound's choices to repeat (ir/builder.py: fold_forced).
+        self.fold_decisions: dict[str, bool] = {}
+        self.fold_as: dict[str, bool] | None = None
         self._names: set[str] = set()
 
     # -- construction -----------------------------------------------------------------------
@@ -426,6 +430,9 @@ class Graph:
         g.state = dict(self.state)
         g.train = dict(self.train)
         g.symbols = dict(self.symbols)
+        g.count_sizes = dict(self.count_sizes)
+        g.fold_decisions = dict(self.fold_decisions)
+        g.fold_as = self.fold_as
         vmap: dict[Value, Value] = {}
         for v in self.inputs:
             vmap[v] = g.add_input(v.name, v.type)
