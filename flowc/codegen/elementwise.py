@@ -126,9 +126,11 @@ def _pointwise_sized(
         op.setdefault("scalar", False)
         operands.append(op)
     total = " * ".join(f"D{a}" for a in range(rank)) or "1"
+    read = [int(a) for op in operands for a in re.findall(r"c(\d+)", str(op.get("index", "")))]
     name = prog.kernel(
         "elementwise.cu.j2",
         "pointwise_sized",
+        first=min(read, default=rank),
         operands=operands,
         out_type=ctype(ot.dtype),
         steps=steps,

@@ -169,13 +169,7 @@ def _check_constant(
     full = np.asarray(c.const)
     ttype = c.type
     if ttype.sym is not None:
-        sym_axes = [k for k, d in enumerate(ttype.sym) if d is not None]
-        one = full[tuple(slice(0, 1) if k in sym_axes else slice(None) for k in range(full.ndim))]
-        if np.array_equal(
-            np.broadcast_to(one, full.shape), full, equal_nan=full.dtype.kind in "fc"
-        ):
-            _expand_constant(graph, c, one)
-            return
+        # read as it is (no kernel) where a run reads a prefix of its bytes
         lead = next((k for k, d in enumerate(ttype.shape) if d != 1), None)
         outermost = not any(s is not None for s in ttype.sym[(lead or 0) + 1 :])
         prefix = outermost and all(
@@ -186,7 +180,16 @@ def _check_constant(
             )
             for _, p in probes
         )
-        if prefix or _polynomial(graph, c, probes):
+        if prefix:
+            return
+        sym_axes = [k for k, d in enumerate(ttype.sym) if d is not None]
+        one = full[tuple(slice(0, 1) if k in sym_axes else slice(None) for k in range(full.ndim))]
+        if np.array_equal(
+            np.broadcast_to(one, full.shape), full, equal_nan=full.dtype.kind in "fc"
+        ):
+            _expand_constant(graph, c, one)
+            return
+        if _polynomial(graph, c, probes):
             return
         raise ShapeError(
             f"{_where(c)} of symbolic type {ttype} changes with the sizes in a way no one "
@@ -293,18 +296,85 @@ def _polynomial(graph: Graph, c: Value, probes: list[tuple[dict[str, int], Value
 
 
 def _expand_constant(graph: Graph, c: Value, one: np.ndarray) -> None:
-    """Replace constant ``c`` (the same along its symbolic dims) by an Expand of ``one``,
-    its slice of size 1 along them, to ``c``'s symbolic type; the Expand's output takes
-    ``c``'s name."""
+    """Replace constant ``c`` (the same along its symbolic dims) by ``one``, its slice of
+    size 1 along them: read as it is by the element-wise nodes that broadcast it anyway (their
+    result keeps its type), through an Expand to ``c``'s symbolic type by the others (the
+    Expand's output takes ``c``'s name)."""
     row = graph.add_constant(f"{c.name}/row", one)
-    shape = graph.add_constant(f"{c.name}/shape", np.asarray(c.type.shape, dtype=np.int64))
-    name = c.name
+    rest: list[Node] = []
+    for n in graph.users().get(c, []):
+        opdef = get_op(n.op)
+        if opdef.cexpr is not None or n.op == "FusedElementwise":
+            ins = [row if i is c else i for i in n.inputs]
+            probe = Node(n.op, ins, [], n.attrs, n.name)
+            same = [t.shape for t in opdef.infer_types(probe)] == [o.type.shape for o in n.outputs]
+            if same:
+                n.inputs = ins
+                continue
+        rest.append(n)
     graph.constants.remove(c)
+    name = c.name
     graph.rename(c, graph.unique_name(f"{name}/folded"))
+    if not rest and c not in graph.outputs:
+        return
+    shape = graph.add_constant(f"{name}/shape", np.asarray(c.type.shape, dtype=np.int64))
     node = graph.add_node("Expand", [row, shape], [c.type], name=f"{name}/expand")
     graph.nodes.insert(0, graph.nodes.pop())
     graph.rename(node.outputs[0], name)
     graph.replace_uses(c, node.outputs[0])
+
+
+def _simplify_broadcasts(graph: Graph) -> None:
+    """The Expands that constants of repeated rows became (above), carried to where they cost
+    nothing: a Gather of a constant table by an Expand of a constant row is the Expand of the
+    rows it gathers, folded; an Expand of a constant read only by element-wise nodes that
+    broadcast it anyway (their results keep their types) is the constant itself. What the
+    program then launches for them: nothing, as when the sizes were fixed."""
+    from flowc.ir.graph import Attrs
+
+    changed = True
+    while changed:
+        changed = False
+        users = graph.users()
+        for n in list(graph.nodes):
+            if n.op == "Gather" and n.inputs[0] is not None and n.inputs[0].const is not None:
+                idx = n.inputs[1]
+                e = idx.producer if idx is not None else None
+                row = e.inputs[0] if e is not None and e.op == "Expand" else None
+                if idx is None or row is None or row.const is None:
+                    continue
+                lift = (1,) * (idx.type.rank - row.type.rank) + row.type.shape
+                opdef = get_op("Gather")
+                (rows,) = opdef.evaluate(
+                    [n.inputs[0].const, np.asarray(row.const).reshape(lift)], n.attrs
+                )
+                out = n.outputs[0]
+                folded = graph.add_constant(f"{out.name}/rows", rows)
+                shape = graph.add_constant(
+                    f"{out.name}/shape", np.asarray(out.type.shape, dtype=np.int64)
+                )
+                n.op, n.inputs, n.attrs = "Expand", [folded, shape], Attrs({})
+                changed = True
+            elif n.op == "Expand" and n.inputs[0] is not None and n.inputs[0].const is not None:
+                src, out = n.inputs[0], n.outputs[0]
+                readers = users.get(out, [])
+                if not readers or out in graph.outputs:
+                    continue
+                swapped = []
+                for r in readers:
+                    opdef = get_op(r.op)
+                    if opdef.cexpr is None and r.op != "FusedElementwise":
+                        break
+                    ins = [src if i is out else i for i in r.inputs]
+                    types = opdef.infer_types(Node(r.op, ins, [], r.attrs, r.name))
+                    if [t.shape for t in types] != [o.type.shape for o in r.outputs]:
+                        break
+                    swapped.append((r, ins))
+                else:
+                    for r, ins in swapped:
+                        r.inputs = ins
+                    changed = True
+        graph.remove_unused()
 
 
 def annotate_symbols(
@@ -353,4 +423,5 @@ def annotate_symbols(
         if v.const is not None:
             _check_constant(graph, v, list(zip(points, others, strict=True)), readers.get(v, []))
     graph.symbols = {**ranges, **computed}
+    _simplify_broadcasts(graph)
     return graph
