@@ -694,23 +694,15 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             record(st, e.id)
     prog.current_stream = 0
     if unsupported:
-        lines = [
-            f"  {op}: {len(names)} node(s), first: {names[0]!r}"
-            for op, names in sorted(unsupported.items())
-        ]
         raise CodegenError(
             f"code generation does not support {len(unsupported)} op type(s) yet:\n"
-            + "\n".join(lines),
+            + _by_op(unsupported),
             hint="flowc eval runs these models with the NumPy reference",
         )
     if unsized:
-        lines = [
-            f"  {op}: {len(names)} node(s), first: {names[0]!r}"
-            for op, names in sorted(unsized.items())
-        ]
         raise CodegenError(
             f"{len(unsized)} op type(s) have no size-generic kernel yet, for tensors of "
-            "symbolic dims:\n" + "\n".join(lines),
+            "symbolic dims:\n" + _by_op(unsized),
             hint="fix the dims with --dim NAME=N for a program of one size; "
             "docs/dynamic.md lists the ops that take symbolic dims",
         )
@@ -720,6 +712,13 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             record(st, fork + st)
             wait(0, fork + st)
     return num_events
+
+
+def _by_op(nodes: Mapping[str, list[str]]) -> str:
+    """Lines of op type, node count and first node, for an error listing refused nodes."""
+    return "\n".join(
+        f"  {op}: {len(names)} node(s), first: {names[0]!r}" for op, names in sorted(nodes.items())
+    )
 
 
 def _output_copies(prog: Program) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -277,6 +277,34 @@ class GemmCall:
     bias_grad_of: str = ""  # "a", "b" (op(A) / op(B) summed over k) or "out" (D's columns)
 
 
+def _c_base(prog: Program, g: GemmCall) -> int:
+    """The alignment C and D start at (the residual's too, read as C)."""
+    bases = [_base_align(prog, g.out)]
+    if g.residual is not None:
+        bases.append(_base_align(prog, g.residual))
+    return min(bases)
+
+
+def _gemm_plan(prog: Program, node: Node, g: GemmCall, **shape: Any) -> str:
+    """The GEMM plan (made in create()) of ``node``'s call ``g`` for the problem ``shape``
+    (gemm_plan's m, n, k, transposes, batch, leading dims, strides, epilogue, ld_aux,
+    alignments): the handle of its stream, the scalars, the type, TF32 and the workspace
+    bound filled in."""
+    dt = g.a.type.dtype
+    return prog.library_plan(
+        "gemm",
+        "matmul.cu.j2",
+        "gemm_plan",
+        handle=prog.blas,
+        alpha=g.alpha,
+        beta=g.beta,
+        type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
+        tf32=prog.tf32,
+        workspace=prog.library_workspace(node),
+        **shape,
+    )
+
+
 def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
     """A GEMM of a program with symbolic dims: a packed A whose rows (every dim but the last,
     flattened) change with the run, times a B of fixed size, into a packed output. The plan
@@ -302,18 +330,13 @@ def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
         )
     trans_b, ldb = mb
     rows_bound = g.a.type.numel // max(k, 1)
-    dt = g.a.type.dtype
-    size = dt.itemsize
+    size = g.a.type.dtype.itemsize
     align_a = _alignment(_base_align(prog, g.a), itemsize=size)
     align_b = _alignment(_base_align(prog, g.b), b.offset, itemsize=size)
-    c_bases = [_base_align(prog, g.out)]
-    if g.residual is not None:
-        c_bases.append(_base_align(prog, g.residual))
-    plan = prog.library_plan(
-        "gemm",
-        "matmul.cu.j2",
-        "gemm_plan",
-        handle=prog.blas,
+    plan = _gemm_plan(
+        prog,
+        node,
+        g,
         m=rows_bound,
         n=n,
         k=k,
@@ -323,14 +346,9 @@ def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
         lda=k,
         ldb=ldb,
         strides=None,
-        alpha=g.alpha,
-        beta=g.beta,
-        type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
-        tf32=prog.tf32,
         epilogue=_EPILOGUES[g.activation][g.bias is not None],
         ld_aux=0,
-        align=(align_a, align_b, min(c_bases)),
-        workspace=prog.library_workspace(node),
+        align=(align_a, align_b, _c_base(prog, g)),
     )
     prog.call(
         "matmul.cu.j2",
@@ -391,15 +409,11 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
     align_b = _alignment(
         _base_align(prog, g.b), b.offset, batched[1], *(s[1] for s in outer_steps), itemsize=size
     )
-    c_bases = [_base_align(prog, g.out)]
-    if g.residual is not None:
-        c_bases.append(_base_align(prog, g.residual))
-    align_c = _alignment(min(c_bases), batched[2], *(s[2] for s in outer_steps), itemsize=size)
-    plan = prog.library_plan(
-        "gemm",
-        "matmul.cu.j2",
-        "gemm_plan",
-        handle=prog.blas,
+    align_c = _alignment(_c_base(prog, g), batched[2], *(s[2] for s in outer_steps), itemsize=size)
+    plan = _gemm_plan(
+        prog,
+        node,
+        g,
         m=m,
         n=n,
         k=k,
@@ -409,10 +423,6 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
         lda=lda,
         ldb=ldb,
         strides=batched if batch > 1 else None,
-        alpha=g.alpha,
-        beta=g.beta,
-        type=_GEMM_TYPES[dt] if dt != DType.F32 else None,
-        tf32=prog.tf32,
         epilogue=(
             _BACKWARD_EPILOGUES[g.activation, g.bias_grad_of]
             if backward
@@ -420,7 +430,6 @@ def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:
         ),
         ld_aux=n if g.aux is not None else 0,
         align=(align_a, align_b, align_c),
-        workspace=prog.library_workspace(node),
     )
     operands = {
         "plan": plan,
