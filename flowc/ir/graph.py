@@ -285,8 +285,8 @@ class Graph:
             self._claim(n)
             outs.append(Value(n, t))
         node = Node(op, inputs, outs, attrs, name)
-        # One count per node, named after its first output that has one: Unique's values,
-        # first indices and counts share theirs.
+        # One count per node (n0, n1, ...: _name_counts): Unique's values, first indices and
+        # counts share theirs.
         counted = [
             o for o in outs if o.type.sym is not None and any(_counts(d) for d in o.type.sym)
         ]
