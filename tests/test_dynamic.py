@@ -270,11 +270,14 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
     assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
 
 
-def test_cuda_build_of_a_dynamic_program_compiles_and_links(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny"])
+def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
-    out = _compile(
-        SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16"), tmp_path / "out", "cuda"
-    )
+    if model == "bert_tiny":
+        path, dims = SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16")
+    else:
+        path, dims = _with_dynamic_batch(model, tmp_path)[1], ("batch=1..6",)
+    out = _compile(path, dims, tmp_path / "out", "cuda")
     bdir = build(out, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
 
@@ -618,17 +621,39 @@ def test_computed_dims_print_and_read_back() -> None:
 
 def test_shared_mlp_rewritten_with_a_dynamic_batch(tmp_path: Path) -> None:
     """The shared MLP with its batch dim renamed to a symbol: one build for 1..16 rows."""
-    m = onnx.load(str(SHARED_MODELS / "mlp.onnx"))
-    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
-    for vo in m.graph.output:
-        vo.type.tensor_type.shape.dim[0].dim_param = "batch"
-    onnx.save(m, str(tmp_path / "mlp.onnx"))
-    out = _compile(tmp_path / "mlp.onnx", ("batch=1..16",), tmp_path / "out")
+    m, path = _with_dynamic_batch("mlp", tmp_path)
+    out = _compile(path, ("batch=1..16",), tmp_path / "out")
     build(out, "host", quick=True)
     name = m.graph.input[0].name
     width = m.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     for b in (1, 16, 5, 8):
         x = np.random.default_rng(b).standard_normal((b, width)).astype(np.float32)
+        ref = run_onnxruntime(m, {name: x})
+        got, _ = run(out, {name: x})
+        for k, v in ref.items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
+
+
+def _with_dynamic_batch(name: str, tmp_path: Path) -> tuple[onnx.ModelProto, Path]:
+    """A shared model with its inputs' and outputs' first dim renamed to the symbol batch."""
+    m = onnx.load(str(SHARED_MODELS / f"{name}.onnx"))
+    for vi in (*m.graph.input, *m.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(m, str(path))
+    return m, path
+
+
+def test_shared_resnet_with_a_dynamic_batch(tmp_path: Path) -> None:
+    """Convolutions (library plans per power-of-two batch), max and global pools with a
+    symbolic batch: one build for 1..6 images against onnxruntime."""
+    m, path = _with_dynamic_batch("resnet_tiny", tmp_path)
+    out = _compile(path, ("batch=1..6",), tmp_path / "out")
+    build(out, "host", quick=True)
+    name = m.graph.input[0].name
+    image = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim[1:]]
+    for b in (1, 6, 3, 4):
+        x = np.random.default_rng(b).standard_normal((b, *image)).astype(np.float32)
         ref = run_onnxruntime(m, {name: x})
         got, _ = run(out, {name: x})
         for k, v in ref.items():

@@ -270,6 +270,15 @@ class Program:
         run's sizes."""
         return any(v is not None and v.type.sym is not None for v in (*node.inputs, *node.outputs))
 
+    def leading_only(self, node: Node) -> bool:
+        """Whether only the first dim of ``node``'s tensors is symbolic: a kernel that walks
+        the flat elements of its output, with every other dim fixed, then serves every size
+        once it is given the run's element count (launch_numel)."""
+        return all(
+            v is None or v.type.sym is None or not any(v.type.sym[1:])
+            for v in (*node.inputs, *node.outputs)
+        )
+
     def dim(self, t: TensorType, axis: int, table: str = "sizes") -> str:
         """Dim ``axis`` of ``t`` as C++: its size, or its polynomial over ``table`` (a kernel's
         ``sizes``, run()'s device ``ddims`` or host ``hdims``)."""
@@ -514,6 +523,19 @@ class Program:
         C++ over hdims) work items; its last argument is the device size table."""
         self.launch_grid(kernel, [self.grid(total)], BLOCK, [*args, "ddims"])
 
+    def launch_numel(
+        self, kernel: str, t: TensorType, args: list[str], stop: int | None = None
+    ) -> None:
+        """A grid-stride kernel over the elements of ``t`` in this run (or of its dims before
+        ``stop``), whose last argument is that count (a literal for a static type)."""
+        stop = t.rank if stop is None else stop
+        if t.sym is None:
+            total = math.prod(t.shape[:stop])
+            self.launch(kernel, total, [*args, f"(int64_t){total}"])
+            return
+        run_total = self.count(t, 0, stop)
+        self.launch_grid(kernel, [self.grid(run_total)], BLOCK, [*args, f"(int64_t){run_total}"])
+
     def launch_blocks(
         self, kernel: str, blocks: int, block: int, shared: int, args: list[str]
     ) -> None:
@@ -677,7 +699,11 @@ def emit_schedule(prog: Program, poison: bool) -> int:
             prog.copy(node.outputs[0], src)
         elif opdef.emit is None:
             unsupported.setdefault(node.op, []).append(node.name)
-        elif not opdef.sized and prog.is_sized(node):
+        elif (
+            prog.is_sized(node)
+            and not opdef.sized
+            and not (opdef.sized_leading and prog.leading_only(node))
+        ):
             unsized.setdefault(node.op, []).append(node.name or node.outputs[0].name)
         else:
             prog.node = node

@@ -411,30 +411,48 @@ def _emit_conv(prog: Program, node: Node, residual: Value | None, relu: bool) ->
         return
     fields = library_fields(node)
     if fields is not None:
-        plan = prog.library_plan(
-            "conv",
-            "conv.cu.j2",
-            "conv_plan",
-            handle=prog.conv,
-            geometry=fields,
-            type=_LIBRARY_TYPES[dt],
-            tf32=prog.tf32,
-            has_bias=b is not None,
-            has_residual=residual is not None,
-            relu=relu,
-            workspace=prog.library_workspace(node),
-        )
+
+        def plan(images: int) -> str:
+            return prog.library_plan(
+                "conv",
+                "conv.cu.j2",
+                "conv_plan",
+                handle=prog.conv,
+                geometry={**fields, "n": images},
+                type=_LIBRARY_TYPES[dt],
+                tf32=prog.tf32,
+                has_bias=b is not None,
+                has_residual=residual is not None,
+                relu=relu,
+                workspace=prog.library_workspace(node),
+            )
+
+        operands = {
+            "x": prog.cptr(x),
+            "w": prog.cptr(w),
+            "b": prog.cptr(b) if b is not None else None,
+            "z": prog.cptr(residual) if residual is not None else None,
+            "y": prog.ptr(y),
+            "stream": prog.stream,
+        }
+        what = f"{node.op} {node.name}"
+        if x.type.sym is None:
+            prog.call("conv.cu.j2", "conv_run", what, plan=plan(fields["n"]), **operands)
+            return
+        # A symbolic batch (Program.leading_only): plans for the powers of two up to the
+        # bound and the bound itself; a run's batch goes through the fewest of them.
+        bound = x.type.shape[0]
+        sizes = sorted({1 << k for k in range(bound.bit_length()) if 1 << k <= bound} | {bound})
         prog.call(
             "conv.cu.j2",
-            "conv_run",
-            f"{node.op} {node.name}",
-            plan=plan,
-            x=prog.cptr(x),
-            w=prog.cptr(w),
-            b=prog.cptr(b) if b is not None else None,
-            z=prog.cptr(residual) if residual is not None else None,
-            y=prog.ptr(y),
-            stream=prog.stream,
+            "conv_run_batches",
+            what,
+            plans=[f"&{plan(n)}" for n in sizes],
+            sizes=sizes,
+            n=prog.dim(x.type, 0, "hdims"),
+            x_image=math.prod(x.type.shape[1:]) * dt.itemsize,
+            y_image=math.prod(y.type.shape[1:]) * y.type.dtype.itemsize,
+            **operands,
         )
         return
     a = node_attrs(node)
@@ -508,7 +526,7 @@ def _direct(
         *([prog.cptr(residual)] if residual is not None else []),
         prog.ptr(y),
     ]
-    prog.launch(name, y.type.numel, [*args, f"(int64_t){y.type.numel}"])
+    prog.launch_numel(name, y.type, args)
 
 
 def spread_back(
@@ -670,6 +688,7 @@ defop(
     sbp=_conv_sbp(w_out=0, w_in=1),
     emit=_conv_emit,
     library="conv",
+    sized_leading=True,
     workspace=_conv_workspace,
     narrow=NARROW,
     vjp=_conv_vjp,
@@ -953,6 +972,7 @@ defop(
     sbp=_fused_conv_sbp,
     emit=_fused_conv_emit,
     library="conv",
+    sized_leading=True,
     workspace=_conv_workspace,
     narrow=NARROW,
 )

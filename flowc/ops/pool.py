@@ -153,7 +153,7 @@ def _maxpool_emit(prog: Program, node: Node) -> None:
         **params,
     )
     outs = [prog.ptr(o) for o in node.outputs[:2]]
-    prog.launch(name, y.type.numel, [prog.cptr(x), *outs, f"(int64_t){y.type.numel}"])
+    prog.launch_numel(name, y.type, [prog.cptr(x), *outs])
 
 
 def _sum_pool_emit(prog: Program, node: Node) -> None:
@@ -186,7 +186,7 @@ def _sum_pool_emit(prog: Program, node: Node) -> None:
         check_inside=keep,
         **params,
     )
-    prog.launch(name, y.type.numel, [prog.cptr(x), prog.ptr(y), f"(int64_t){y.type.numel}"])
+    prog.launch_numel(name, y.type, [prog.cptr(x), prog.ptr(y)])
 
 
 def _global_emit(prog: Program, node: Node) -> None:
@@ -210,7 +210,7 @@ def _global_emit(prog: Program, node: Node) -> None:
         p=p,
         size=size,
     )
-    prog.launch(name, planes, [prog.cptr(x), prog.ptr(y), f"(int64_t){planes}"])
+    prog.launch_numel(name, x.type, [prog.cptr(x), prog.ptr(y)], stop=2)
 
 
 # -- SBP --------------------------------------------------------------------------------------------
@@ -251,6 +251,7 @@ def _window_pool(
         flops=_pool_flops,
         sbp=_pool_sbp(linear),
         emit=emit,
+        sized_leading=True,
     )
 
 
@@ -417,6 +418,7 @@ for _op, _ref, _attrs, _linear in (
         flops=_global_flops,
         sbp=_pool_sbp(linear=_linear),
         emit=_global_emit,
+        sized_leading=True,
     )
 
 

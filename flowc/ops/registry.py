@@ -186,6 +186,10 @@ class OpDef:
     # kernels that read the run's sizes (Program.sized); a node of another op with a
     # symbolic type is refused, naming it.
     sized: bool = False
+    # True when `emit` serves a node whose tensors are symbolic in their first dim only (the
+    # batch of a convolution or a pool): its kernels walk the flat elements with every other
+    # dim fixed, and Program.launch_numel gives them the run's count.
+    sized_leading: bool = False
     # The node's attributes with the sizes some of them spell taken out (FusedElementwise's
     # step shapes, for its FLOP count): what must be the same at every size of a program
     # with symbolic dims (ir/fit_dims.py compares it across the sizes it builds at).
@@ -290,6 +294,7 @@ def defop(
     emit: EmitFn | None = None,
     cexpr: CExprFn | None = None,
     sized: bool = False,
+    sized_leading: bool = False,
     sizeless: Callable[[Attrs], Attrs] | None = None,
     dsl_name: str = "",
     sbp: SbpFn | None = None,
@@ -316,6 +321,7 @@ def defop(
             emit=emit,
             cexpr=cexpr,
             sized=sized,
+            sized_leading=sized_leading,
             sizeless=sizeless,
             dsl_name=dsl_name,
             sbp=sbp,

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -593,6 +594,35 @@ inline ConvAlgo plan_fallback_algorithm(const ConvPlan& p) { return conv_algo(p.
 // Which path a plan runs: one fused library call, or the fallback.
 inline const char* plan_path(const ConvPlan& p) {
   return !p.d.epilogue() ? "conv" : (p.fused ? "fused" : "conv+epilogue");
+}
+
+// A convolution of a batch whose size is known only at run time (a program with symbolic dims,
+// docs/dynamic.md): `plans[k]` is made for `sizes[k]` images (ascending: the powers of two up to
+// the bound, and the bound). The first `n` images run as few calls as the sizes allow, the
+// largest plan that fits the images left first: a planned size is one call. `x_image` and
+// `y_image` are the bytes of one image of x and of y (z's are y's).
+inline Status run_conv_batches(std::initializer_list<ConvPlan*> plans, std::initializer_list<int64_t> sizes,
+                               int64_t n, int64_t x_image, int64_t y_image, const void* x, const void* w,
+                               const void* bias, const void* z, void* y, cudaStream_t stream) {
+  if (plans.size() != sizes.size() || plans.size() == 0)
+    return InvalidArgument("conv2d: no plans for the batch");
+  const auto* xb = static_cast<const unsigned char*>(x);
+  const auto* zb = static_cast<const unsigned char*>(z);
+  auto* yb = static_cast<unsigned char*>(y);
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t left = n - done;
+    int k = static_cast<int>(sizes.size()) - 1;
+    while (k > 0 && sizes.begin()[k] > left) --k;
+    const int64_t take = sizes.begin()[k];
+    if (take > left) return InvalidArgument("conv2d: no plan fits the batch's last images");
+    ConvPlan& p = *plans.begin()[k];
+    Status s = run_conv(p, xb + done * x_image, w, bias, zb == nullptr ? nullptr : zb + done * y_image,
+                        yb + done * y_image, stream);
+    if (!s.ok()) return s;
+    done += take;
+  }
+  return Status::Ok();
 }
 
 // One call without a plan kept (tests, one-off use): plan, run, destroy.
