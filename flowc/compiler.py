@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from flowc.codegen.program import (
     layout_weights,
 )
 from flowc.codegen.project import project_writer
-from flowc.errors import InputError
+from flowc.errors import FlowcWarning, InputError
 from flowc.formatting import dims_text
 from flowc.frontend import ImportOptions, load_graph
 from flowc.ir.fit_dims import annotate_symbols
@@ -745,6 +746,14 @@ def load_model(
         )
 
     def build(sizes: Mapping[str, int], record: bool) -> Graph:
+        if record:
+            return build_at(sizes, True)
+        # The probe builds repeat what the bound's build has said: its warnings once.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FlowcWarning)
+            return build_at(sizes, False)
+
+    def build_at(sizes: Mapping[str, int], record: bool) -> Graph:
         at_shapes = {n: list(d) for n, d in shapes.items()}
         for (n, k), sym in by_shape.items():
             at_shapes[n][k] = sizes[sym]

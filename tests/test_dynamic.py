@@ -270,13 +270,15 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
     assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
 
 
-@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny"])
+@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny"])
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
     if model == "bert_tiny":
         path, dims = SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16")
     else:
-        path, dims = _with_dynamic_batch(model, tmp_path)[1], ("batch=1..6",)
+        m, path = _with_dynamic_batch(model, tmp_path)
+        onnx.save(_batch_from_the_input(m), str(path))
+        dims = ("batch=1..6",)
     out = _compile(path, dims, tmp_path / "out", "cuda")
     bdir = build(out, "cuda", quick=True)
     assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
@@ -351,10 +353,11 @@ def test_an_op_without_a_size_generic_kernel_is_refused(tmp_path: Path) -> None:
         tmp_path / "conv.onnx",
         [helper.make_node("Conv", ["x", "w"], ["y"], name="conv0")],
         [w],
-        inputs=[("x", ["batch", 3, 4, 4])],
-        outputs=[("y", ["batch", 2, 4, 4])],
+        inputs=[("x", [1, 3, "h", 4])],
+        outputs=[("y", [1, 2, "h", 4])],
     )
-    graph = load_model(ModelArgs(path=path, dims=("batch=1..4",)))
+    # (a symbolic batch has a kernel: Program.leading_only; a symbolic height has none)
+    graph = load_model(ModelArgs(path=path, dims=("h=1..4",)))
     with pytest.raises(CodegenError, match="no size-generic kernel yet") as e:
         compile_graph(graph, tmp_path / "out")
     assert "Conv: 1 node(s), first: 'conv0'" in e.value.message
@@ -644,20 +647,104 @@ def _with_dynamic_batch(name: str, tmp_path: Path) -> tuple[onnx.ModelProto, Pat
     return m, path
 
 
+def _batch_from_the_input(m: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite a model exported for one batch the way a dynamic export spells it. Each int64
+    shape constant (a Constant node or an initializer) read by a Reshape, or by the Equal/Where
+    of an Expand's shape: a leading 1 (the export's batch) becomes Concat(Shape(input)[0:1],
+    the rest); a Reshape shape with no -1 gets -1 first (its first dim absorbs the batch:
+    GPT-2's [seq, hidden] rows). Exported value_info (static shapes) is dropped."""
+    g = m.graph
+    readers: dict[str, set[str]] = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    c = numpy_helper.from_array
+    nodes = [
+        helper.make_node("Shape", [g.input[0].name], ["dyn_shape"]),
+        helper.make_node("Constant", [], ["dyn_0"], value=c(np.array([0], np.int64))),
+        helper.make_node("Constant", [], ["dyn_1"], value=c(np.array([1], np.int64))),
+        helper.make_node("Slice", ["dyn_shape", "dyn_0", "dyn_1"], ["dyn_batch"]),
+    ]
+
+    def rewrite(name: str, v: np.ndarray) -> np.ndarray | None:
+        """The constant's new value, or None where nodes made from the batch now give it."""
+        reads = readers.get(name, set())
+        if not (reads & {"Reshape", "Equal", "Where"}) or v.dtype != np.int64 or v.ndim != 1:
+            return v
+        if len(v) >= 2 and v[0] == 1:
+            nodes.append(helper.make_node("Constant", [], [name + "_rest"], value=c(v[1:].copy())))
+            nodes.append(helper.make_node("Concat", ["dyn_batch", name + "_rest"], [name], axis=0))
+            return None
+        if reads == {"Reshape"} and len(v) >= 2 and -1 not in v:
+            return np.array([-1, *v[1:]], np.int64)
+        return v
+
+    inits = []
+    for t in g.initializer:
+        v = rewrite(t.name, numpy_helper.to_array(t))
+        if v is not None:
+            inits.append(c(v, t.name))
+    for n in g.node:
+        if n.op_type == "Constant" and n.attribute[0].name == "value":
+            v = rewrite(n.output[0], numpy_helper.to_array(n.attribute[0].t))
+            if v is not None:
+                nodes.append(helper.make_node("Constant", [], [n.output[0]], value=c(v)))
+        else:
+            nodes.append(n)
+    del g.node[:], g.initializer[:], g.value_info[:]
+    g.node.extend(nodes)
+    g.initializer.extend(inits)
+    onnx.checker.check_model(m)
+    return m
+
+
+def _check_images(m: onnx.ModelProto, out: Path, batches: tuple[int, ...]) -> None:
+    name = m.graph.input[0].name
+    image = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim[1:]]
+    for b in batches:
+        x = np.random.default_rng(b).standard_normal((b, *image)).astype(np.float32)
+        ref = run_onnxruntime(m, {name: x})
+        got, _ = run(out, {name: x})
+        for k, v in ref.items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
+
+
+def test_shared_vit_rewritten_with_a_dynamic_batch(tmp_path: Path) -> None:
+    """The shared ViT (exported for one image) with its shape constants taking the batch
+    from the input: the patch convolution, a batch-leading Transpose, the cls token's Expand
+    and Concat, fused attention over 1..5 images against onnxruntime."""
+    m, path = _with_dynamic_batch("vit_tiny", tmp_path)
+    onnx.save(_batch_from_the_input(m), str(path))
+    out = _compile(path, ("batch=1..5",), tmp_path / "out")
+    build(out, "host", quick=True)
+    _check_images(m, out, (1, 5, 2))
+
+
+def test_shared_gpt2_rewritten_with_a_dynamic_batch(tmp_path: Path) -> None:
+    """The shared GPT-2 (torch.export, one sequence of 32 tokens) with its shape constants
+    taking the batch from the input: embeddings, Split, attention, the LM head over 1..4
+    sequences against onnxruntime. (Its causal mask and positions are constants of the
+    export's length: the sequence stays fixed.)"""
+    m, path = _with_dynamic_batch("gpt2_tiny", tmp_path)
+    m = inference_mode(_batch_from_the_input(m))
+    onnx.save(m, str(path))
+    out = _compile(path, ("batch=1..4",), tmp_path / "out")
+    build(out, "host", quick=True)
+    for b in (1, 4, 3):
+        ids = np.random.default_rng(b).integers(0, 1000, (b, 32))
+        ref = run_onnxruntime(m, {"input_ids": ids})
+        got, _ = run(out, {"input_ids": ids})
+        for k, v in ref.items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
+
+
 def test_shared_resnet_with_a_dynamic_batch(tmp_path: Path) -> None:
     """Convolutions (library plans per power-of-two batch), max and global pools with a
     symbolic batch: one build for 1..6 images against onnxruntime."""
     m, path = _with_dynamic_batch("resnet_tiny", tmp_path)
     out = _compile(path, ("batch=1..6",), tmp_path / "out")
     build(out, "host", quick=True)
-    name = m.graph.input[0].name
-    image = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim[1:]]
-    for b in (1, 6, 3, 4):
-        x = np.random.default_rng(b).standard_normal((b, *image)).astype(np.float32)
-        ref = run_onnxruntime(m, {name: x})
-        got, _ = run(out, {name: x})
-        for k, v in ref.items():
-            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
+    _check_images(m, out, (1, 6, 3, 4))
 
 
 def test_concat_places_each_input_at_its_run_time_offset(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flowc.codegen.cpp import BLOCK
 from flowc.ir.graph import Node, is_splat, make_splat
 from flowc.ops.registry import InferCtx, ints, numel, row_major_strides
 
@@ -120,18 +121,30 @@ def _offset(ptr: str, at: int) -> str:
     return f"{ptr} + {at}" if at else ptr
 
 
-def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, box: Box) -> None:
-    """Copy a box of elements from ``src`` (starting at element src_at) into ``dst``."""
+def emit_box(
+    prog: Program,
+    src: Value,
+    src_at: int,
+    dst: Value,
+    dst_at: int,
+    box: Box,
+    run_total: str | None = None,
+) -> None:
+    """Copy a box of elements from ``src`` (starting at element src_at) into ``dst``.
+    ``run_total``: in a program with symbolic dims, the box's element count in this run (host
+    C++), when only its first axis changes with the sizes (Program.leading_only)."""
     total = numel([size for size, _, _ in box])
     if total == 0:
         return
     dims = _simplify_box(box)
+    count = str(total) if run_total is None else run_total
     if not dims or (len(dims) == 1 and dims[0][1:] == (1, 1)):
         # One run of memory: the copy engine does it.
+        itemsize = dst.type.dtype.itemsize
         prog.memcpy(
             _offset(prog.ptr(dst), dst_at),
             _offset(prog.cptr(src), src_at),
-            total * dst.type.dtype.itemsize,
+            total * itemsize if run_total is None else f"({run_total}) * {itemsize}",
         )
         return
     sizes = [size for size, _, _ in dims]
@@ -143,11 +156,11 @@ def emit_box(prog: Program, src: Value, src_at: int, dst: Value, dst_at: int, bo
         dims=[{"size": size, "src": s, "dst": d} for size, s, d in dims],
         dst_linear=linear,
     )
-    prog.launch(
-        name,
-        total,
-        [_offset(prog.cptr(src), src_at), _offset(prog.ptr(dst), dst_at), f"(int64_t){total}"],
-    )
+    args = [_offset(prog.cptr(src), src_at), _offset(prog.ptr(dst), dst_at), f"(int64_t){count}"]
+    if run_total is None:
+        prog.launch(name, total, args)
+    else:  # the kernel's outermost axis takes what the count leaves: the symbolic one
+        prog.launch_grid(name, [prog.grid(run_total)], BLOCK, args)
 
 
 def launch_over(prog: Program, kernel: str, out: Value, reads: Sequence[Value | None] = ()) -> None:
