@@ -306,9 +306,12 @@ class Program:
             return str(t.nbytes)
         return f"({self.numel(t)}) * {t.dtype.itemsize}"
 
-    def sized_ints(self, at: Callable[[Mapping[str, int]], list[int]]) -> list[str]:
+    def sized_ints(
+        self, at: Callable[[Mapping[str, int]], list[int]], table: str = "hdims"
+    ) -> list[str]:
         """Integers an emitter computes from its tensors' shapes (strides, offsets, counts),
-        as C++ over run()'s ``hdims``: ``at`` gives them for given sizes of the symbols, and
+        as C++ over ``table`` (run()'s ``hdims``, a kernel's ``sizes``): ``at`` gives them
+        for given sizes of the symbols, and
         each is fitted as a polynomial of the symbols (ir/symbolic.py) and checked at the
         bound. An emitter written for one size so serves every size in range. The fit reads
         sizes above the ranges (hi + 2, hi + 5, ...): at a size of 1 a stride is moot (the
@@ -329,7 +332,7 @@ class Program:
                     f"({', '.join(names)}) of degree {SIZED_DEGREE} at most; fix the dims "
                     "with --dim NAME=N"
                 )
-            out.append(f.c_expr(self.slots, "hdims") if isinstance(f, SymDim) else str(f))
+            out.append(f.c_expr(self.slots, table) if isinstance(f, SymDim) else str(f))
         return out
 
     def grid(self, total: str, block: int = BLOCK, most: int = MAX_GRID) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -552,10 +552,12 @@ def _out_letters(a: Attrs) -> list[str]:
     return [axis[0] if axis else "" for axis in parse_layout(str(a["out_layout"]))]
 
 
-def _emit_sized(prog: Program, node: Node, a: Attrs, kern: str, bm: int) -> None:
-    """The launch of a program with symbolic dims: the kernel is the bound's (head dims and
-    tiles fixed; rows and keys past the run's lengths are masked as at any length), its
-    strides, lengths and grid computed from the run's sizes."""
+def _emit_sized(prog: Program, node: Node, a: Attrs, kernel: dict[str, Any], bm: int) -> None:
+    """The kernel of a program with symbolic dims: the bound's tiles and head dims; its
+    offsets, strides, lengths and block count computed in the kernel from the run's size
+    table (polynomials of the sizes, Program.sized_ints), rows and keys past the run's lengths
+    masked as at any length. Its grid covers the sizes on the host (run()'s hdims: a size
+    bucket's, under a CUDA Graph); blocks past the run's exit."""
     q, k, v = node.inputs[0], node.inputs[1], node.inputs[2]
     mask = node.inputs[3] if len(node.inputs) > 3 else None
     cond = node.inputs[4] if len(node.inputs) > 4 else None
@@ -565,6 +567,11 @@ def _emit_sized(prog: Program, node: Node, a: Attrs, kern: str, bm: int) -> None
         raise prog.fail("a training dropout with symbolic dims has no kernel")
 
     letters: tuple[SymDim | int, ...] = node.sym_attrs.get("sizes") or tuple(a["sizes"])
+    names = [f"{w}{s}" for w in ("q", "k", "v", "o") for s in ("_at", "b", "h", "s", "d")]
+    names = [n.replace("o_at", "out_at") for n in names]
+    names += [f"m{s}" for s in "bhij"] if mask is not None else []
+    names += [f"c{s}" for s in "bhij"] if cond is not None else []
+    names += ["batch", "heads", "sq", "sk", "d", "dv"]
 
     def ints(at: Mapping[str, int]) -> list[int]:
         sizes = tuple(evaluate(x, at) for x in letters)
@@ -579,30 +586,18 @@ def _emit_sized(prog: Program, node: Node, a: Attrs, kern: str, bm: int) -> None
                 out += mask_strides(x.type.shape_at(at), g)
         return [*out, g.b, g.h, g.sq, g.sk, g.d, g.dv]
 
-    e = prog.sized_ints(ints)
-    if not (e[-1].isdigit() and e[-2].isdigit()):
+    inside = dict(zip(names, prog.sized_ints(ints, "sizes"), strict=True))
+    if not (inside.pop("d").isdigit() and inside.pop("dv").isdigit()):
         raise prog.fail("symbolic head dims have no kernel")
-    b, h, sq, sk = e[-6:-2]
-
-    def strided(ptr: str, at: int) -> list[str]:
-        off = e[at]
-        return [
-            ptr if off == "0" else f"{ptr} + {off}",
-            *(f"(int64_t)({s})" for s in e[at + 1 : at + 5]),
-        ]
-
-    args = [*strided(prog.cptr(q), 0), *strided(prog.cptr(k), 5), *strided(prog.cptr(v), 10)]
-    at = 20
-    for x in (mask, cond):
-        if x is not None:
-            args += [prog.cptr(x), *(f"(int64_t)({s})" for s in e[at : at + 4])]
-            at += 4
-    args += strided(prog.ptr(y), 15)
-    args += [f"(int)({h})", f"(int64_t)({sq})", f"(int64_t)({sk})", c_float(float(a["scale"]))]
+    b, h, sq = prog.sized_ints(ints)[-6:-3]
+    kern = prog.kernel("attention.cu.j2", "flash_attention", **kernel, sized=inside)
+    args = [prog.cptr(q), prog.cptr(k), prog.cptr(v)]
+    args += [prog.cptr(x) for x in (mask, cond) if x is not None]
+    args += [prog.ptr(y), c_float(float(a["scale"]))]
     if str(a["where"]) != "none":
         args.append(c_float(float(a["where_fill"])))
     blocks = f"static_cast<unsigned>(({b}) * ({h}) * ((({sq}) + {bm - 1}) / {bm}))"
-    prog.launch_grid(kern, [blocks], bm * TPR, args)
+    prog.launch_grid(kern, [blocks], bm * TPR, [*args, "ddims"])
 
 
 def _sizeless(a: Attrs) -> Attrs:
@@ -634,29 +629,28 @@ def _emit(prog: Program, node: Node) -> None:
         )
     bm, bn = tiles
     where = str(a["where"])
-    kern = prog.kernel(
-        "attention.cu.j2",
-        "flash_attention",
-        qt=kernel_ctype(prog, q),
-        kt=kernel_ctype(prog, k),
-        vt=kernel_ctype(prog, v),
-        ot=kernel_ctype(prog, y),
-        mt=kernel_ctype(prog, mask) if mask is not None else "float",
-        d=g.d,
-        dv=g.dv,
-        bm=bm,
-        bn=bn,
-        tpr=TPR,
-        has_mask=mask is not None,
-        where=where,
-        mask_first=bool(int(a["mask_first"])),
-        causal=bool(int(a["causal"])),
-        nan_zero=bool(int(a["nan_zero"])),
+    kernel: dict[str, Any] = {
+        "qt": kernel_ctype(prog, q),
+        "kt": kernel_ctype(prog, k),
+        "vt": kernel_ctype(prog, v),
+        "ot": kernel_ctype(prog, y),
+        "mt": kernel_ctype(prog, mask) if mask is not None else "float",
+        "d": g.d,
+        "dv": g.dv,
+        "bm": bm,
+        "bn": bn,
+        "tpr": TPR,
+        "has_mask": mask is not None,
+        "where": where,
+        "mask_first": bool(int(a["mask_first"])),
+        "causal": bool(int(a["causal"])),
+        "nan_zero": bool(int(a["nan_zero"])),
         **_dropout_params(a),
-    )
+    }
     if prog.is_sized(node):
-        _emit_sized(prog, node, a, kern, bm)
+        _emit_sized(prog, node, a, kernel, bm)
         return
+    kern = prog.kernel("attention.cu.j2", "flash_attention", **kernel)
 
     args = [
         *_strided(prog.cptr(q), g.views["q"]),
