@@ -511,6 +511,8 @@ class Project:
             ranks=self.ranks,
             state_entries=cast(list[dict[str, Any]], self.info.get("state", [])),
             mesh=cast(list[int], self.info.get("mesh", [])),
+            symbols=cast(list[dict[str, Any]], self.info.get("symbols", [])),
+            input_entries=cast(list[dict[str, Any]], self.info.get("inputs", [])),
         )
 
 
@@ -703,6 +705,8 @@ class Model:
         ranks: int = 1,
         state_entries: Sequence[Mapping[str, Any]] = (),
         mesh: Sequence[int] = (),
+        symbols: Sequence[Mapping[str, Any]] = (),
+        input_entries: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         # run()'s inputs and outputs (a training program's: its inference with the current
         # parameters), and train_step()'s inputs (the batch and the labels).
@@ -787,6 +791,16 @@ class Model:
         self._state_entries = {str(e["name"]): e for e in state_entries}
         self.mesh = tuple(int(d) for d in mesh)
         self.shards = {s.name: self.shard_on(s.name, self.rank) for s in self.state}
+        # A program with symbolic dims (docs/dynamic.md): run() takes each input at its own
+        # size in range (run_shaped) and gives each output at the run's (output_dims);
+        # ``inputs``/``outputs`` above are at the bound.
+        self.symbols = [dict(s) for s in symbols]
+        self._input_entries = [dict(e) for e in input_entries]
+        if self.symbols:
+            self._run_shaped = fn("run_shaped")
+            self._run_shaped.argtypes = [ctypes.c_void_p] * 5
+            self._output_dims = fn("output_dims")
+            self._output_dims.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
 
     def shard_on(self, name: str, rank: int) -> StateShard:
         """State tensor ``name`` as rank ``rank`` holds it."""
@@ -853,6 +867,8 @@ class Model:
         if self._handle is None:
             raise FlowcError("the model is closed")
         _check_names(inputs, [{"name": s.name} for s in self.inputs])
+        if self.symbols:
+            return self._run_sized(inputs, outputs, stream)
         keep: list[Any] = []
         in_ptrs = [self._input(spec, inputs, keep) for spec in self.inputs]
         if outputs is not None:
@@ -877,6 +893,84 @@ class Model:
                 results[spec.name] = host
             else:
                 results[spec.name] = buf.keep
+        for item in keep:
+            if isinstance(item, _DeviceAllocation):
+                item.free()
+        return results
+
+    def cuda_graph_status(self) -> str:
+        """How the latest run() went out: "captured" (one CUDA Graph launch; a program with
+        symbolic dims: its size bucket's graph), "not captured yet", "direct: WHY" or "off"
+        (compiled with --no-cuda-graph, or on a mesh)."""
+        if self._handle is None:
+            raise FlowcError("the model is closed")
+        status = getattr(self._lib, self._prefix + "cuda_graph_status")
+        status.argtypes = [ctypes.c_void_p]
+        status.restype = ctypes.c_char_p
+        return (status(self._handle) or b"").decode("utf-8", "replace")
+
+    def _run_sized(
+        self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None, stream: int | None
+    ) -> dict[str, Any]:
+        """run() of a program with symbolic dims: each input at its own size (in range, the
+        same size wherever a symbol appears), the outputs at the run's."""
+        if outputs:
+            raise InputError(
+                "outputs=: a model with symbolic dims gives its outputs back as arrays (their "
+                "sizes are the run's)",
+                hint="leave out outputs=",
+            )
+        host = {k: v for k, v in inputs.items() if isinstance(v, np.ndarray | list | tuple)}
+        check_feeds(
+            {k: np.asarray(v) for k, v in host.items()},
+            [e for e in self._input_entries if e["name"] in host],
+            self.symbols,
+        )
+        keep: list[Any] = []
+        dims = []
+        for spec in self.inputs:
+            value = inputs[spec.name]
+            shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
+            if len(shape) != len(spec.shape):
+                raise InputError(
+                    f"input {spec.name!r}: expected {len(spec.shape)} dims, got {list(shape)}"
+                )
+            dims.append((ctypes.c_int64 * max(1, len(shape)))(*shape))
+            keep.append(dims[-1])
+        in_ptrs = [
+            self._input(
+                TensorSpec(spec.name, tuple(d[: len(spec.shape)]), spec.dtype), inputs, keep
+            )
+            for spec, d in zip(self.inputs, dims, strict=True)
+        ]
+        # (the outputs' buffers hold the bound; the run fills a prefix)
+        out_bufs = [self._output(spec, None, keep) for spec in self.outputs]
+        in_array = (ctypes.c_void_p * max(1, len(in_ptrs)))(*in_ptrs)
+        dim_array = (ctypes.c_void_p * max(1, len(dims)))(
+            *(ctypes.cast(d, ctypes.c_void_p) for d in dims)
+        )
+        out_array = (ctypes.c_void_p * max(1, len(out_bufs)))(*(b.ptr for b in out_bufs))
+        status = self._run_shaped(
+            self._handle, in_array, dim_array, out_array, ctypes.c_void_p(stream or 0)
+        )
+        if status != 0:
+            raise self._error("run() refused")
+        if self._sync(self._handle) != 0:
+            raise self._error("the compiled model failed")
+        results: dict[str, Any] = {}
+        for k, (spec, buf) in enumerate(zip(self.outputs, out_bufs, strict=True)):
+            got = (ctypes.c_int64 * max(1, len(spec.shape)))()
+            rank = self._output_dims(self._handle, k, got)
+            if rank != len(spec.shape):
+                raise self._error(f"output_dims({k})")
+            shape = tuple(got[:rank])
+            n = math.prod(shape)
+            if buf.device and self._cuda is not None:
+                out = np.empty(shape, spec.dtype)
+                self._cuda.copy_to_host(out, buf.ptr)
+                results[spec.name] = out
+            else:
+                results[spec.name] = np.asarray(buf.keep).reshape(-1)[:n].reshape(shape).copy()
         for item in keep:
             if isinstance(item, _DeviceAllocation):
                 item.free()

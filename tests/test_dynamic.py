@@ -18,6 +18,7 @@ import pytest
 from conftest import SHARED_MODELS, require_cuda_build_toolchain, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
+from flowc.api import Project
 from flowc.codegen.cpp import CodegenError
 from flowc.compiler import compile_graph, compile_model, load_model
 from flowc.errors import InputError, ShapeError
@@ -123,6 +124,32 @@ def test_encoder_one_build_matches_onnxruntime_over_the_range(encoder: tuple[Pat
         got, _ = run(out, {"x": x}, env={"FLOWC_SIM_ORDER": "shuffle:3"})
         assert got["y"].shape == (b, s, 16)
         assert max_rel_error(got["y"], ref) <= TOL, (b, s)
+
+
+def test_one_cuda_graph_per_size_bucket_serves_every_size_in_it(
+    encoder: tuple[Path, Path],
+) -> None:
+    """One process, many sizes (the Python API's Model): a bucket's graph is captured on its
+    second run at the bucket's ends and replayed for every size in it; each run's outputs
+    (at its own sizes) match onnxruntime."""
+    model, out = encoder
+    proto = onnx.load(str(model))
+    expect = [
+        ((3, 7), "not captured yet"),  # bucket (4, 8): its first run warms it up
+        ((3, 7), "captured"),
+        ((4, 8), "captured"),  # the bucket's ends: the same graph
+        ((3, 5), "captured"),
+        ((1, 1), "not captured yet"),  # bucket (1, 1)
+        ((8, 32), "captured"),  # the bound's bucket, warmed up by create()
+        ((5, 17), "captured"),  # bucket (8, 32) too: its graph, replayed at (5, 17)
+    ]
+    with Project(out).load("host") as m:
+        for k, ((b, s), status) in enumerate(expect):
+            x = np.random.default_rng(k).standard_normal((b, s, 16)).astype(np.float32)
+            got = m.run({"x": x})["y"]
+            assert got.shape == (b, s, 16)
+            assert max_rel_error(got, run_onnxruntime(proto, {"x": x})["y"]) <= TOL, (b, s)
+            assert m.cuda_graph_status() == status, (b, s)
 
 
 def test_bert_tiny_one_build_matches_onnxruntime_over_the_range(bert: Path) -> None:
@@ -560,6 +587,15 @@ def test_detection_post_processing_equals_onnxruntime_exactly(tmp_path: Path) ->
         got, _ = run(out, feeds)
         for k in ("selected", "picked"):
             assert got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k]), (n, k)
+    # In one process (the Python API), the counts the device computed size each output, run
+    # after run, through the size buckets' graphs (every n within 129..200: one bucket).
+    with Project(out).load("host") as m:
+        for seed, n in enumerate([200, 150, 150, 9, 200]):
+            feeds = _boxes(n, seed + 10, flipped=False)
+            ref, got = run_onnxruntime(proto, feeds), m.run(feeds)
+            for k in ("selected", "picked"):
+                assert got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k]), (n, k)
+        assert m.cuda_graph_status() == "captured"
 
 
 def test_a_count_past_its_bound_is_an_error_status(

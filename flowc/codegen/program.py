@@ -50,7 +50,7 @@ from flowc.codegen.weights import WEIGHTS_MAGIC as WEIGHTS_MAGIC  # re-exported
 from flowc.codegen.weights import WeightsLayout as WeightsLayout  # re-exported
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Graph, Node, Value, is_splat
-from flowc.ir.symbolic import SymDim, evaluate, fit_grid
+from flowc.ir.symbolic import DimRange, SymDim, evaluate, fit_grid
 from flowc.ir.types import Mesh, NdSbp, TensorType
 from flowc.memory.plan import ALIGN, Buffer, MemoryPlan
 from flowc.ops.registry import get_op, is_view
@@ -933,7 +933,7 @@ def _render(
         "actor_streams": [schedule.stream_of[a.id] for a in ag.actors],
         # A mesh's collectives act when issued (logged, counted for the deadline; on the
         # host a one-shot MPI call), so a replayed graph would skip them: direct launches.
-        "cuda_graph": cuda_graph and mesh is None and not graph.symbols,
+        "cuda_graph": cuda_graph and mesh is None,
         "input_bytes": input_bytes,
         "output_bytes": output_bytes,
         "staging_inputs": staging[: len(input_bytes)],
@@ -1057,6 +1057,29 @@ def _io_json(values: list[Value]) -> list[dict[str, Any]]:
     ]
 
 
+# The CUDA Graphs a program with symbolic dims keeps at most: one per size bucket, the product
+# of each symbol's bucket count (docs/dynamic.md).
+MAX_BUCKETS = 64
+
+
+def size_buckets(ranges: Mapping[str, DimRange]) -> dict[str, list[int]]:
+    """Each symbol's bucket ends: the powers of two within its range and its max (a computed
+    count: its bound alone). A run's sizes go to the first end at or above each; when the
+    buckets' product passes MAX_BUCKETS the ends are powers of 4, 8, ... instead, until it
+    fits (a graph per bucket: their number is capped, not the range)."""
+    base = 2
+    while True:
+        ends = {
+            s: [r.hi]
+            if r.computed
+            else sorted({base**k for k in range(64) if r.lo <= base**k < r.hi} | {r.hi})
+            for s, r in ranges.items()
+        }
+        if math.prod(len(e) for e in ends.values()) <= MAX_BUCKETS:
+            return ends
+        base *= 2
+
+
 def _symbols_context(
     prog: Program, inputs: list[Value], outputs: list[Value], max_rank: int
 ) -> dict[str, Any] | None:
@@ -1065,6 +1088,7 @@ def _symbols_context(
     graph = prog.graph
     if not graph.symbols:
         return None
+    buckets = size_buckets(graph.symbols)
     rows = []
     for v in inputs:
         row = []
@@ -1086,6 +1110,19 @@ def _symbols_context(
         "outputs": [[prog.dim(v.type, k, "d") for k in range(v.type.rank)] for v in outputs],
         "computed": [int(r.computed) for r in graph.symbols.values()],
         "counts": bool(prog.counts),
+        "buckets": list(buckets.values()),
+        "max_buckets": max(len(e) for e in buckets.values()),
+        "num_buckets": math.prod(len(e) for e in buckets.values()),
+        # each output's bytes at the run's sizes `d` (a computed count at its bound)
+        "output_bytes": [
+            " * ".join(
+                [
+                    f"{v.type.dtype.itemsize}ULL",
+                    *(f"uint64_t({prog.dim(v.type, k, 'd')})" for k in range(v.type.rank)),
+                ]
+            )
+            for v in outputs
+        ],
     }
 
 

@@ -2,8 +2,8 @@
 //
 // Blocks run in parallel on OpenMP threads. The threads of a block run as cooperative fibers
 // (Boost.Context's fcontext: a register-only switch, ~100x cheaper than ucontext), so barriers
-// and warp-synchronous intrinsics behave as on a GPU. A launch whose first block crosses no
-// barrier and uses no warp intrinsic runs its remaining blocks as plain loops over threads.
+// and warp-synchronous intrinsics behave as on a GPU. A launch whose block 0 (run first) crosses
+// no barrier and uses no warp intrinsic runs its remaining blocks as plain loops over threads.
 //
 // Work on streams is deferred: launches, copies and event records queue up and run at the
 // next synchronization point, in an order FLOWC_SIM_ORDER chooses (forward: issue order;
@@ -326,7 +326,7 @@ inline void yield_to_scheduler(Block* b) {
 
 [[noreturn]] inline void sync_on_plain_path(const char* what) {
   fatal(std::string("kernel '") + (tl_cur ? tl_cur->kernel : "?") + "' called " + what +
-        " in a block run as a plain loop: its first block crossed no barrier, so the launch "
+        " in a block run as a plain loop: its block 0 crossed no barrier, so the launch "
         "took the barrier-free path. Make barrier use uniform across blocks, or set "
         "FLOWC_SIM_FIBERS=1 to run every block on fibers");
 }
@@ -567,6 +567,10 @@ struct Invoker {
 inline void run_blocks(Launch& L, unsigned count) {
   if (L.next == 0) {
     fill_order(L.order, L.nblocks, L.id);
+    // Block 0 decides fibers or plain loops, whatever the order: under a grid that covers
+    // more than the work (a size bucket's, docs/dynamic.md) a later block may have nothing to
+    // do and cross no barrier, but block 0 has the first of the work.
+    if (!L.order.empty()) std::iter_swap(L.order.begin(), std::find(L.order.begin(), L.order.end(), 0u));
     const bool sync = run_block_fibers(L, L.order[0]) || policy().force_fibers;
     L.fibers = sync;
     (sync ? L.stats->launches_fibers : L.stats->launches_plain).fetch_add(1);
