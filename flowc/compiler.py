@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,7 +44,7 @@ from flowc.codegen.project import project_writer
 from flowc.errors import FlowcWarning, InputError
 from flowc.formatting import dims_text
 from flowc.frontend import ImportOptions, load_graph
-from flowc.ir.fit_dims import annotate_symbols
+from flowc.ir.fit_dims import annotate_symbols, at_sizes
 from flowc.ir.graph import Graph, Node
 from flowc.ir.symbolic import DimRange
 from flowc.ir.types import Mesh
@@ -726,13 +727,16 @@ def load_model(
     compiled: bool = True,
     precision: str = "fp32",
     placed: bool = False,
+    on_mesh: bool = False,
     times: StageTimes | None = None,
     dump: Dump | None = None,
 ) -> Graph:
     """MODEL imported and put through ``pass_list``; the import and each pass are timed
     into ``times``, and the IR after each pass --dump-after names goes to ``dump``. A
     ``.flow`` program's placements (``@ S(1)``) are kept only for a graph to be ``placed``
-    (the passes keep such values as they are); elsewhere they do not apply."""
+    (the passes keep such values as they are); elsewhere they do not apply. Symbolic dims
+    are for one device, or (``on_mesh``) a graph compile_model places on a mesh, whose
+    placement splits none of them."""
     times = StageTimes() if times is None else times
     static_dims, ranges = parse_dim_ranges(model.dims)
     shapes, shape_ranges = parse_shape_ranges(model.shapes)
@@ -799,17 +803,26 @@ def load_model(
         graph = times.run("import", lambda: build({s: r.hi for s, r in ranges.items()}, True))
     else:
         graph = times.run("import", lambda: build({}, True))
-    if placed and (ranges or graph.symbols):
+    if placed and (ranges or graph.symbols) and not on_mesh:
         raise InputError(
             "symbolic dims ("
             + ", ".join(f"{s}={r}" for s, r in {**ranges, **graph.symbols}.items())
-            + ") are for one device for now: a mesh or pipeline splits a program of one size",
-            hint="fix the dims with --dim NAME=N to place the program",
+            + ") compile for one device or a mesh (`flowc compile --mesh`, which splits none "
+            "of them); a pipeline's stages, and placing the graph here, take one size for now",
+            hint="fix the dims with --dim NAME=N",
         )
     # the computed counts (NonZero, NonMaxSuppression, ...) are fitted like the given sizes
     every = {**ranges, **{k: r for k, r in graph.symbols.items() if r.computed}}
     if not every:
         return graph
+    counts = [s for s, r in graph.symbols.items() if r.computed]
+    if placed and counts:
+        raise InputError(
+            "a data-dependent output's count ("
+            + ", ".join(counts)
+            + ") is for one device for now: a mesh splits a program of fixed sizes",
+            hint="compile it for one device",
+        )
     return times.run(
         "symbolic dims", lambda: annotate_symbols(graph, every, lambda p: build(p, False))
     )
@@ -1028,8 +1041,19 @@ def compile_model(
             hint="leave out --schedule-for, or compile without --pipeline",
         )
     graph = load_model(
-        opts.model, precision=sch.precision, placed=is_placed(popts), times=times, dump=dump
+        opts.model,
+        precision=sch.precision,
+        placed=is_placed(popts),
+        on_mesh=isinstance(popts, ParallelOptions),
+        times=times,
+        dump=dump,
     )
+    if isinstance(popts, PipelineSpec) and graph.symbols:
+        raise InputError(
+            f"symbolic dims ({', '.join(f'{s}={r}' for s, r in graph.symbols.items())}): a "
+            "pipeline's stages take a program of one size for now",
+            hint="fix the dims with --dim NAME=N, or compile for one device or a mesh",
+        )
     # What every kind of program is generated with.
     shared: dict[str, Any] = dict(
         source=opts.model.path.name,
@@ -1073,6 +1097,14 @@ def compile_model(
     # The memory limit counts the arena of the program as compiled: the same streams.
     popts = dataclasses.replace(popts, streams=sch.streams)
     result = place(graph, popts, times, progress)
+    if graph.symbols:
+        # The rank graph's symbolic types: fitted like the model's (ir/fit_dims.py), from
+        # the model's graph at other sizes placed by the same plan.
+        probe = partial(_placed_at, graph, result)
+        result.physical.graph = times.run(
+            "symbolic dims on the mesh",
+            lambda: annotate_symbols(result.physical.graph, dict(graph.symbols), probe),
+        )
     progress(
         f"generating {project}/ for {popts.mesh.size} ranks "
         f"({result.memory.total} bytes per device)"
@@ -1088,6 +1120,25 @@ def compile_model(
         schedule_for=sch.schedule_for,
         **shared,
     )
+
+
+def _placed_at(graph: Graph, result: Parallelized, sizes: dict[str, int]) -> Graph:
+    """The rank graph of ``graph`` (with symbolic dims) at ``sizes``, placed by
+    ``result``'s plan (each node's strategy and each value's layout), lowered and fused as
+    place() does."""
+    at = at_sizes(graph, sizes)
+    plan = result.plan
+    values = {v.name: v for v in at.values()}
+    placed = dataclasses.replace(
+        plan,
+        node_strategy={
+            n: plan.node_strategy[b]
+            for b, n in zip(graph.nodes, at.nodes, strict=True)
+            if b in plan.node_strategy
+        },
+        value_sbp={values[v.name]: s for v, s in plan.value_sbp.items()},
+    )
+    return fuse_elementwise(lower(at, placed, result.profile).graph)
 
 
 def _check_stage_layouts(graph: Graph, spec: PipelineSpec) -> None:

@@ -11,6 +11,7 @@ import json
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -297,9 +298,17 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
     assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
 
 
-@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny"])
+@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny", "mesh"])
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
+    if model == "mesh":  # NCCL's collectives at the run's counts
+        mlp = _tensor_parallel_mlp(tmp_path / "tp.onnx")
+        out = _mesh_compile(
+            mlp, ("batch=1..8",), tmp_path / "out", "cuda", mesh="2", sbps=("W1=S(1)", "W2=S(0)")
+        )
+        bdir = build(out, "cuda", quick=True)
+        assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+        return
     if model == "bert_tiny":
         path, dims = SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16")
     else:
@@ -391,16 +400,89 @@ def test_an_op_without_a_size_generic_kernel_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_symbolic_dims_on_a_mesh_are_refused(encoder: tuple[Path, Path], tmp_path: Path) -> None:
-    model, _ = encoder
+def _tensor_parallel_mlp(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W1")
+    w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "W2")
+    return _model(
+        path,
+        [
+            helper.make_node("MatMul", ["x", "W1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "W2"], ["y"]),
+        ],
+        [w1, w2],
+        inputs=[("x", ["batch", 16])],
+        outputs=[("y", ["batch", 8])],
+    )
+
+
+def _mesh_compile(
+    model: Path, dims: tuple[str, ...], out: Path, target: str = "host", **par: Any
+) -> Path:
     from flowc.options import ParallelArgs
 
     opts = CompileOptions(
-        ModelArgs(path=model, dims=("batch=1..8", "seq=1..32")),
-        parallel=ParallelArgs(mesh="2"),
+        ModelArgs(path=model, dims=dims), parallel=ParallelArgs(**par), target=target
     )
-    with pytest.raises(InputError, match="for one device for now"):
-        compile_model(opts, tmp_path / "out", target="host")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compile_model(opts, out, target="host")
+    return out
+
+
+def test_a_mesh_program_with_symbolic_dims_matches_onnxruntime(tmp_path: Path) -> None:
+    """Two ranks, the weights split (Megatron style: columns, then rows): the partial sums
+    of the second product all-reduced at the run's row count, every size of the symbolic
+    batch against onnxruntime."""
+    model = _tensor_parallel_mlp(tmp_path / "tp.onnx")
+    out = _mesh_compile(
+        model, ("batch=1..8",), tmp_path / "out", mesh="2", sbps=("W1=S(1)", "W2=S(0)")
+    )
+    assert re.search(r"comm::all_reduce\(.*hdims\[0\]", (out / "model.cu").read_text())
+    build(out, "host", quick=True)
+    proto = onnx.load(str(model))
+    for b in (1, 8, 3):
+        x = np.random.default_rng(b).standard_normal((b, 16)).astype(np.float32)
+        got, _ = run(out, {"x": x})
+        assert max_rel_error(got["y"], run_onnxruntime(proto, {"x": x})["y"]) <= TOL, b
+
+
+def test_bert_tiny_placed_on_a_mesh_with_symbolic_batch_and_seq(tmp_path: Path) -> None:
+    """The search places bert_tiny on two ranks splitting no symbolic dim; the rank graph's
+    types are fitted from the model at other sizes placed by the same plan."""
+    out = _mesh_compile(
+        SHARED_MODELS / "bert_tiny.onnx", ("batch=1..4", "seq=1..16"), tmp_path / "out", mesh="2"
+    )
+    text = (out / "model.cu").read_text()
+    assert "flowc::comm::" in text and "kNumSymbols = 2" in text
+    build(out, "host", quick=True)
+    proto = onnx.load(str(SHARED_MODELS / "bert_tiny.onnx"))
+    for b, s in [(1, 1), (4, 16), (3, 7)]:
+        rng = np.random.default_rng(b * 10 + s)
+        mask = np.ones((b, s), np.int64)
+        mask[0, s // 2 :] = 0
+        feeds = {"input_ids": rng.integers(0, 1000, (b, s)), "attention_mask": mask}
+        got, _ = run(out, feeds)
+        for k, v in run_onnxruntime(proto, feeds).items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, s, k)
+
+
+@pytest.mark.parametrize(
+    ("par", "message"),
+    [
+        ({"mesh": "2", "sbps": ("x=S(0)",)}, "symbolic dims, which are never split"),
+        ({"mesh": "2", "parallel": "data"}, "on axis 0, a symbolic dim"),
+        ({"mesh": "2", "pipeline": 2}, "a pipeline's stages"),
+    ],
+)
+def test_splitting_a_symbolic_dim_is_refused_with_the_reason(
+    par: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    model = _tensor_parallel_mlp(tmp_path / "tp.onnx")
+    with pytest.raises(InputError, match=message):
+        _mesh_compile(model, ("batch=1..8",), tmp_path / "out", **par)
+    assert not (tmp_path / "out").exists()
 
 
 # -- options, the DSL and the printer ---------------------------------------------------------

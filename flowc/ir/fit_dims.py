@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from flowc.errors import ShapeError
-from flowc.ir.graph import Graph, Node, Value
-from flowc.ir.symbolic import DimRange, SymDim, fit, probe_points
+from flowc.ir.graph import Attrs, Graph, Node, Value, is_splat, make_splat
+from flowc.ir.symbolic import DimRange, SymDim, evaluate, fit, probe_points
 from flowc.ir.types import TensorType
 from flowc.ops.registry import get_op
 
@@ -425,3 +425,63 @@ def annotate_symbols(
     graph.symbols = {**ranges, **computed}
     _simplify_broadcasts(graph)
     return graph
+
+
+def at_sizes(graph: Graph, sizes: Mapping[str, int]) -> Graph:
+    """A copy of ``graph`` (with symbolic types) at the given sizes: every type static at
+    them, each size attribute (Node.sym_attrs) evaluated, a constant of symbolic shape cut
+    to its prefix (annotate_symbols kept only those). What a stage after this one (the
+    placement's lowering) builds from it is the graph the model would give at the sizes."""
+    g = graph.copy()
+    # The shape inputs of Reshape, Expand and ConstantOfShape hold sizes (annotate_symbols
+    # keeps them constants): at these sizes, the shape each such node makes.
+    shapes: dict[str, tuple[int, ...]] = {}
+    for n in g.nodes:
+        for k, x in enumerate(n.inputs):
+            out = n.outputs[0].type
+            if (n.op, k) in SHAPE_ONLY_INPUTS and x is not None and x.const is not None:
+                if out.sym is None:
+                    continue
+                made = out.shape_at(sizes)
+                if shapes.setdefault(x.name, made) != made:
+                    raise ShapeError(
+                        f"constant {x.name!r} gives two shapes at {_size_text(sizes)}: "
+                        f"{list(shapes[x.name])} and {list(made)}",
+                        hint="fix the dims with --dim NAME=N",
+                    )
+                x.const = np.array(made, np.int64)
+    for v in g.values():
+        if v.type.sym is None:
+            continue
+        shape = v.type.shape_at(sizes)
+        if v.const is not None:
+            a = v.const
+            if is_splat(a):
+                v.const = make_splat(a.reshape(-1)[0], shape, a.dtype)
+            else:
+                count = int(np.prod(shape))
+                v.const = np.ascontiguousarray(a.reshape(-1)[:count]).reshape(shape)
+        v.type = TensorType(shape, v.type.dtype)
+    for n in g.nodes:
+        if n.op == "SizePolynomial":
+            # (its attributes give its shape and the sizes its reference evaluates at)
+            at = {k: int(x) for k, x in json.loads(str(n.attrs["at"])).items()}
+            n.attrs = Attrs(
+                {
+                    **n.attrs,
+                    "shape": tuple(n.outputs[0].type.shape),
+                    "at": json.dumps(
+                        {k: int(sizes.get(k, x)) for k, x in at.items()}, sort_keys=True
+                    ),
+                }
+            )
+        if n.sym_attrs:
+            n.attrs = Attrs(
+                {
+                    **n.attrs,
+                    **{k: tuple(evaluate(x, sizes) for x in f) for k, f in n.sym_attrs.items()},
+                }
+            )
+            n.sym_attrs = {}
+    g.symbols = {}
+    return g

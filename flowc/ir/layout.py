@@ -70,6 +70,16 @@ def fits(shape: tuple[int, ...], sbp: NdSbp, mesh: Mesh) -> bool:
     return all(shape[d] % split_factor(sbp, mesh, d) == 0 for d in range(len(shape)))
 
 
+def fits_type(t: TensorType, sbp: NdSbp, mesh: Mesh) -> bool:
+    """fits, and no symbolic dim of ``t`` split (docs/dynamic.md): a rank's chunk of a dim
+    that changes from run to run would be no fixed size."""
+    if not fits(t.shape, sbp, mesh):
+        return False
+    return t.sym is None or all(
+        split_factor(sbp, mesh, d) == 1 for d, s in enumerate(t.sym) if s is not None
+    )
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def local_shape(shape: tuple[int, ...], sbp: NdSbp, mesh: Mesh) -> tuple[int, ...]:
     if not fits(shape, sbp, mesh):

@@ -114,26 +114,38 @@ def _emit_bucket(prog: Program, node: Node) -> None:
 
 def _emit_collective(prog: Program, node: Node) -> None:
     if node.op == "AllReduce" and len(node.inputs) > 1:
+        if prog.is_sized(node):
+            raise prog.fail("an all-reduce bucket of tensors with symbolic dims has no kernel")
         _emit_bucket(prog, node)
         return
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None
     attrs = node.attrs
-    fn = {
+    fn: dict[str, tuple[str, int | str]] = {
         "AllReduce": ("all_reduce", y.type.numel),
         "AllGather": ("all_gather", x.type.numel),
         "ReduceScatter": ("reduce_scatter", y.type.numel),
         "AllToAll": ("all_to_all", x.type.numel // group_size(attrs)),
-    }[node.op]
+    }
+    if prog.is_sized(node):
+        # Symbolic dims (never the split ones): each member's part holds the run's elements,
+        # packed (the stacked axis of a gather or scatter is the first, of fixed size).
+        ways = group_size(attrs)
+        fn = {
+            "AllReduce": ("all_reduce", prog.numel(y.type)),
+            "AllGather": ("all_gather", prog.numel(x.type)),
+            "ReduceScatter": ("reduce_scatter", prog.numel(y.type)),
+            "AllToAll": ("all_to_all", f"{prog.numel(x.type)} / {ways}"),
+        }
     prog.call(
         "comm.cu.j2",
         "collective",
         f"{node.op} {node.name}",
-        fn=fn[0],
+        fn=fn[node.op][0],
         axis=int(attrs["mesh_axis"]),
         src=prog.cptr_void(x),
         dst=prog.ptr_void(y),
-        count=fn[1],
+        count=fn[node.op][1],
         dtype=x.type.dtype.onnx,
         stream=prog.stream,
     )
@@ -158,6 +170,7 @@ for _name, _infer, _arity in (
         emit=_emit_collective,
         inputs=_arity,
         outputs=_arity,
+        sized=True,
     )
 
 

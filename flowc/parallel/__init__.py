@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Value
-from flowc.ir.layout import broadcast, fits
+from flowc.ir.layout import broadcast, fits, fits_type
 from flowc.ir.names import did_you_mean
 from flowc.ir.types import Mesh, NdSbp, Sbp, mesh_size_problem
 from flowc.parallel.cost import PlanCost, Profile
@@ -144,6 +144,12 @@ def _fixed(graph: Graph, opts: ParallelOptions) -> dict[Value, NdSbp]:
                 hint=did_you_mean(
                     name, by_name, "`flowc inspect MODEL --print-ir` lists the value names"
                 ),
+            )
+        if fits(v.type.shape, sbp, opts.mesh) and not fits_type(v.type, sbp, opts.mesh):
+            raise InputError(
+                f"--sbp {name}={sbp}: {v.type} has symbolic dims, which are never split: a "
+                "rank's chunk of a dim that changes from run to run would be no fixed size",
+                hint="split a fixed dim, or fix the dim with --dim NAME=N",
             )
         if not fits(v.type.shape, sbp, opts.mesh):
             raise InputError(

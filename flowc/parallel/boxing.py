@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flowc.errors import FlowcError
-from flowc.ir.layout import fits, local_shape
+from flowc.ir.layout import fits_type, local_shape
 from flowc.ir.types import Mesh, NdSbp, Sbp, TensorType
 
 ALL_REDUCE = "all-reduce"
@@ -118,7 +118,7 @@ def shortest_paths(
                 if coll is None or not _sound(state, axis, a, b):
                     continue
                 nxt = NdSbp((*state.parts[:axis], b, *state.parts[axis + 1 :]))
-                if nxt in done or not fits(ttype.shape, nxt, mesh):
+                if nxt in done or not fits_type(ttype, nxt, mesh):
                     continue
                 step = BoxingStep(
                     coll,
@@ -165,7 +165,7 @@ def checked_path(
     if src == dst:
         return []
     for what, s in (("source", src), ("target", dst)):
-        if not fits(ttype.shape, s, mesh):
+        if not fits_type(ttype, s, mesh):
             raise BoxingError(f"{what} layout {s} does not fit {ttype} on mesh {mesh}")
     tree = paths()
     if dst not in tree:

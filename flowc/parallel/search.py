@@ -29,7 +29,7 @@ from scipy.sparse import coo_array
 
 from flowc.errors import InputError
 from flowc.ir.graph import Graph, Node, Value
-from flowc.ir.layout import broadcast, fits, local_type, nd_sbps
+from flowc.ir.layout import broadcast, fits, fits_type, local_type, nd_sbps
 from flowc.ir.types import Mesh, NdSbp, Sbp
 from flowc.parallel.cost import Profile, boxing_time, node_time, stored
 from flowc.parallel.plan import Plan
@@ -573,7 +573,7 @@ class PlacementProblem:
         return [
             s
             for s in nd_sbps(v.type.rank, self.mesh, partial=False)
-            if fits(v.type.shape, s, self.mesh)
+            if fits_type(v.type, s, self.mesh)
             # A training step's state splits on one tensor axis (its shards are read,
             # written and saved as chunks of that axis).
             and (not state or len({p.axis for p in s.parts if p.kind == "S"}) <= 1)
@@ -782,6 +782,13 @@ def data_parallel_plan(
     for v in graph.inputs:
         if v in given:
             continue
+        if v.type.sym is not None and v.type.sym[0] is not None:
+            raise InputError(
+                f"data parallelism splits input {v.name!r} ({v.type}) on axis 0, a symbolic "
+                "dim: symbolic dims are never split (a rank's chunk would be no fixed size)",
+                hint="fix the dim with --dim NAME=N for data parallelism, or let the search "
+                "choose (--parallel auto splits other axes)",
+            )
         if v.type.rank == 0 or v.type.shape[0] % ways:
             batch = "none (it is a scalar)" if v.type.rank == 0 else str(v.type.shape[0])
             over = f"all {ways} devices" if len(axes) == mesh.ndim else f"{ways} devices"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Node
-from flowc.ir.layout import fits, has_partial
+from flowc.ir.layout import fits_type, has_partial
 from flowc.ir.types import BROADCAST, Mesh, NdSbp
 from flowc.ops.registry import SbpSignature, get_op
 
@@ -84,12 +84,12 @@ def strategies(node: Node, mesh: Mesh) -> list[Strategy]:
         ok = True
         for i, v in enumerate(node.inputs):
             sbp = s.input(i)
-            if v is not None and sbp is not None and not fits(v.type.shape, sbp, mesh):
+            if v is not None and sbp is not None and not fits_type(v.type, sbp, mesh):
                 ok = False
                 break
         if ok:
             for j, o in enumerate(node.outputs):
-                if not fits(o.type.shape, s.output(j), mesh):
+                if not fits_type(o.type, s.output(j), mesh):
                     ok = False
                     break
         # A partial sum of booleans has no sum to reduce to (a mask made from a partial
