@@ -153,6 +153,20 @@ def test_one_cuda_graph_per_size_bucket_serves_every_size_in_it(
             assert m.cuda_graph_status() == status, (b, s)
 
 
+def test_size_buckets_are_powers_of_two_capped_in_number() -> None:
+    from flowc.codegen.program import MAX_BUCKETS, size_buckets
+
+    assert size_buckets({"b": DimRange(1, 24), "n0": DimRange(0, 9, computed=True)}) == {
+        "b": [1, 2, 4, 8, 16, 24],
+        "n0": [9],
+    }
+    assert size_buckets({"s": DimRange(3, 64)}) == {"s": [4, 8, 16, 32, 64]}
+    # 10 x 10 buckets of powers of two pass the cap: powers of 4 instead (6 x 6)
+    wide = size_buckets({"b": DimRange(1, 512), "s": DimRange(1, 512)})
+    assert wide == {"b": [1, 4, 16, 64, 256, 512], "s": [1, 4, 16, 64, 256, 512]}
+    assert len(wide["b"]) * len(wide["s"]) <= MAX_BUCKETS
+
+
 def test_bert_tiny_one_build_matches_onnxruntime_over_the_range(bert: Path) -> None:
     """Symbolic batch and sequence through the exporter's mask arithmetic (a flattened-mask
     Gather whose indices become a SizePolynomial), fused attention masked by the run's
