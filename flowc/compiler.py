@@ -807,8 +807,9 @@ def load_model(
         raise InputError(
             "symbolic dims ("
             + ", ".join(f"{s}={r}" for s, r in {**ranges, **graph.symbols}.items())
-            + ") compile for one device or a mesh (`flowc compile --mesh`, which splits none "
-            "of them); a pipeline's stages, and placing the graph here, take one size for now",
+            + ") compile for one device, a mesh (`flowc compile --mesh`, which splits none of "
+            "them) or a pipeline of one device per stage running one micro-batch; stage "
+            "meshes, and placing the graph here, take one size for now",
             hint="fix the dims with --dim NAME=N",
         )
     # the computed counts (NonZero, NonMaxSuppression, ...) are fitted like the given sizes
@@ -1048,11 +1049,17 @@ def compile_model(
         times=times,
         dump=dump,
     )
-    if isinstance(popts, PipelineSpec) and graph.symbols:
+    if (
+        isinstance(popts, PipelineSpec)
+        and graph.symbols
+        and (popts.microbatches > 1 or math.prod(popts.mesh.shape[1:]) > 1)
+    ):
         raise InputError(
             f"symbolic dims ({', '.join(f'{s}={r}' for s, r in graph.symbols.items())}): a "
-            "pipeline's stages take a program of one size for now",
-            hint="fix the dims with --dim NAME=N, or compile for one device or a mesh",
+            "pipeline with symbolic dims runs one micro-batch on one device per stage for now "
+            "(micro-batches would split the batch, stage meshes a rank graph of one size)",
+            hint="leave out --microbatches and give the mesh one device per stage, or fix "
+            "the dims with --dim NAME=N",
         )
     # What every kind of program is generated with.
     shared: dict[str, Any] = dict(

@@ -312,14 +312,15 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
     assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
 
 
-@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny", "mesh"])
+@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny", "mesh", "pipeline"])
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
-    if model == "mesh":  # NCCL's collectives at the run's counts
+    if model in ("mesh", "pipeline"):  # NCCL's collectives and transfers at the run's counts
         mlp = _tensor_parallel_mlp(tmp_path / "tp.onnx")
-        out = _mesh_compile(
-            mlp, ("batch=1..8",), tmp_path / "out", "cuda", mesh="2", sbps=("W1=S(1)", "W2=S(0)")
+        par: dict[str, Any] = (
+            {"sbps": ("W1=S(1)", "W2=S(0)")} if model == "mesh" else {"pipeline": 2}
         )
+        out = _mesh_compile(mlp, ("batch=1..8",), tmp_path / "out", "cuda", mesh="2", **par)
         bdir = build(out, "cuda", quick=True)
         assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
         return
@@ -482,12 +483,38 @@ def test_bert_tiny_placed_on_a_mesh_with_symbolic_batch_and_seq(tmp_path: Path) 
             assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, s, k)
 
 
+def test_bert_tiny_pipelined_with_symbolic_batch_and_seq(tmp_path: Path) -> None:
+    """Two pipeline stages, one device each: the cut's activations sent and received at the
+    run's element counts, both stages reading the same size table."""
+    out = _mesh_compile(
+        SHARED_MODELS / "bert_tiny.onnx",
+        ("batch=1..4", "seq=1..16"),
+        tmp_path / "out",
+        mesh="2",
+        pipeline=2,
+    )
+    assert re.search(
+        r"comm::Transfer::kSend, .*static_cast<size_t>\(", (out / "model.cu").read_text()
+    )
+    build(out, "host", quick=True)
+    proto = onnx.load(str(SHARED_MODELS / "bert_tiny.onnx"))
+    for b, s in [(1, 1), (4, 16), (2, 11)]:
+        rng = np.random.default_rng(b * 10 + s)
+        mask = np.ones((b, s), np.int64)
+        mask[-1, s // 2 :] = 0
+        feeds = {"input_ids": rng.integers(0, 1000, (b, s)), "attention_mask": mask}
+        got, _ = run(out, feeds)
+        for k, v in run_onnxruntime(proto, feeds).items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, s, k)
+
+
 @pytest.mark.parametrize(
     ("par", "message"),
     [
         ({"mesh": "2", "sbps": ("x=S(0)",)}, "symbolic dims, which are never split"),
         ({"mesh": "2", "parallel": "data"}, "on axis 0, a symbolic dim"),
-        ({"mesh": "2", "pipeline": 2}, "a pipeline's stages"),
+        ({"mesh": "2", "pipeline": 2, "microbatches": 2}, "one micro-batch on one device"),
+        ({"mesh": "2x2", "pipeline": 2}, "a pipeline of one device per stage"),
     ],
 )
 def test_splitting_a_symbolic_dim_is_refused_with_the_reason(

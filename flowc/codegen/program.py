@@ -1323,6 +1323,8 @@ def generate_pipeline(
     kernels: dict[str, str] = {}
     codes = []
     for s, (u, sched, plan) in enumerate(zip(unrolled, schedules, plans, strict=True)):
+        # Every stage reads the run's sizes of the whole program's symbols (one table).
+        u.graph.symbols = dict(io.symbols)
         offsets = {
             **{
                 u.graph.inputs[j]: mb * pipe.input_strides[i]

@@ -329,7 +329,13 @@ def _emit_exchange(prog: Program, node: Node) -> None:
                 f"{node.op} {node.name}: {len(rows)} peer rows, {len(parts)} transfers"
             )
     transfers = [
-        {"kind": kind, "ptr": prog.ptr_void(v), "count": v.type.numel, "dtype": v.type.dtype.onnx}
+        {
+            "kind": kind,
+            "ptr": prog.ptr_void(v),
+            # (a symbolic type: the run's elements, packed)
+            "count": v.type.numel if v.type.sym is None else prog.numel(v.type),
+            "dtype": v.type.dtype.onnx,
+        }
         for v, kind in parts
     ]
     prog.call(
@@ -352,6 +358,7 @@ defop(
     reference=_p2p_ref,
     attrs={"peer": 0, "shapes": None, "dtypes": None, "peers": None, "base": 0},
     emit=_emit_exchange,
+    sized=True,
 )
 defop(
     "Send",
@@ -360,6 +367,7 @@ defop(
     reference=_p2p_ref,
     attrs={"peer": 0, "peers": None, "base": 0},
     emit=_emit_exchange,
+    sized=True,
 )
 
 

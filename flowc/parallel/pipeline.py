@@ -284,6 +284,7 @@ def _stage_values(g: Graph, stage: Stage, vmap: dict[Value, Value]) -> Callable[
         if v not in vmap:
             assert v.const is not None, f"value {v.name!r} is not available in its stage"
             c = g.add_constant(v.name, v.const)
+            c.type = v.type  # (a constant of symbolic dims keeps them: a prefix of the data)
             stage.origin[c] = v
             vmap[v] = c
         return vmap[v]
@@ -315,6 +316,7 @@ def _copy_to_stage(
         output_names=[o.name for o in node.outputs],
     )
     copy.stage = stage
+    copy.sym_attrs = dict(node.sym_attrs)
     for o, c in zip(node.outputs, copy.outputs, strict=True):
         vmap[o] = c
 

@@ -84,6 +84,7 @@ def unroll(
                 output_names=[suffix(o.name, m) for o in node.outputs],
             )
             copy.stage = node.stage
+            copy.sym_attrs = dict(node.sym_attrs)
             out.origin[copy] = (j, m)
             for o, c in zip(node.outputs, copy.outputs, strict=True):
                 vmap[o] = c
