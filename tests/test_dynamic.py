@@ -906,6 +906,58 @@ def test_shared_resnet_with_a_dynamic_batch(tmp_path: Path) -> None:
     _check_images(m, out, (1, 6, 3, 4))
 
 
+def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> None:
+    """Reductions over trailing fixed axes (rows of the run's count), Slice and Split of
+    fixed axes, ArgMax over the last, with the batch symbolic, against onnxruntime; a slice
+    of the symbolic axis itself is refused, naming the node."""
+    c = numpy_helper.from_array
+    inits = [
+        c(np.array([1], np.int64), "one"),
+        c(np.array([5], np.int64), "five"),
+        c(np.array([2], np.int64), "axis2"),
+        c(np.array([-1], np.int64), "last"),
+        c(np.array([2, 2], np.int64), "halves"),
+    ]
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "last"], ["mean"], keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("Slice", ["centred", "one", "five", "one"], ["mid"]),
+        helper.make_node("Split", ["mid", "halves"], ["a", "b"], axis=2),
+        helper.make_node("Mul", ["a", "b"], ["ab"]),
+        helper.make_node("ReduceSum", ["ab", "axis2"], ["s"], keepdims=0),
+        helper.make_node("ArgMax", ["x"], ["arg"], axis=-1, keepdims=0),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "red",
+        [vi("x", TensorProto.FLOAT, ["batch", 6, 4])],
+        [vi("s", TensorProto.FLOAT, ["batch", 4]), vi("arg", TensorProto.INT64, ["batch", 6])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "red.onnx"))
+    out = _compile(tmp_path / "red.onnx", ("batch=1..8",), tmp_path / "out")
+    build(out, "host", quick=True)
+    for b in (1, 8, 3):
+        x = np.random.default_rng(b).standard_normal((b, 6, 4)).astype(np.float32)
+        ref = run_onnxruntime(m, {"x": x})
+        got, _ = run(out, {"x": x})
+        assert max_rel_error(got["s"], ref["s"]) <= TOL and np.array_equal(got["arg"], ref["arg"])
+
+    # the last row of the batch: a start that moves with the batch
+    m.graph.node.append(helper.make_node("Slice", ["x", "last", "end", "zero"], ["lastrow"]))
+    m.graph.initializer.extend([c(np.array([0], np.int64), "zero"), c(np.array([1 << 40]), "end")])
+    m.graph.output.append(vi("lastrow", TensorProto.FLOAT, [1, 6, 4]))
+    onnx.save(m, str(tmp_path / "red2.onnx"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = load_model(ModelArgs(path=tmp_path / "red2.onnx", dims=("batch=2..8",)))
+    with pytest.raises(CodegenError, match="Slice takes the first axis"):
+        compile_graph(graph, tmp_path / "out2")
+
+
 def test_concat_places_each_input_at_its_run_time_offset(tmp_path: Path) -> None:
     vi = helper.make_tensor_value_info
     nodes = [

@@ -136,10 +136,18 @@ def launch_rows(
     prog: Program, kernel: str, x: Value, y: Value, rows: int, cols: int, vec: int = 1
 ) -> None:
     """Launch a row kernel (rows x cols, the reduced axis innermost) under ``row_layout``:
-    the kernels of reduce.cu.j2 and softmax.cu.j2 take (in, out, rows, cols, log2 width)."""
+    the kernels of reduce.cu.j2 and softmax.cu.j2 take (in, out, rows, cols, log2 width).
+    In a program with symbolic dims whose only symbolic dim is the first (Program.
+    leading_only, the rows' count), the rows are this run's: the layout is the bound's, the
+    grid and the row count the run's."""
     lay = row_layout(rows, cols, vec)
-    args = [prog.cptr(x), prog.ptr(y), f"(int64_t){rows}", f"(int64_t){cols}", str(lay.log2w)]
-    prog.launch_blocks(kernel, lay.blocks, lay.threads, 0, args)
+    if y.type.sym is None:
+        args = [prog.cptr(x), prog.ptr(y), f"(int64_t){rows}", f"(int64_t){cols}", str(lay.log2w)]
+        prog.launch_blocks(kernel, lay.blocks, lay.threads, 0, args)
+        return
+    run_rows = prog.numel(y.type)
+    args = [prog.cptr(x), prog.ptr(y), f"(int64_t){run_rows}", f"(int64_t){cols}", str(lay.log2w)]
+    prog.launch_grid(kernel, [prog.grid(run_rows, lay.per_block)], lay.threads, args)
 
 
 def launch_rows_sized(
@@ -337,7 +345,14 @@ def emit_reduce(prog: Program, node: Node) -> None:
     # The mean of nothing is onnxruntime's 0: divide the zero sum by 1.
     count = math.prod(shape[k] for k in axes) or 1
     groups = _merged_axes(shape, axes)
-    if groups and groups[-1][1] and not any(red for _, red in groups[:-1]):
+    rows_only = bool(groups) and groups[-1][1] and not any(red for _, red in groups[:-1])
+    if prog.is_sized(node) and (0 in axes or not rows_only):
+        raise prog.fail(
+            "with symbolic dims, a reduction runs over trailing fixed axes only (rows of the "
+            "run's count); this one reduces a symbolic axis or leaves a fixed one after the "
+            "reduced ones"
+        )
+    if rows_only:
         spec = _reduce_spec(node.op, x.type.dtype)
         cols = groups[-1][0]
         vec = vec_width(x.type.dtype, cols)
@@ -372,6 +387,10 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
             "better": ">" if largest else "<",
             "last": bool(attrs["select_last_index"]),
         }
+        if prog.is_sized(node) and (inner != 1 or int(attrs["axis"]) % len(shape) == 0):
+            raise prog.fail(
+                "with symbolic dims, an arg reduction runs over the last axis, a fixed one"
+            )
         if inner == 1:
             k = prog.kernel(TEMPLATE, "arg_rows", **params)
             launch_rows(prog, k, x, y, outer, extent)
@@ -573,6 +592,7 @@ def reduction(
         onnx_import=adapt,
         sbp=_reduce_sbp(linear),
         emit=emit_reduce,
+        sized_leading=True,
     )
 
 
@@ -635,6 +655,7 @@ def arg_reduction(name: str, largest: bool) -> None:
         flops=_input_flops,
         sbp=_arg_sbp,
         emit=emit_arg(largest),
+        sized_leading=True,
     )
 
 

@@ -222,6 +222,8 @@ def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 def _split_emit(prog: Program, node: Node) -> None:
     x = node_input(node, 0)
     axis = node_attrs(node)["axis"] % x.type.rank
+    if prog.is_sized(node) and axis == 0:
+        raise prog.fail("with symbolic dims, Split cuts fixed axes only, not the first")
     xs = row_major_strides(x.type.shape)
     at = 0
     for o in node.outputs:
@@ -233,6 +235,7 @@ def _split_emit(prog: Program, node: Node) -> None:
             o,
             0,
             list(zip(shape, xs, row_major_strides(shape), strict=True)),
+            prog.numel(o.type) if o.type.sym is not None else None,
         )
         at += shape[axis]
 
@@ -264,6 +267,7 @@ defop(
     outputs=(1, MANY),
     onnx_import=_split_import,
     emit=_split_emit,
+    sized_leading=True,
     sbp=_split_sbp,
 )
 
@@ -382,7 +386,15 @@ def _slice_emit(prog: Program, node: Node) -> None:
         (n, (sl.step or 1) * st, d)
         for n, sl, st, d in zip(shape, slices, xs, row_major_strides(shape), strict=True)
     ]
-    emit_box(prog, x, first, out, 0, box)
+    if x.type.sym is not None and x.type.sym[0] is not None:
+        sl = slices[0]
+        if (sl.start or 0) != 0 or (sl.step or 1) != 1:
+            # (a start counted from the end of a symbolic axis moves with the sizes)
+            raise prog.fail(
+                "with symbolic dims, Slice takes the first axis (symbolic) from its start, "
+                "one by one"
+            )
+    emit_box(prog, x, first, out, 0, box, prog.numel(out.type) if out.type.sym else None)
 
 
 defop(
@@ -393,6 +405,7 @@ defop(
     inputs=(3, 5),
     onnx_import=_slice_import,
     emit=_slice_emit,
+    sized_leading=True,
     sbp=_slice_sbp,
 )
 
