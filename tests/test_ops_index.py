@@ -425,10 +425,16 @@ def test_compress_with_a_known_condition_is_a_gather(axis: int | None) -> None:
     assert "Gather" in import_model(model).op_counts()
 
 
-def test_compress_with_a_run_time_condition_is_a_clear_error() -> None:
-    model, _ = make_op_model("Compress", [rand(3), np.array([True, False, True])], opset=11)
-    with pytest.raises(ShapeError, match=r"input 1 \(condition\) must be known at compile time"):
-        import_model(model)
+def test_compress_with_a_run_time_condition_counts_on_the_device() -> None:
+    """A condition of run time: the kept positions are NonZero's (a count the program
+    computes, at most the condition's length), gathered."""
+    x = rand(4, 3)
+    for cond in (np.array([True, False, True, True]), np.zeros(4, bool)):
+        check_op("Compress", [x, cond], {"axis": 0}, opset=11)
+    model, _ = make_op_model("Compress", [x, np.array([True, False, True, True])], opset=11)
+    g = import_model(model)
+    assert str(g.outputs[0].type) == "f32[n0]"
+    assert g.symbols["n0"].computed and g.symbols["n0"].hi == 4
 
 
 def test_nonzero_and_unique_fold_when_their_input_is_known_and_count_when_not() -> None:

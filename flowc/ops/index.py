@@ -83,7 +83,14 @@ def _gather_infer(ctx: InferCtx) -> list[TensorType]:
     if x.rank == 0:
         raise ctx.fail("cannot gather from a scalar")
     axis = ctx.axis(ctx.attr("axis"), x.rank)
-    return [x.with_shape(x.shape[:axis] + ind.shape + x.shape[axis + 1 :])]
+    out = x.with_shape(x.shape[:axis] + ind.shape + x.shape[axis + 1 :])
+    if x.sym is not None or ind.sym is not None:
+        # symbolic dims carry over (the indices' row a count the data decides: Compress)
+        xs = x.sym or (None,) * x.rank
+        sym = (*xs[:axis], *(ind.sym or (None,) * ind.rank), *xs[axis + 1 :])
+        if any(d is not None for d in sym):
+            out = TensorType(out.shape, out.dtype, sym)
+    return [out]
 
 
 def _gather_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:

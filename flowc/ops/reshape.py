@@ -174,7 +174,16 @@ def _squeeze_shape(
 
 def _squeeze_infer(ctx: InferCtx) -> list[TensorType]:
     axes = const_ints(ctx, 1, "axes") if ctx.has(1) else None
-    return [ctx.type(0).with_shape(_squeeze_shape(ctx.fail, ctx.shape(0), axes))]
+    x = ctx.type(0)
+    out = x.with_shape(_squeeze_shape(ctx.fail, ctx.shape(0), axes))
+    if x.sym is not None and axes is not None:
+        # The kept dims keep their symbols (a count the data decides among them: NonZero's
+        # row of a 1-D input, which Compress gathers by).
+        gone = set(norm_axes(ctx.fail, axes, x.rank))
+        kept = tuple(s for k, s in enumerate(x.sym) if k not in gone)
+        if any(s is not None for s in kept):
+            out = TensorType(out.shape, out.dtype, kept)
+    return [out]
 
 
 def _squeeze_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:

@@ -151,16 +151,28 @@ def _compress_ref(xs: list[np.ndarray | None], a: Attrs) -> np.ndarray:
 
 
 def _compress_import(n: AdapterNode) -> list[Value] | None:
-    """With the condition known, Compress is a Gather of the kept positions."""
+    """Compress is a Gather of the kept positions: known ones with the condition known, else
+    NonZero's of the condition, a count computed at run time (docs/dynamic.md) within the
+    condition's length or --bound OUTPUT=K."""
     x, cond = n.input(0), n.input(1)
-    if x is None or cond is None or cond.const is None:
+    if x is None or cond is None:
         return None  # inference reports what is missing
-    keep = np.flatnonzero(np.asarray(cond.const).astype(bool)).astype(np.int64)
     axis = n.attrs.get("axis")
     if axis is None:
         flat = n.const("flat", np.array([-1], np.int64))
         (x,) = n.emit("Reshape", [x, flat], suffix="flatten")
         axis = 0
+    if cond.const is None:
+        if cond.type.rank != 1:
+            return None  # inference says the condition must be 1-D
+        bound = n.builder.bounds.get(n.output_names[0]) if n.output_names else None
+        (where,) = n.emit(
+            "NonZero", [cond], {} if bound is None else {"bound": bound}, suffix="kept"
+        )
+        first = n.const("first", np.array([0], np.int64))
+        (idx,) = n.emit("Squeeze", [where, first], suffix="kept_row")
+        return n.emit("Gather", [x, idx], {"axis": int(axis)}, output_names=n.output_names)
+    keep = np.flatnonzero(np.asarray(cond.const).astype(bool)).astype(np.int64)
     if keep.size and keep[-1] >= x.type.shape[int(axis) % x.type.rank]:
         return None  # out of range: inference says so
     idx = n.const("kept", keep)
