@@ -312,9 +312,17 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
     assert "symbols" not in json.loads((tmp_path / "out" / "flowc_model.json").read_text())
 
 
-@pytest.mark.parametrize("model", ["bert_tiny", "resnet_tiny", "vit_tiny", "mesh", "pipeline"])
+@pytest.mark.parametrize(
+    "model", ["bert_tiny", "resnet_tiny", "vit_tiny", "transposes", "mesh", "pipeline"]
+)
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
+    if model == "transposes":
+        _transposes(tmp_path / "tr.onnx")
+        out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out", "cuda")
+        bdir = build(out, "cuda", quick=True)
+        assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
+        return
     if model in ("mesh", "pipeline"):  # NCCL's collectives and transfers at the run's counts
         mlp = _tensor_parallel_mlp(tmp_path / "tp.onnx")
         par: dict[str, Any] = (
@@ -415,10 +423,19 @@ def test_an_op_without_a_size_generic_kernel_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def _tensor_parallel_mlp(path: Path) -> Path:
+def _tensor_parallel_mlp(path: Path, layers: int = 2) -> Path:
+    """x[batch, 16] -> MatMul W1 -> Relu -> MatMul W2 -> y (``layers`` 1: y = x W1)."""
     rng = np.random.default_rng(0)
     w1 = numpy_helper.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W1")
     w2 = numpy_helper.from_array(rng.standard_normal((32, 8)).astype(np.float32), "W2")
+    if layers == 1:
+        return _model(
+            path,
+            [helper.make_node("MatMul", ["x", "W1"], ["h"])],
+            [w1],
+            inputs=[("x", ["batch", 16])],
+            outputs=[("h", ["batch", 32])],
+        )
     return _model(
         path,
         [
@@ -446,21 +463,33 @@ def _mesh_compile(
     return out
 
 
-def test_a_mesh_program_with_symbolic_dims_matches_onnxruntime(tmp_path: Path) -> None:
-    """Two ranks, the weights split (Megatron style: columns, then rows): the partial sums
-    of the second product all-reduced at the run's row count, every size of the symbolic
-    batch against onnxruntime."""
-    model = _tensor_parallel_mlp(tmp_path / "tp.onnx")
-    out = _mesh_compile(
-        model, ("batch=1..8",), tmp_path / "out", mesh="2", sbps=("W1=S(1)", "W2=S(0)")
+@pytest.mark.parametrize(
+    ("sbps", "collective"),
+    [
+        (("W1=S(1)", "W2=S(0)"), "all_reduce"),  # columns, then rows: partial sums
+        (("W1=S(1)", "h=S(1)"), "all_gather"),  # the output's columns, behind the batch
+    ],
+)
+def test_a_mesh_program_with_symbolic_dims_matches_onnxruntime(
+    sbps: tuple[str, ...], collective: str, tmp_path: Path
+) -> None:
+    """Two ranks, a weight split by columns: the partial sums of a second product
+    all-reduced, or (one product) the output's columns all-gathered into the whole output
+    (a transpose that moves the symbolic batch), at the run's row count; every size of the
+    symbolic batch against onnxruntime."""
+    model = _tensor_parallel_mlp(
+        tmp_path / "tp.onnx", layers=2 if collective == "all_reduce" else 1
     )
-    assert re.search(r"comm::all_reduce\(.*hdims\[0\]", (out / "model.cu").read_text())
+    out = _mesh_compile(model, ("batch=1..8",), tmp_path / "out", mesh="2", sbps=sbps)
+    text = (out / "model.cu").read_text()
+    assert re.search(rf"comm::{collective}\(.*hdims\[0\]", text)
     build(out, "host", quick=True)
     proto = onnx.load(str(model))
     for b in (1, 8, 3):
         x = np.random.default_rng(b).standard_normal((b, 16)).astype(np.float32)
         got, _ = run(out, {"x": x})
-        assert max_rel_error(got["y"], run_onnxruntime(proto, {"x": x})["y"]) <= TOL, b
+        for k, v in run_onnxruntime(proto, {"x": x}).items():
+            assert got[k].shape == v.shape and max_rel_error(got[k], v) <= TOL, (b, k)
 
 
 def test_bert_tiny_placed_on_a_mesh_with_symbolic_batch_and_seq(tmp_path: Path) -> None:
@@ -956,6 +985,38 @@ def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> N
         graph = load_model(ModelArgs(path=tmp_path / "red2.onnx", dims=("batch=2..8",)))
     with pytest.raises(CodegenError, match="Slice takes the first axis"):
         compile_graph(graph, tmp_path / "out2")
+
+
+def _transposes(path: Path) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("Relu", ["t"], ["y"]),
+        helper.make_node("Transpose", ["x"], ["z"], perm=[2, 0, 1]),
+    ]
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        nodes,
+        "tr",
+        [vi("x", TensorProto.FLOAT, ["b", "s", 3])],
+        [vi("y", TensorProto.FLOAT, ["s", "b", 3]), vi("z", TensorProto.FLOAT, [3, "b", "s"])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return m
+
+
+def test_transposes_that_move_symbolic_dims(tmp_path: Path) -> None:
+    """Batch and sequence moved by Transpose (seq-first layouts, heads before tokens): the
+    run's dims and strides from the size table, against onnxruntime."""
+    m = _transposes(tmp_path / "tr.onnx")
+    out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out")
+    build(out, "host", quick=True)
+    for b, s in [(1, 1), (4, 9), (3, 5)]:
+        x = np.random.default_rng(b + s).standard_normal((b, s, 3)).astype(np.float32)
+        got, _ = run(out, {"x": x})
+        for k, v in run_onnxruntime(m, {"x": x}).items():
+            assert np.array_equal(got[k], v), (b, s, k)
 
 
 def test_concat_places_each_input_at_its_run_time_offset(tmp_path: Path) -> None:

@@ -74,8 +74,24 @@ def _transpose_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
 
 
 def _transpose_emit(prog: Program, node: Node) -> None:
-    x = node_input(node, 0)
-    _emit_permuted(prog, node, x.type.shape, _perm(prog.fail, node.attrs, x.type.rank))
+    x, out = node_input(node, 0), node.outputs[0]
+    perm = _perm(prog.fail, node.attrs, x.type.rank)
+    if not prog.is_sized(node) or prog.leading_only(node):
+        _emit_permuted(prog, node, x.type.shape, perm)
+        return
+    # Symbolic dims moved: the run's dims and strides, read from the size table.
+    strides = []
+    for j in range(x.type.rank):
+        inner = prog.count(x.type, j + 1, x.type.rank, "sizes")
+        strides.append(inner)
+    name = prog.kernel(
+        "shape.cu.j2",
+        "transpose_sized",
+        ctype=prog.ctype(out),
+        dims=[prog.dim(out.type, k) for k in range(out.type.rank)],
+        strides=[strides[p] for p in perm],
+    )
+    prog.launch_sized(name, prog.numel(out.type), [prog.cptr(x), prog.ptr(out)])
 
 
 defop(
@@ -86,7 +102,7 @@ defop(
     attrs={"perm": None},
     emit=_transpose_emit,
     sbp=_transpose_sbp,
-    sized_leading=True,
+    sized=True,
 )
 # -- DepthToSpace, SpaceToDepth ----------------------------------------------------------------
 
