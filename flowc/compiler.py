@@ -1049,6 +1049,13 @@ def compile_model(
         times=times,
         dump=dump,
     )
+    if isinstance(popts, PipelineSpec) and any(r.computed for r in graph.symbols.values()):
+        raise InputError(
+            "a data-dependent output's count ("
+            + ", ".join(s for s, r in graph.symbols.items() if r.computed)
+            + ") is for one device for now: a later stage would not know the count",
+            hint="compile it for one device",
+        )
     if (
         isinstance(popts, PipelineSpec)
         and graph.symbols

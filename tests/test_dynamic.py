@@ -750,6 +750,16 @@ def test_detection_post_processing_equals_onnxruntime_exactly(tmp_path: Path) ->
         assert m.cuda_graph_status() == "captured"
 
 
+def test_a_data_dependent_count_on_a_mesh_or_pipeline_is_refused(tmp_path: Path) -> None:
+    """A count the device computes is each rank's own: a mesh or a later stage would not
+    know it."""
+    model = _detection(tmp_path / "det.onnx")
+    for par in ({"mesh": "2"}, {"mesh": "2", "pipeline": 2}):
+        with pytest.raises(InputError, match=r"count .* is for one device for now"):
+            _mesh_compile(model, ("N=8..200",), tmp_path / "out", **par)
+        assert not (tmp_path / "out").exists()
+
+
 def test_a_count_past_its_bound_is_an_error_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
