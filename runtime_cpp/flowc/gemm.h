@@ -560,6 +560,15 @@ inline cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 }
 
 // One call's descriptors and chosen algorithm, made by plan_gemm, freed by destroy_plan.
+// run_gemm_rows' plan for a row count other than its plan's (a program with symbolic dims,
+// docs/dynamic.md): the layouts of B and C at that many rows, and the algorithm.
+struct GemmRowsPlan {
+  int64_t rows = -1;
+  cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+constexpr int kMaxRowsPlans = 16;
+
 struct GemmPlan {
   GemmDesc desc;
   cublasLtHandle_t lt = nullptr;
@@ -574,6 +583,11 @@ struct GemmPlan {
   // applies the bias and the activation after it (the named fallback).
   bool epilogue_kernel = false;
   bool made = false;
+  // run_gemm_rows' plans per row count, each made on the count's first use (a CUDA Graph's
+  // size bucket: its first run, which goes out directly, before the capture) and kept until
+  // destroy_plan; past kMaxRowsPlans counts each call makes and drops its own.
+  mutable GemmRowsPlan rows_plans[kMaxRowsPlans];
+  mutable int num_rows_plans = 0;
 };
 
 namespace detail {
@@ -642,6 +656,10 @@ cudaError_t launch_epilogue(const GemmDesc& desc, const void* a, const void* b, 
 }  // namespace detail
 
 inline void destroy_plan(GemmPlan* p) {
+  for (int i = 0; i < p->num_rows_plans; ++i) {
+    if (p->rows_plans[i].c) cublasLtMatrixLayoutDestroy(p->rows_plans[i].c);
+    if (p->rows_plans[i].b) cublasLtMatrixLayoutDestroy(p->rows_plans[i].b);
+  }
   if (p->pref) cublasLtMatmulPreferenceDestroy(p->pref);
   if (p->c) cublasLtMatrixLayoutDestroy(p->c);
   if (p->b) cublasLtMatrixLayoutDestroy(p->b);
@@ -813,6 +831,15 @@ inline Status run_gemm_rows(const GemmPlan& p, int64_t rows, const void* a, cons
   q.desc.m = rows;
   q.desc.stride_a = rows * pd.k;
   q.desc.stride_c = rows * pd.n;
+  for (int i = 0; i < p.num_rows_plans; ++i) {
+    const GemmRowsPlan& r = p.rows_plans[i];
+    if (r.rows == rows) {
+      q.b = r.b;
+      q.c = r.c;
+      q.algo = r.algo;
+      return run_gemm(q, a, b, c, d, io, stream);
+    }
+  }
   q.b = nullptr;
   q.c = nullptr;
   const cudaDataType_t t = cuda_type(pd.type);
@@ -834,6 +861,10 @@ inline Status run_gemm_rows(const GemmPlan& p, int64_t rows, const void* a, cons
       }
     }
     if (s.ok()) s = run_gemm(q, a, b, c, d, io, stream);
+  }
+  if (s.ok() && p.num_rows_plans < kMaxRowsPlans) {
+    p.rows_plans[p.num_rows_plans++] = GemmRowsPlan{rows, q.b, q.c, q.algo};  // kept: destroy_plan frees it
+    return s;
   }
   if (q.c) cublasLtMatrixLayoutDestroy(q.c);
   if (q.b) cublasLtMatrixLayoutDestroy(q.b);
