@@ -878,11 +878,7 @@ class Model:
         out_bufs = [self._output(spec, outputs, keep) for spec in self.outputs]
         in_array = (ctypes.c_void_p * max(1, len(in_ptrs)))(*in_ptrs)
         out_array = (ctypes.c_void_p * max(1, len(out_bufs)))(*(b.ptr for b in out_bufs))
-        status = self._run(self._handle, in_array, out_array, ctypes.c_void_p(stream or 0))
-        if status != 0:
-            raise self._error("run() refused")
-        if self._sync(self._handle) != 0:
-            raise self._error("the compiled model failed")
+        self._wait(self._run(self._handle, in_array, out_array, ctypes.c_void_p(stream or 0)))
         results: dict[str, Any] = {}
         for spec, buf in zip(self.outputs, out_bufs, strict=True):
             if outputs is not None and spec.name in outputs:
@@ -893,10 +889,15 @@ class Model:
                 results[spec.name] = host
             else:
                 results[spec.name] = buf.keep
-        for item in keep:
-            if isinstance(item, _DeviceAllocation):
-                item.free()
+        _free_device(keep)
         return results
+
+    def _wait(self, status: int) -> None:
+        """After run()'s call: its status, then the run's own (synchronize)."""
+        if status != 0:
+            raise self._error("run() refused")
+        if self._sync(self._handle) != 0:
+            raise self._error("the compiled model failed")
 
     def cuda_graph_status(self) -> str:
         """How the latest run() went out: "captured" (one CUDA Graph launch; a program with
@@ -950,13 +951,11 @@ class Model:
             *(ctypes.cast(d, ctypes.c_void_p) for d in dims)
         )
         out_array = (ctypes.c_void_p * max(1, len(out_bufs)))(*(b.ptr for b in out_bufs))
-        status = self._run_shaped(
-            self._handle, in_array, dim_array, out_array, ctypes.c_void_p(stream or 0)
+        self._wait(
+            self._run_shaped(
+                self._handle, in_array, dim_array, out_array, ctypes.c_void_p(stream or 0)
+            )
         )
-        if status != 0:
-            raise self._error("run() refused")
-        if self._sync(self._handle) != 0:
-            raise self._error("the compiled model failed")
         results: dict[str, Any] = {}
         for k, (spec, buf) in enumerate(zip(self.outputs, out_bufs, strict=True)):
             got = (ctypes.c_int64 * max(1, len(spec.shape)))()
@@ -971,9 +970,7 @@ class Model:
                 results[spec.name] = out
             else:
                 results[spec.name] = np.asarray(buf.keep).reshape(-1)[:n].reshape(shape).copy()
-        for item in keep:
-            if isinstance(item, _DeviceAllocation):
-                item.free()
+        _free_device(keep)
         return results
 
     # -- training (a program compiled with --train; model.h's training section) -----------
@@ -1090,9 +1087,7 @@ class Model:
             if self._sync(self._handle) != 0:
                 raise self._error("the training step failed")
         finally:
-            for item in keep:
-                if isinstance(item, _DeviceAllocation):
-                    item.free()
+            _free_device(keep)
         result = self._train_fn("train_result", *[ctypes.POINTER(ctypes.c_double)] * 3)
         loss, count, lr = ctypes.c_double(), ctypes.c_double(), ctypes.c_double()
         result(self._handle, ctypes.byref(loss), ctypes.byref(count), ctypes.byref(lr))
@@ -1226,6 +1221,13 @@ class _DeviceAllocation:
         if self.ptr:
             self.runtime.lib.cudaFree(ctypes.c_void_p(self.ptr))
             self.ptr = 0
+
+
+def _free_device(keep: list[Any]) -> None:
+    """The device buffers a run() allocated for NumPy inputs and outputs."""
+    for item in keep:
+        if isinstance(item, _DeviceAllocation):
+            item.free()
 
 
 class _CudaRuntime:

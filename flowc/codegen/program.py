@@ -1067,14 +1067,18 @@ def size_buckets(ranges: Mapping[str, DimRange]) -> dict[str, list[int]]:
     count: its bound alone). A run's sizes go to the first end at or above each; when the
     buckets' product passes MAX_BUCKETS the ends are powers of 4, 8, ... instead, until it
     fits (a graph per bucket: their number is capped, not the range)."""
+
+    def powers(r: DimRange, base: int) -> list[int]:
+        out, p = [], 1
+        while p < r.hi and not r.computed:
+            if p >= r.lo:
+                out.append(p)
+            p *= base
+        return [*out, r.hi]
+
     base = 2
     while True:
-        ends = {
-            s: [r.hi]
-            if r.computed
-            else sorted({base**k for k in range(64) if r.lo <= base**k < r.hi} | {r.hi})
-            for s, r in ranges.items()
-        }
+        ends = {s: powers(r, base) for s, r in ranges.items()}
         if math.prod(len(e) for e in ends.values()) <= MAX_BUCKETS:
             return ends
         base *= 2

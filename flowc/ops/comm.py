@@ -112,6 +112,13 @@ def _emit_bucket(prog: Program, node: Node) -> None:
     )
 
 
+def _elements(prog: Program, t: TensorType) -> int | str:
+    """The elements a transfer of ``t`` moves: its count, or with symbolic dims (never the
+    split ones) the run's, packed, as host C++ (the stacked axis of a gather or scatter is
+    the first, of fixed size)."""
+    return t.numel if t.sym is None else prog.numel(t)
+
+
 def _emit_collective(prog: Program, node: Node) -> None:
     if node.op == "AllReduce" and len(node.inputs) > 1:
         if prog.is_sized(node):
@@ -121,22 +128,14 @@ def _emit_collective(prog: Program, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None
     attrs = node.attrs
+    ways = group_size(attrs)
+    sent = _elements(prog, x.type)
     fn: dict[str, tuple[str, int | str]] = {
-        "AllReduce": ("all_reduce", y.type.numel),
-        "AllGather": ("all_gather", x.type.numel),
-        "ReduceScatter": ("reduce_scatter", y.type.numel),
-        "AllToAll": ("all_to_all", x.type.numel // group_size(attrs)),
+        "AllReduce": ("all_reduce", _elements(prog, y.type)),
+        "AllGather": ("all_gather", sent),
+        "ReduceScatter": ("reduce_scatter", _elements(prog, y.type)),
+        "AllToAll": ("all_to_all", sent // ways if isinstance(sent, int) else f"{sent} / {ways}"),
     }
-    if prog.is_sized(node):
-        # Symbolic dims (never the split ones): each member's part holds the run's elements,
-        # packed (the stacked axis of a gather or scatter is the first, of fixed size).
-        ways = group_size(attrs)
-        fn = {
-            "AllReduce": ("all_reduce", prog.numel(y.type)),
-            "AllGather": ("all_gather", prog.numel(x.type)),
-            "ReduceScatter": ("reduce_scatter", prog.numel(y.type)),
-            "AllToAll": ("all_to_all", f"{prog.numel(x.type)} / {ways}"),
-        }
     prog.call(
         "comm.cu.j2",
         "collective",
@@ -332,8 +331,7 @@ def _emit_exchange(prog: Program, node: Node) -> None:
         {
             "kind": kind,
             "ptr": prog.ptr_void(v),
-            # (a symbolic type: the run's elements, packed)
-            "count": v.type.numel if v.type.sym is None else prog.numel(v.type),
+            "count": _elements(prog, v.type),
             "dtype": v.type.dtype.onnx,
         }
         for v, kind in parts

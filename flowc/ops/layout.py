@@ -39,8 +39,7 @@ def _emit_permuted(prog: Program, node: Node, view: Sequence[int], perm: Sequenc
     x, out = node_input(node, 0), node.outputs[0]
     vs = row_major_strides(view)
     ts = row_major_strides([view[p] for p in perm])
-    box = [(view[p], vs[p], ts[k]) for k, p in enumerate(perm)]
-    emit_box(prog, x, 0, out, 0, box, prog.numel(out.type) if out.type.sym is not None else None)
+    emit_box(prog, x, 0, out, 0, [(view[p], vs[p], ts[k]) for k, p in enumerate(perm)])
 
 
 # -- Transpose ---------------------------------------------------------------------------------

@@ -128,12 +128,16 @@ def emit_box(
     dst: Value,
     dst_at: int,
     box: Box,
-    run_total: str | None = None,
 ) -> None:
-    """Copy a box of elements from ``src`` (starting at element src_at) into ``dst``.
-    ``run_total``: in a program with symbolic dims, the box's element count in this run (host
-    C++), when only its first axis changes with the sizes (Program.leading_only)."""
+    """Copy a box of elements from ``src`` (starting at element src_at) into ``dst``. A
+    ``dst`` of symbolic type (Transpose, Slice, Split of a program with symbolic dims, their
+    first axis the only one that changes with the sizes: Program.leading_only) is the whole
+    box: it copies this run's elements."""
     total = numel([size for size, _, _ in box])
+    run_total = None
+    if dst.type.sym is not None:
+        assert dst_at == 0 and total == dst.type.numel, "a symbolic box is its whole destination"
+        run_total = prog.numel(dst.type)
     if total == 0:
         return
     dims = _simplify_box(box)

@@ -235,7 +235,6 @@ def _split_emit(prog: Program, node: Node) -> None:
             o,
             0,
             list(zip(shape, xs, row_major_strides(shape), strict=True)),
-            prog.numel(o.type) if o.type.sym is not None else None,
         )
         at += shape[axis]
 
@@ -394,7 +393,7 @@ def _slice_emit(prog: Program, node: Node) -> None:
                 "with symbolic dims, Slice takes the first axis (symbolic) from its start, "
                 "one by one"
             )
-    emit_box(prog, x, first, out, 0, box, prog.numel(out.type) if out.type.sym else None)
+    emit_box(prog, x, first, out, 0, box)
 
 
 defop(
