@@ -46,6 +46,7 @@ NOISE_SOURCES = (
     "mojo/public/cpp/bindings/",  # IPC messages dropped while the headless browser exits
     "gpu/",  # the GPU process falling back to software (--disable-gpu)
     "viz/",  # the compositor without a GPU
+    "net/extras/sqlite/",  # the profile's cookie store flushed while the browser exits
 )
 LOG_LINE = re.compile(r"^\[\d+:\d+:\d+/[\d.]+:(?P<level>[A-Z]+):(?P<source>[^\]]+)\] ")
 
