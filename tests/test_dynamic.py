@@ -313,13 +313,16 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "model", ["bert_tiny", "resnet_tiny", "vit_tiny", "transposes", "mesh", "pipeline"]
+    "model", ["bert_tiny", "resnet_tiny", "vit_tiny", "transposes", "mesh", "pipeline", "topk"]
 )
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
-    if model == "transposes":
-        _transposes(tmp_path / "tr.onnx")
-        out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out", "cuda")
+    if model in ("transposes", "topk"):
+        if model == "topk":  # a k read on the device
+            out = _compile(_topk(tmp_path / "tk.onnx"), ("batch=1..8",), tmp_path / "out", "cuda")
+        else:
+            _transposes(tmp_path / "tr.onnx")
+            out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out", "cuda")
         bdir = build(out, "cuda", quick=True)
         assert "warning" not in (bdir / "flowc-build.log").read_text().lower()
         return
@@ -807,16 +810,95 @@ def test_a_count_past_its_bound_is_an_error_status(
     assert not (tmp_path / "o.npz").exists()
 
 
-def test_computed_dims_print_and_read_back() -> None:
-    text = (
-        "dim n0: 0..20 computed\n\n"
-        "graph m(x: f32[4, 5]) -> (y: i64[2, n0]) {\n"
-        "    y: i64[2, n0] = non_zero(x)\n"
-        "    return y\n"
-        "}\n"
+def _topk(path: Path) -> Path:
+    """TopK with a k of run time (an input) over a symbolic batch, its values squared;
+    beside it TopK with a constant k, the smallest first."""
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph(
+        [
+            helper.make_node("TopK", ["x", "k"], ["values", "idx"], axis=-1, name="top"),
+            helper.make_node("Mul", ["values", "values"], ["sq"]),
+            helper.make_node("TopK", ["x", "three"], ["low", "low_idx"], axis=1, largest=0),
+        ],
+        "topk",
+        [vi("x", TensorProto.FLOAT, ["batch", 10]), vi("k", TensorProto.INT64, [1])],
+        [
+            vi("sq", TensorProto.FLOAT, ["batch", "n"]),
+            vi("idx", TensorProto.INT64, ["batch", "n"]),
+            vi("low", TensorProto.FLOAT, ["batch", 3]),
+            vi("low_idx", TensorProto.INT64, ["batch", 3]),
+        ],
+        [numpy_helper.from_array(np.array([3], np.int64), "three")],
     )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
+
+
+def test_topk_with_a_k_of_run_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """k read on the device is the outputs' computed count (bounded by --bound idx=6), its
+    consumer sized by it; a k past the bound or outside the axis is an error status."""
+    model = _topk(tmp_path / "topk.onnx")
+    out = tmp_path / "out"
+    args = ["compile", str(model), "-o", str(out), "--dim", "batch=1..8", "--target", "host"]
+    code, err = run_cli([*args, "--bound", "idx=6"], capsys)
+    assert code == 0, err
+    info = json.loads((out / "flowc_model.json").read_text())
+    assert {"name": "n0", "min": 0, "max": 6, "typical": 6} in info["symbols"]
+    build(out, "host", quick=True)
+    proto = onnx.load(str(model))
+    rng = np.random.default_rng(7)
+    with Project(out).load("host") as m:
+        for b, k in ((1, 0), (8, 6), (3, 4), (8, 1), (5, 6)):
+            x = rng.standard_normal((b, 10)).astype(np.float32)
+            x[:, 2] = x[:, 5]  # a tie: the lower index first
+            feeds = {"x": x, "k": np.array([k], np.int64)}
+            ref, got = run_onnxruntime(proto, feeds), m.run(feeds)
+            for name in ("sq", "idx", "low", "low_idx"):
+                assert got[name].shape == ref[name].shape, (b, k, name)
+                assert np.array_equal(got[name], ref[name]), (b, k, name)
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 10)).astype(np.float32))
+    for k, message in ((7, "had more rows than its bound"), (11, "TopK's k was negative")):
+        np.save(tmp_path / "k.npy", np.array([k], np.int64))
+        code, err = run_cli(
+            [
+                "run",
+                str(out),
+                "--input",
+                f"x={tmp_path / 'x.npy'}",
+                "--input",
+                f"k={tmp_path / 'k.npy'}",
+                "-o",
+                str(tmp_path / "o.npz"),
+            ],
+            capsys,
+        )
+        assert code == 2 and message in err, (k, err)
+        assert not (tmp_path / "o.npz").exists()
+    code, err = run_cli([*args, "-o", str(tmp_path / "o2"), "--bound", "low=2"], capsys)
+    assert code == 2 and "no data-dependent output named 'low'" in err
+
+
+@pytest.mark.parametrize(
+    ("decls", "body"),
+    [
+        (
+            "dim n0: 0..20 computed",
+            "graph m(x: f32[4, 5]) -> (y: i64[2, n0]) {\n"
+            "    y: i64[2, n0] = non_zero(x)\n    return y\n",
+        ),
+        (
+            "dim batch: 1..8\ndim n0: 0..6 computed",
+            "graph m(x: f32[batch, 10], k: i64[1]) -> (v: f32[batch, n0], i: i64[batch, n0]) {\n"
+            "    v: f32[batch, n0], i: i64[batch, n0] = topk(x, k, bound=6)\n    return v, i\n",
+        ),
+    ],
+)
+def test_computed_dims_print_and_read_back(decls: str, body: str) -> None:
+    text = f"{decls}\n\n{body}}}\n"
     g = parse_program(text)
-    assert g.symbols["n0"] == DimRange(0, 20, computed=True)
+    assert g.symbols["n0"] == DimRange(0, 6 if "topk" in body else 20, computed=True)
     assert print_graph(g) == text
 
 

@@ -243,8 +243,8 @@ def model_options(fn: F) -> F:
             text_option(
                 "--bound",
                 "OUTPUT=K",
-                "Rows a data-dependent output (NonZero, NonMaxSuppression) holds at most: its "
-                "buffer's size (docs/dynamic.md).",
+                "Rows a data-dependent output (NonZero, NonMaxSuppression, Compress, TopK with "
+                "a k of run time) holds at most: its buffer's size (docs/dynamic.md).",
                 dest="bounds",
                 multiple=True,
             ),

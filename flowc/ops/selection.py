@@ -1,8 +1,9 @@
 """Ops that pick elements by their values: TopK (the k largest or smallest along an axis),
-and Compress, NonZero and Unique, whose output lengths depend on the values. flowc compiles
-fixed shapes, so the values that decide a length must be known at compile time: Compress's
-condition (the data may come at run time: it imports as a Gather of the kept positions),
-NonZero's and Unique's whole input (they fold to constants).
+and Compress, NonZero and Unique, whose output lengths depend on the values. Known values
+fold (a constant k, condition or input gives a fixed length); values of run time give the
+output a *computed* length (docs/dynamic.md): the buffer holds its bound, the kernel writes
+the run's count into the size table. TopK's count is its k, read on the device; Compress
+imports as a Gather of NonZero's positions of its condition.
 """
 
 from __future__ import annotations
@@ -30,24 +31,43 @@ FAMILY = "index"
 # -- TopK --------------------------------------------------------------------------------------
 
 
-def _topk_k(ctx: InferCtx) -> int:
-    k = ctx.const(1, "k")
-    if k.size != 1 or k.dtype != np.int64:
-        raise ctx.fail(f"k must hold one int64 value, got {ctx.type(1)}")
-    return int(k.reshape(-1)[0])
+def _topk_k(ctx: InferCtx) -> int | None:
+    """k when it is a constant; None when it comes at run time."""
+    if not ctx.has(1):
+        raise ctx.fail("input 1 (k) is required")
+    t = ctx.type(1)
+    if t.numel != 1 or t.dtype != DType.I64 or t.sym is not None:
+        raise ctx.fail(f"k must hold one int64 value, got {t}")
+    k = ctx.maybe_const(1)
+    return None if k is None else int(k.reshape(-1)[0])
 
 
 def _topk_infer(ctx: InferCtx) -> list[TensorType]:
+    """A constant k: k rows along the axis. A k of run time: the output holds its bound
+    (the axis, or less with --bound), its length a count the kernel takes from k (ir/symbolic.py:
+    a computed symbol), the same for both outputs."""
     x = ctx.type(0)
     if x.rank == 0:
         raise ctx.fail("needs an input of rank >= 1")
     axis = ctx.axis(ctx.attr("axis"), x.rank)
     k = _topk_k(ctx)
-    if not 0 <= k <= x.shape[axis]:
-        raise ctx.fail(f"k = {k} is out of range for axis {axis} of shape {list(x.shape)}")
     shape = list(x.shape)
-    shape[axis] = k
-    return [x.with_shape(shape), TensorType(tuple(shape), DType.I64)][: ctx.num_outputs]
+    sym = None
+    if k is None:
+        bound = output_bound(ctx, x.shape[axis])
+        if bound > x.shape[axis]:
+            raise ctx.fail(
+                f"bound {bound} is more than the {x.shape[axis]} elements of axis {axis}, "
+                "the most TopK gives"
+            )
+        shape[axis] = bound
+        sym = tuple(count_dim() if d == axis else None for d in range(x.rank))
+    elif not 0 <= k <= x.shape[axis]:
+        raise ctx.fail(f"k = {k} is out of range for axis {axis} of shape {list(x.shape)}")
+    else:
+        shape[axis] = k
+    types = [TensorType(tuple(shape), x.dtype, sym), TensorType(tuple(shape), DType.I64, sym)]
+    return types[: ctx.num_outputs]
 
 
 def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
@@ -69,29 +89,54 @@ def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 
 
 def _topk_emit(prog: Program, node: Node) -> None:
+    """One thread per element ranks it in its row. A symbolic first dim (not the axis): the
+    run's rows. A k of run time: the kernel reads it and writes it into the size table."""
     x = node_input(node, 0)
     a = node_attrs(node)
-    axis = a["axis"] % x.type.rank
-    kv = node_input(node, 1).const
-    assert kv is not None
-    k = int(kv.reshape(-1)[0])
-    if k == 0 or x.type.numel == 0:
-        return
+    t = x.type
+    axis = a["axis"] % t.rank
+    if t.sym is not None and (t.sym[axis] is not None or any(t.sym[1:])):
+        raise prog.fail(
+            "TopK of data with symbolic dims has a kernel when only the first dim is symbolic "
+            f"and it is not the axis; here {t} along axis {axis}"
+        )
+    out = node.outputs[0]
+    count = out.type.sym[axis] if out.type.sym is not None else None
+    k_input = node_input(node, 1)
     with_indices = len(node.outputs) > 1
+    outs = [prog.ptr(o) for o in node.outputs[:2]]
+    common = {
+        "ctype": prog.ctype(x),
+        "len": t.shape[axis],
+        "inner": math.prod(t.shape[axis + 1 :]),
+        "largest": bool(a["largest"]),
+        "is_float": t.dtype.is_float,
+        "with_indices": with_indices,
+    }
+    if count is None:
+        assert k_input.const is not None
+        k = int(k_input.const.reshape(-1)[0])
+        if k == 0:
+            return
+        name = prog.kernel("index.cu.j2", "topk", k=k, **common)
+        prog.launch_numel(name, t, [prog.cptr(x), *outs])
+        return
+    if count.name is None:
+        raise prog.fail("TopK's output has no computed length")
     name = prog.kernel(
         "index.cu.j2",
         "topk",
-        ctype=prog.ctype(x),
-        len=x.type.shape[axis],
-        inner=math.prod(x.type.shape[axis + 1 :]),
-        k=k,
-        largest=bool(a["largest"]),
-        is_float=x.type.dtype.is_float,
-        with_indices=with_indices,
+        k=0,
+        slot=prog.slots[count.name],
+        bound=out.type.shape[axis],
+        **common,
     )
-    outs = [prog.ptr(o) for o in node.outputs[:2]]
-    n = x.type.numel
-    prog.launch(name, n, [prog.cptr(x), *outs, f"(int64_t){n}"])
+    args = [prog.cptr(x), prog.cptr(k_input), *outs, "error_flag", "ddims"]
+    if t.sym is None:
+        # at least one thread: the count is written even for an empty input
+        prog.launch(name, max(t.numel, 1), [*args, f"(int64_t){t.numel}"])
+    else:
+        prog.launch_numel(name, t, args)
 
 
 def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
@@ -103,6 +148,10 @@ def _topk_sbp(ctx: InferCtx, outs: list[TensorType]) -> list[SbpSignature]:
 def _topk_import(n: AdapterNode) -> None:
     if n.opset < 10 and "k" in n.attrs:
         n.set_input(1, n.const("k", [n.attrs.pop("k")], np.int64))
+    # --bound on either output (values or indices) bounds a k of run time
+    bounds = [n.builder.bounds[o] for o in n.output_names if o in n.builder.bounds]
+    if bounds:
+        n.attrs["bound"] = min(bounds)
 
 
 defop(
@@ -110,12 +159,13 @@ defop(
     FAMILY,
     infer=_topk_infer,
     reference=_topk_ref,
-    attrs={"axis": -1, "largest": 1, "sorted": 1},
+    attrs={"axis": -1, "largest": 1, "sorted": 1, "bound": None},
     inputs=2,
     outputs=(1, 2),
     flops=lambda ins, outs, a: 0 if ins[0] is None else ins[0].numel,
     onnx_import=_topk_import,
     emit=_topk_emit,
+    sized=True,
     sbp=_topk_sbp,
 )
 
