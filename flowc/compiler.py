@@ -757,6 +757,9 @@ def load_model(
             warnings.simplefilter("ignore", FlowcWarning)
             return build_at(sizes, False)
 
+    # the computed counts' bounds in the build at the bound, kept by the probe builds
+    count_bounds: dict[str, int] = {}
+
     def build_at(sizes: Mapping[str, int], record: bool) -> Graph:
         at_shapes = {n: list(d) for n, d in shapes.items()}
         for (n, k), sym in by_shape.items():
@@ -770,6 +773,7 @@ def load_model(
             sizes=sizes if is_flow else {},
             bounds=bounds,
             counts={k: v for k, v in sizes.items() if k not in ranges},
+            count_bounds=count_bounds,
             fold_as=None if record else decisions,
         )
         graph = load_graph(model.path, opts)
@@ -814,6 +818,7 @@ def load_model(
         )
     # the computed counts (NonZero, NonMaxSuppression, ...) are fitted like the given sizes
     every = {**ranges, **{k: r for k, r in graph.symbols.items() if r.computed}}
+    count_bounds.update({k: r.hi for k, r in every.items() if r.computed})
     if not every:
         return graph
     counts = [s for s, r in graph.symbols.items() if r.computed]

@@ -422,6 +422,9 @@ class _Reader:
                 raise self.fail(where, f"a program has at most {MAX_SYMBOLS} symbols")
             self.symbols[name] = r
             self.graph.symbols[name] = r
+            if computed and self.sizes:
+                # a reading at probe sizes keeps the declared bound of a count (ir/graph.py)
+                self.graph.count_bounds[name] = hi
         return self.symbols[name]
 
     def placement(self, t: Tree | None, ttype: TensorType, what: str) -> NdSbp | None:

@@ -59,6 +59,9 @@ class ImportOptions:
     # A build at probe sizes (ir/fit_dims.py): the rows of each computed count (n0, n1, ...),
     # and the bound build's constant-folding choices to repeat.
     counts: Mapping[str, int] = field(default_factory=dict)
+    # ... and each computed count's bound in the build at the bound: the buffer it keeps at
+    # every size, also where its op bounds it by a size that changes.
+    count_bounds: Mapping[str, int] = field(default_factory=dict)
     fold_as: Mapping[str, bool] | None = None
     # Training's --batch B: axis 0 of every input is B (static or symbolic, the symbol then
     # bound to B wherever else it appears).
@@ -348,6 +351,7 @@ def import_model(
     builder.training = opts.trainable
     builder.bounds = dict(opts.bounds)
     graph.count_sizes = dict(opts.counts)
+    graph.count_bounds = dict(opts.count_bounds)
     graph.fold_as = dict(opts.fold_as) if opts.fold_as is not None else None
     env: dict[str, Value] = {}
 

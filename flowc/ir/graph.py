@@ -204,8 +204,11 @@ class Graph:
         # The symbols of the graph's symbolic dims (ir/symbolic.py) and their ranges, in the
         # order of the generated program's size table; empty for a static graph.
         self.symbols: dict[str, DimRange] = {}
-        # A build at probe sizes (ir/fit_dims.py): the rows each computed count has here.
+        # A build at probe sizes (ir/fit_dims.py): the rows each computed count has here,
+        # and its bound in the build at the bound (a count whose op bounds it by a size that
+        # changes, NonZero of a [batch, 4] input, keeps the bound's buffer at every size).
         self.count_sizes: dict[str, int] = {}
+        self.count_bounds: dict[str, int] = {}
         # Constant folding's choices, by op and first output (True: folded), and, in a build
         # at probe sizes, the bound's choices to repeat (ir/builder.py: fold_forced).
         self.fold_decisions: dict[str, bool] = {}
@@ -295,7 +298,7 @@ class Graph:
             named = (self._name_counts(counted[0]).sym or ())[at]
             assert named is not None and named.name is not None
             # a build at a probe size of the count (ir/fit_dims.py) gives it that many rows
-            rows = self.count_sizes.get(named.name)
+            rows = self.count_sizes.get(named.name, self.symbols[named.name].hi)
             for o in counted:
                 sym = tuple(named if _counts(d) else d for d in o.type.sym or ())
                 shape = tuple(
@@ -328,11 +331,13 @@ class Graph:
             # and reading it back reuses each unused declaration of the same range).
             k = 0
             while f"n{k}" in used or (
-                f"n{k}" in self.symbols and self.symbols[f"n{k}"] != DimRange(0, d, computed=True)
+                f"n{k}" in self.symbols
+                and self.symbols[f"n{k}"]
+                != DimRange(0, self.count_bounds.get(f"n{k}", d), computed=True)
             ):
                 k += 1
             name = f"n{k}"
-            self.symbols[name] = DimRange(0, d, computed=True)
+            self.symbols[name] = DimRange(0, self.count_bounds.get(name, d), computed=True)
             sym.append(SymDim.of(name))
         return TensorType(v.type.shape, v.type.dtype, tuple(sym))
 
@@ -431,6 +436,7 @@ class Graph:
         g.train = dict(self.train)
         g.symbols = dict(self.symbols)
         g.count_sizes = dict(self.count_sizes)
+        g.count_bounds = dict(self.count_bounds)
         g.fold_decisions = dict(self.fold_decisions)
         g.fold_as = self.fold_as
         vmap: dict[Value, Value] = {}
