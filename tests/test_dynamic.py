@@ -313,13 +313,27 @@ def test_static_dims_give_todays_static_program(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "model", ["bert_tiny", "resnet_tiny", "vit_tiny", "transposes", "mesh", "pipeline", "topk"]
+    "model",
+    [
+        "bert_tiny",
+        "resnet_tiny",
+        "vit_tiny",
+        "transposes",
+        "mesh",
+        "pipeline",
+        "topk",
+        "reductions",
+    ],
 )
 def test_cuda_build_of_a_dynamic_program_compiles_and_links(model: str, tmp_path: Path) -> None:
     require_cuda_build_toolchain()
-    if model in ("transposes", "topk"):
+    if model in ("transposes", "topk", "reductions"):
         if model == "topk":  # a k read on the device
             out = _compile(_topk(tmp_path / "tk.onnx"), ("batch=1..8",), tmp_path / "out", "cuda")
+        elif model == "reductions":  # extents and strides read on the device
+            _reductions(tmp_path / "red.onnx")
+            dims = ("batch=1..8", "seq=1..16")
+            out = _compile(tmp_path / "red.onnx", dims, tmp_path / "out", "cuda")
         else:
             _transposes(tmp_path / "tr.onnx")
             out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out", "cuda")
@@ -1048,10 +1062,11 @@ def test_shared_resnet_with_a_dynamic_batch(tmp_path: Path) -> None:
     _check_images(m, out, (1, 6, 3, 4))
 
 
-def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> None:
-    """Reductions over trailing fixed axes (rows of the run's count), Slice and Split of
-    fixed axes, ArgMax over the last, with the batch symbolic, against onnxruntime; a slice
-    of the symbolic axis itself is refused, naming the node."""
+def _reductions(path: Path) -> onnx.ModelProto:
+    """Reductions over trailing fixed axes, Slice and Split of fixed axes and ArgMax over
+    the last of x [batch, 6, 4]; reductions and arg reductions over the symbolic axes of
+    z [batch, seq, 8] and m [batch, seq] (mean pooling over seq, the whole tensor, axes 0
+    and 2, the log-sum-exp over seq last, the lengths of a 0/1 mask)."""
     c = numpy_helper.from_array
     inits = [
         c(np.array([1], np.int64), "one"),
@@ -1059,6 +1074,7 @@ def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> N
         c(np.array([2], np.int64), "axis2"),
         c(np.array([-1], np.int64), "last"),
         c(np.array([2, 2], np.int64), "halves"),
+        c(np.array([0, 2], np.int64), "ax02"),
     ]
     nodes = [
         helper.make_node("ReduceMean", ["x", "last"], ["mean"], keepdims=1),
@@ -1068,25 +1084,73 @@ def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> N
         helper.make_node("Mul", ["a", "b"], ["ab"]),
         helper.make_node("ReduceSum", ["ab", "axis2"], ["s"], keepdims=0),
         helper.make_node("ArgMax", ["x"], ["arg"], axis=-1, keepdims=0),
+        helper.make_node("ReduceMean", ["z", "one"], ["pool"], keepdims=0),
+        helper.make_node("ReduceSum", ["z"], ["total"], keepdims=0),
+        helper.make_node("ReduceMax", ["z", "ax02"], ["zmax"], keepdims=1),
+        helper.make_node("ReduceMean", ["z", "last"], ["rowmean"], keepdims=1),
+        helper.make_node("Transpose", ["z"], ["zt"], perm=[0, 2, 1]),
+        helper.make_node("ReduceLogSumExp", ["zt", "last"], ["lse"], keepdims=0),
+        helper.make_node("ArgMax", ["z"], ["zarg"], axis=1, keepdims=0),
+        helper.make_node("ArgMin", ["z"], ["zlow"], axis=-1, select_last_index=1),
+        helper.make_node("ReduceSum", ["m", "last"], ["lens"], keepdims=0),
     ]
     vi = helper.make_tensor_value_info
+    f, i = TensorProto.FLOAT, TensorProto.INT64
     g = helper.make_graph(
         nodes,
         "red",
-        [vi("x", TensorProto.FLOAT, ["batch", 6, 4])],
-        [vi("s", TensorProto.FLOAT, ["batch", 4]), vi("arg", TensorProto.INT64, ["batch", 6])],
+        [
+            vi("x", f, ["batch", 6, 4]),
+            vi("z", f, ["batch", "seq", 8]),
+            vi("m", i, ["batch", "seq"]),
+        ],
+        [
+            vi("s", f, ["batch", 4]),
+            vi("arg", i, ["batch", 6]),
+            vi("pool", f, ["batch", 8]),
+            vi("total", f, []),
+            vi("zmax", f, [1, "seq", 1]),
+            vi("rowmean", f, ["batch", "seq", 1]),
+            vi("lse", f, ["batch", 8]),
+            vi("zarg", i, ["batch", 8]),
+            vi("zlow", i, ["batch", "seq", 1]),
+            vi("lens", i, ["batch"]),
+        ],
         inits,
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8
-    onnx.save(m, str(tmp_path / "red.onnx"))
-    out = _compile(tmp_path / "red.onnx", ("batch=1..8",), tmp_path / "out")
+    onnx.save(m, str(path))
+    return m
+
+
+def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None:
+    """Reductions over trailing fixed axes (rows of the run's count), Slice and Split of
+    fixed axes, ArgMax over the last, with the batch symbolic; reductions and arg
+    reductions over symbolic axes (the run's extents read by the kernel); against
+    onnxruntime. A slice of the symbolic axis itself is refused, naming the node."""
+    m = _reductions(tmp_path / "red.onnx")
+    c = numpy_helper.from_array
+    vi = helper.make_tensor_value_info
+    out = _compile(tmp_path / "red.onnx", ("batch=1..8", "seq=1..16"), tmp_path / "out")
     build(out, "host", quick=True)
-    for b in (1, 8, 3):
-        x = np.random.default_rng(b).standard_normal((b, 6, 4)).astype(np.float32)
-        ref = run_onnxruntime(m, {"x": x})
-        got, _ = run(out, {"x": x})
-        assert max_rel_error(got["s"], ref["s"]) <= TOL and np.array_equal(got["arg"], ref["arg"])
+    with Project(out).load("host") as model:
+        for b, t in ((1, 1), (8, 16), (3, 5), (8, 3), (2, 16)):
+            rng = np.random.default_rng(b * t)
+            z = rng.standard_normal((b, t, 8)).astype(np.float32)
+            z[:, :, 5] = z[:, :, 2]  # ties: the first (ArgMax) and the last (select_last_index)
+            feeds = {
+                "x": rng.standard_normal((b, 6, 4)).astype(np.float32),
+                "z": z,
+                "m": rng.integers(0, 2, (b, t)).astype(np.int64),
+            }
+            ref, got = run_onnxruntime(m, feeds), model.run(feeds)
+            for name, want in ref.items():
+                assert got[name].shape == want.shape, (b, t, name)
+                if want.dtype == np.int64:
+                    assert np.array_equal(got[name], want), (b, t, name)
+                else:
+                    assert max_rel_error(got[name], want) <= TOL, (b, t, name)
 
     # the last row of the batch: a start that moves with the batch
     m.graph.node.append(helper.make_node("Slice", ["x", "last", "end", "zero"], ["lastrow"]))
@@ -1095,7 +1159,7 @@ def test_reductions_slices_and_splits_over_a_symbolic_batch(tmp_path: Path) -> N
     onnx.save(m, str(tmp_path / "red2.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graph = load_model(ModelArgs(path=tmp_path / "red2.onnx", dims=("batch=2..8",)))
+        graph = load_model(ModelArgs(path=tmp_path / "red2.onnx", dims=("batch=2..8", "seq=1..16")))
     with pytest.raises(CodegenError, match="Slice takes the first axis"):
         compile_graph(graph, tmp_path / "out2")
 

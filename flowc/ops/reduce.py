@@ -346,12 +346,15 @@ def emit_reduce(prog: Program, node: Node) -> None:
     count = math.prod(shape[k] for k in axes) or 1
     groups = _merged_axes(shape, axes)
     rows_only = bool(groups) and groups[-1][1] and not any(red for _, red in groups[:-1])
-    if prog.is_sized(node) and (0 in axes or not rows_only):
-        raise prog.fail(
-            "with symbolic dims, a reduction runs over trailing fixed axes only (rows of the "
-            "run's count); this one reduces a symbolic axis or leaves a fixed one after the "
-            "reduced ones"
-        )
+    if prog.is_sized(node):
+        sized = _sized_groups(prog, x.type, axes)
+        # rows of fixed length (the reduced axes trailing and fixed): the row kernel over
+        # the run's rows; else one thread per output walks the run's reduced axes
+        rows_only = sized[-1][1] and isinstance(sized[-1][0], int)
+        rows_only = rows_only and not any(red for _, red in sized[:-1])
+        if not rows_only:
+            _emit_reduce_sized(prog, node, sized)
+            return
     if rows_only:
         spec = _reduce_spec(node.op, x.type.dtype)
         cols = groups[-1][0]
@@ -368,6 +371,65 @@ def emit_reduce(prog: Program, node: Node) -> None:
         stride *= size
     k = prog.kernel(TEMPLATE, "reduce_strided", **spec, kept=kept, reduced=reduced, count=count)
     prog.launch(k, n_out, [prog.cptr(x), prog.ptr(y), f"(int64_t){n_out}"])
+
+
+Size = int | str  # a dim's size, or its C++ over a kernel's run-time `sizes`
+
+
+def _sized_groups(prog: Program, t: TensorType, axes: Axes) -> list[tuple[Size, bool]]:
+    """_merged_axes for a type with symbolic dims: each run's size a number where its dims
+    are fixed, else C++ over the kernel's ``sizes``."""
+    groups: list[tuple[Size, bool]] = []
+    for k, d in enumerate(t.shape):
+        symbolic = t.sym is not None and t.sym[k] is not None
+        if d == 1 and not symbolic:
+            continue
+        size: Size = f"({prog.dim(t, k)})" if symbolic else d
+        red = k in axes
+        if groups and groups[-1][1] == red:
+            size = _times(groups[-1][0], size)
+            groups[-1] = (size, red)
+        else:
+            groups.append((size, red))
+    return groups
+
+
+def _times(a: Size, b: Size) -> Size:
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    return f"({a} * {b})"
+
+
+def _emit_reduce_sized(prog: Program, node: Node, groups: list[tuple[Size, bool]]) -> None:
+    """The strided kernel with the run's sizes: its output count, strides and (Mean) the
+    reduced count read from the device table, so a captured launch serves every size."""
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    spec = _reduce_spec(node.op, x.type.dtype)
+    kept: list[dict[str, Size]] = []
+    reduced: list[dict[str, Size]] = []
+    stride: Size = 1
+    total: Size = 1
+    count: Size = 1
+    for size, red in reversed(groups):
+        (reduced if red else kept).insert(0, {"size": size, "stride": stride})
+        stride = _times(stride, size)
+        if red:
+            count = _times(count, size)
+        else:
+            total = _times(total, size)
+    # the mean of nothing (a count of 0 rows) is 0: divide the zero sum by 1
+    count_text = str(count or 1) if isinstance(count, int) else f"({count} > 0 ? {count} : 1)"
+    k = prog.kernel(
+        TEMPLATE,
+        "reduce_strided",
+        **spec,
+        kept=kept,
+        reduced=reduced,
+        count=count_text,
+        total=f"static_cast<int64_t>({total})",
+    )
+    prog.launch_sized(k, prog.numel(y.type), [prog.cptr(x), prog.ptr(y)])
 
 
 def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
@@ -387,10 +449,21 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
             "better": ">" if largest else "<",
             "last": bool(attrs["select_last_index"]),
         }
-        if prog.is_sized(node) and (inner != 1 or int(attrs["axis"]) % len(shape) == 0):
-            raise prog.fail(
-                "with symbolic dims, an arg reduction runs over the last axis, a fixed one"
+        axis = int(attrs["axis"]) % len(shape)
+        sym = x.type.sym or (None,) * len(shape)
+        if prog.is_sized(node) and (inner != 1 or sym[axis] is not None):
+            # one thread per output walks the axis, all three extents the run's
+            t_ = x.type
+            k = prog.kernel(
+                TEMPLATE,
+                "arg_strided",
+                **params,
+                extent=f"({prog.dim(t_, axis)})",
+                inner=prog.count(t_, axis + 1, t_.rank, "sizes"),
+                total=f"static_cast<int64_t>({prog.numel(y.type, 'sizes')})",
             )
+            prog.launch_sized(k, prog.numel(y.type), [prog.cptr(x), prog.ptr(y)])
+            return
         if inner == 1:
             k = prog.kernel(TEMPLATE, "arg_rows", **params)
             launch_rows(prog, k, x, y, outer, extent)
@@ -592,7 +665,7 @@ def reduction(
         onnx_import=adapt,
         sbp=_reduce_sbp(linear),
         emit=emit_reduce,
-        sized_leading=True,
+        sized=True,
     )
 
 
@@ -655,7 +728,7 @@ def arg_reduction(name: str, largest: bool) -> None:
         flops=_input_flops,
         sbp=_arg_sbp,
         emit=emit_arg(largest),
-        sized_leading=True,
+        sized=True,
     )
 
 
