@@ -712,13 +712,14 @@ def compile_train_pipeline(
 
 
 def pass_list(
-    precision: str = "fp32", compiled: bool = True, placed: bool = False
+    precision: str = "fp32", compiled: bool = True, placed: bool = False, symbolic: bool = False
 ) -> tuple[str, ...]:
     """The passes a graph goes through before placement and code generation: one list for
     one device, a mesh and a pipeline, the fusions included; ``placed`` (the graph is to be
-    split over devices) adds split_projections in front of them. ``compiled=False``: the
-    import clean-up alone, what eval and convert read."""
-    return compile_passes(precision, placed) if compiled else DEFAULT_PIPELINE
+    split over devices) adds split_projections in front of them; ``placed`` and
+    ``symbolic`` (symbolic dims) read GEMM operands packed. ``compiled=False``: the import
+    clean-up alone, what eval and convert read."""
+    return compile_passes(precision, placed, symbolic) if compiled else DEFAULT_PIPELINE
 
 
 def load_model(
@@ -789,7 +790,8 @@ def load_model(
             for v in graph.values():
                 v.sbp = None
         dump_after = set(model.dump_after) if record else set()
-        pm = PassManager(pass_list(precision, compiled, placed), dump_after=dump_after)
+        symbolic = bool(ranges) or bool(graph.symbols)
+        pm = PassManager(pass_list(precision, compiled, placed, symbolic), dump_after=dump_after)
         graph = pm.run(graph)
         if record:
             decisions.update(graph.fold_decisions)

@@ -1165,17 +1165,55 @@ def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None
 
 
 def _transposes(path: Path) -> onnx.ModelProto:
+    """Transposes that move b and s; an attention layer left unfused (ReLU for the softmax):
+    products whose matrices change size, q K^T (s x s) and P V (contracting over s, a bias
+    added), and a Gram matrix x x^T."""
+    rng = np.random.default_rng(3)
+    c = numpy_helper.from_array
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return c((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [
+        weight("Wq", 16, 16),
+        weight("Wk", 16, 16),
+        weight("Wv", 16, 16),
+        weight("bias", 8),
+        c(np.array(0.25, np.float32), "scale"),
+        c(np.array([0, 0, 2, 8], np.int64), "heads"),
+    ]
     nodes = [
         helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
         helper.make_node("Relu", ["t"], ["y"]),
         helper.make_node("Transpose", ["x"], ["z"], perm=[2, 0, 1]),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["gram"]),
+    ]
+    for w in "qkv":
+        nodes.append(helper.make_node("MatMul", ["h", f"W{w}"], [f"{w}0"]))
+        nodes.append(helper.make_node("Reshape", [f"{w}0", "heads"], [f"{w}1"]))
+        perm = [0, 2, 3, 1] if w == "k" else [0, 2, 1, 3]
+        nodes.append(helper.make_node("Transpose", [f"{w}1"], [w], perm=perm))
+    nodes += [
+        helper.make_node("MatMul", ["q", "k"], ["s0"]),
+        helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["p"]),
+        helper.make_node("MatMul", ["p", "v"], ["o0"]),
+        helper.make_node("Add", ["o0", "bias"], ["o"]),
     ]
     vi = helper.make_tensor_value_info
+    f = TensorProto.FLOAT
     g = helper.make_graph(
         nodes,
         "tr",
-        [vi("x", TensorProto.FLOAT, ["b", "s", 3])],
-        [vi("y", TensorProto.FLOAT, ["s", "b", 3]), vi("z", TensorProto.FLOAT, [3, "b", "s"])],
+        [vi("x", f, ["b", "s", 3]), vi("h", f, ["b", "s", 16])],
+        [
+            vi("y", f, ["s", "b", 3]),
+            vi("z", f, [3, "b", "s"]),
+            vi("gram", f, ["b", "s", "s"]),
+            vi("o", f, ["b", 2, "s", 8]),
+        ],
+        inits,
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
@@ -1183,17 +1221,29 @@ def _transposes(path: Path) -> onnx.ModelProto:
     return m
 
 
-def test_transposes_that_move_symbolic_dims(tmp_path: Path) -> None:
+def test_transposes_and_products_that_move_symbolic_dims(tmp_path: Path) -> None:
     """Batch and sequence moved by Transpose (seq-first layouts, heads before tokens): the
-    run's dims and strides from the size table, against onnxruntime."""
+    run's dims and strides from the size table; products of matrices whose sizes change
+    (flowc's tiled kernel, its extents and steps from the table); against onnxruntime."""
     m = _transposes(tmp_path / "tr.onnx")
     out = _compile(tmp_path / "tr.onnx", ("b=1..4", "s=1..9"), tmp_path / "out")
     build(out, "host", quick=True)
-    for b, s in [(1, 1), (4, 9), (3, 5)]:
-        x = np.random.default_rng(b + s).standard_normal((b, s, 3)).astype(np.float32)
-        got, _ = run(out, {"x": x})
-        for k, v in run_onnxruntime(m, {"x": x}).items():
-            assert np.array_equal(got[k], v), (b, s, k)
+    code = (out / "model.cu").read_text()
+    assert code.count("matmul_tiled_sized(const") == 3, "q K^T, P V and x x^T"
+    with Project(out).load("host") as model:
+        for b, s in [(1, 1), (4, 9), (3, 5), (2, 9), (4, 2)]:
+            rng = np.random.default_rng(b + s)
+            feeds = {
+                "x": rng.standard_normal((b, s, 3)).astype(np.float32),
+                "h": rng.standard_normal((b, s, 16)).astype(np.float32),
+            }
+            got = model.run(feeds)
+            for k, v in run_onnxruntime(m, feeds).items():
+                assert got[k].shape == v.shape, (b, s, k)
+                if k in ("y", "z"):
+                    assert np.array_equal(got[k], v), (b, s, k)
+                else:
+                    assert max_rel_error(got[k], v) <= TOL, (b, s, k)
 
 
 def test_concat_places_each_input_at_its_run_time_offset(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flowc.codegen.cpp import CTYPES, c_float
+from flowc.codegen.cpp import CTYPES, MAX_GRID, c_float
 from flowc.ir.dtype import DType
 from flowc.ir.graph import Attrs, Node, Value
 from flowc.ir.types import Sbp, TensorType
@@ -324,9 +324,12 @@ def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
         or g.bias_grad is not None
         or (g.bias is not None and g.bias.type.sym is not None)
     ):
+        if _emit_tiled_sized(prog, g):
+            return
         raise prog.fail(
-            "a product with symbolic dims is size-generic only as packed rows times a "
-            f"matrix of fixed size (A {g.a.type}, B {g.b.type})"
+            "a product with symbolic dims is size-generic as packed rows times a matrix of "
+            "fixed size, or as packed (or transposed) operands with a forward epilogue "
+            f"(A {g.a.type}, B {g.b.type})"
         )
     trans_b, ldb = mb
     rows_bound = g.a.type.numel // max(k, 1)
@@ -364,6 +367,84 @@ def _emit_gemm_sized(prog: Program, node: Node, g: GemmCall) -> None:
         bias=prog.cptr(g.bias) if g.bias is not None else None,
         stream=prog.stream,
     )
+
+
+def _stored(v: Value, view: Operand) -> bool | None:
+    """Whether ``view`` reads ``v`` transposed (False: as it is packed; None: neither)."""
+    packed = Operand.packed(v.type.shape)
+    if view.shape == v.type.shape and view.same(packed):
+        return False
+    if v.type.rank >= 2 and view.same(packed.transposed()):
+        return True
+    return None
+
+
+# The tiled kernel's tile edge: 16 x 16 outputs per block of 256 threads.
+_TILE = 16
+
+
+def _emit_tiled_sized(prog: Program, g: GemmCall) -> bool:
+    """A product whose matrices change size (attention's q K^T and P V unfused, a Gram
+    matrix): flowc's tiled kernel, every extent and step read from the run's sizes (a
+    library call would need the bucket's layout, the operands hold the run's packed).
+    False when the operands are views other than a transpose, or the epilogue is a
+    backward one."""
+    ta, tb = _stored(g.a, g.a_view), _stored(g.b, g.b_view)
+    if ta is None or tb is None or g.aux is not None or g.bias_grad is not None:
+        return False
+    if g.residual is None and g.beta != 0.0:
+        return False
+    at, bt, ot = g.a.type, g.b.type, g.out.type
+    ra, rb, ro = at.rank, bt.rank, ot.rank
+    if ot.rank < 2 or len(g.out_batch) != ro - 2:
+        return False
+
+    def dim(t: TensorType, axis: int) -> str:
+        return f"({prog.dim(t, axis)})"
+
+    def step(t: TensorType, axis: int) -> str:
+        return f"({prog.count(t, axis + 1, t.rank, 'sizes')})"
+
+    batch = []
+    for i in range(ro - 2):
+        if ot.shape[i] == 1 and (ot.sym is None or ot.sym[i] is None):
+            continue
+        steps = []
+        for t, r in ((at, ra), (bt, rb)):
+            j = i - (ro - r)
+            moves = j >= 0 and (t.shape[j] != 1 or (t.sym is not None and t.sym[j] is not None))
+            steps.append(step(t, j) if moves else "")
+        batch.append({"size": dim(ot, i), "sa": steps[0], "sb": steps[1]})
+    # A(row, kk) and B(kk, col) in their buffers: packed, or transposed packed
+    a_row, a_col = ("1", dim(at, ra - 1)) if ta else (dim(at, ra - 1), "1")
+    b_row, b_col = ("1", dim(bt, rb - 1)) if tb else (dim(bt, rb - 1), "1")
+    dt = g.a.type.dtype
+    name = prog.kernel(
+        "matmul.cu.j2",
+        "matmul_tiled_sized",
+        ctype=CTYPES[dt],
+        m=dim(ot, ro - 2),
+        n=dim(ot, ro - 1),
+        k=dim(at, ra - 2 if ta else ra - 1),
+        batch=batch,
+        batch_total=f"({prog.count(ot, 0, ro - 2, 'sizes')})",
+        a_row=a_row,
+        a_col=a_col,
+        b_row=b_row,
+        b_col=b_col,
+        alpha=c_float(g.alpha, "float"),
+        beta=c_float(g.beta, "float"),
+        has_bias=g.bias is not None,
+        has_c=g.residual is not None,
+        epilogue=_EPILOGUES[g.activation][g.bias is not None],
+    )
+    args = [prog.cptr(g.a), prog.cptr(g.b)]
+    args += [prog.cptr(v) for v in (g.bias, g.residual) if v is not None]
+    m_host, n_host = prog.dim(ot, ro - 2, "hdims"), prog.dim(ot, ro - 1, "hdims")
+    tiles = f"(({m_host}) + {_TILE - 1}) / {_TILE} * ((({n_host}) + {_TILE - 1}) / {_TILE})"
+    grid = [prog.grid(tiles, 1, MAX_GRID), prog.grid(prog.count(ot, 0, ro - 2), 1, 65535)]
+    prog.launch_grid(name, grid, _TILE * _TILE, [*args, prog.ptr(g.out), "ddims"])
+    return True
 
 
 def emit_gemm(prog: Program, node: Node, g: GemmCall) -> None:

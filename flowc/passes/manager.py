@@ -88,13 +88,17 @@ COMPILE_PIPELINE = (
 )
 
 
-def compile_pipeline(precision: str = "fp32", placed: bool = False) -> tuple[str, ...]:
+def compile_pipeline(
+    precision: str = "fp32", placed: bool = False, symbolic: bool = False
+) -> tuple[str, ...]:
     """What `flowc compile --precision P` runs: COMPILE_PIPELINE, with the narrow storage
     pass (passes/precision.py) before widen_types for bf16 and fp16. ``placed`` (a graph
     that the placement search will split over devices): split_projections first, so each of
     q, k and v is a projection whose weight columns split by heads (on one device the fused
     projection stays one GEMM, whose output attention reads as three views), and GEMM
-    operands read packed (fuse_gemm_packed: a strided view cannot split)."""
+    operands read packed (fuse_gemm_packed: a strided view cannot split). ``symbolic`` (a
+    program with symbolic dims) reads them packed too: a view's strides would change with
+    the sizes (the Transpose it would absorb runs as a size-generic kernel instead)."""
     passes: tuple[str, ...] = COMPILE_PIPELINE
     if precision in ("bf16", "fp16"):
         at = passes.index("widen_types")
@@ -102,5 +106,6 @@ def compile_pipeline(precision: str = "fp32", placed: bool = False) -> tuple[str
     if placed:
         at = len(DEFAULT_PIPELINE)
         passes = (*passes[:at], "split_projections", *passes[at:])
+    if placed or symbolic:
         passes = tuple("fuse_gemm_packed" if p == "fuse_gemm" else p for p in passes)
     return passes
