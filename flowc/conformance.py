@@ -1001,7 +1001,7 @@ def support_table(
         "",
         "flowc compiles ahead of time for fixed shapes, so every case is imported with its "
         "test inputs' shapes (like `--shape`). Where a node needs an input's value at compile "
-        "time (Reshape's shape, Reduce axes, Slice starts, Resize sizes, TopK's k, ...) and the "
+        "time (Reshape's shape, Reduce axes, Slice starts, Resize sizes, ...) and the "
         "case feeds it as a graph input, the runner binds that input to its test value as a "
         f"constant: {len(frozen)} cases needed that. *folded* counts host passes whose whole "
         "graph folded to constants at compile time (no kernel ran).",
