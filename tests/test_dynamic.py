@@ -1066,7 +1066,9 @@ def _reductions(path: Path) -> onnx.ModelProto:
     """Reductions over trailing fixed axes, Slice and Split of fixed axes and ArgMax over
     the last of x [batch, 6, 4]; reductions and arg reductions over the symbolic axes of
     z [batch, seq, 8] and m [batch, seq] (mean pooling over seq, the whole tensor, axes 0
-    and 2, the log-sum-exp over seq last, the lengths of a 0/1 mask)."""
+    and 2, the log-sum-exp over seq last, the lengths of a 0/1 mask); z split along its
+    last axis, sliced along seq from its front (the first token, all but it) and along the
+    last backwards."""
     c = numpy_helper.from_array
     inits = [
         c(np.array([1], np.int64), "one"),
@@ -1075,6 +1077,11 @@ def _reductions(path: Path) -> onnx.ModelProto:
         c(np.array([-1], np.int64), "last"),
         c(np.array([2, 2], np.int64), "halves"),
         c(np.array([0, 2], np.int64), "ax02"),
+        c(np.array([4, 4], np.int64), "halves4"),
+        c(np.array([0], np.int64), "zero"),
+        c(np.array([1 << 40], np.int64), "end"),
+        c(np.array([7], np.int64), "seven"),
+        c(np.array([-3], np.int64), "minus3"),
     ]
     nodes = [
         helper.make_node("ReduceMean", ["x", "last"], ["mean"], keepdims=1),
@@ -1093,6 +1100,10 @@ def _reductions(path: Path) -> onnx.ModelProto:
         helper.make_node("ArgMax", ["z"], ["zarg"], axis=1, keepdims=0),
         helper.make_node("ArgMin", ["z"], ["zlow"], axis=-1, select_last_index=1),
         helper.make_node("ReduceSum", ["m", "last"], ["lens"], keepdims=0),
+        helper.make_node("Split", ["z", "halves4"], ["z_lo", "z_hi"], axis=2),
+        helper.make_node("Slice", ["z", "zero", "one", "one"], ["cls"]),
+        helper.make_node("Slice", ["z", "one", "end", "one"], ["tail"]),
+        helper.make_node("Slice", ["z", "seven", "zero", "last", "minus3"], ["every3"]),
     ]
     vi = helper.make_tensor_value_info
     f, i = TensorProto.FLOAT, TensorProto.INT64
@@ -1115,6 +1126,11 @@ def _reductions(path: Path) -> onnx.ModelProto:
             vi("zarg", i, ["batch", 8]),
             vi("zlow", i, ["batch", "seq", 1]),
             vi("lens", i, ["batch"]),
+            vi("z_lo", f, ["batch", "seq", 4]),
+            vi("z_hi", f, ["batch", "seq", 4]),
+            vi("cls", f, ["batch", 1, 8]),
+            vi("tail", f, ["batch", "seq - 1", 8]),
+            vi("every3", f, ["batch", "seq", 2]),
         ],
         inits,
     )
@@ -1130,7 +1146,6 @@ def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None
     reductions over symbolic axes (the run's extents read by the kernel); against
     onnxruntime. A slice of the symbolic axis itself is refused, naming the node."""
     m = _reductions(tmp_path / "red.onnx")
-    c = numpy_helper.from_array
     vi = helper.make_tensor_value_info
     out = _compile(tmp_path / "red.onnx", ("batch=1..8", "seq=1..16"), tmp_path / "out")
     build(out, "host", quick=True)
@@ -1154,7 +1169,6 @@ def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None
 
     # the last row of the batch: a start that moves with the batch
     m.graph.node.append(helper.make_node("Slice", ["x", "last", "end", "zero"], ["lastrow"]))
-    m.graph.initializer.extend([c(np.array([0], np.int64), "zero"), c(np.array([1 << 40]), "end")])
     m.graph.output.append(vi("lastrow", TensorProto.FLOAT, [1, 6, 4]))
     onnx.save(m, str(tmp_path / "red2.onnx"))
     with warnings.catch_warnings():
@@ -1162,6 +1176,16 @@ def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None
         graph = load_model(ModelArgs(path=tmp_path / "red2.onnx", dims=("batch=2..8", "seq=1..16")))
     with pytest.raises(CodegenError, match="Slice takes the first axis"):
         compile_graph(graph, tmp_path / "out2")
+    # the last token: a start that moves with seq
+    del m.graph.node[-1], m.graph.output[-1]
+    m.graph.node.append(helper.make_node("Slice", ["z", "last", "end", "one"], ["last_token"]))
+    m.graph.output.append(vi("last_token", TensorProto.FLOAT, ["batch", 1, 8]))
+    onnx.save(m, str(tmp_path / "red3.onnx"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = load_model(ModelArgs(path=tmp_path / "red3.onnx", dims=("batch=2..8", "seq=2..16")))
+    with pytest.raises(CodegenError, match=r"symbolic axis 1 .* from a start counted from its"):
+        compile_graph(graph, tmp_path / "out3")
 
 
 def _transposes(path: Path) -> onnx.ModelProto:

@@ -222,8 +222,16 @@ def _split_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 def _split_emit(prog: Program, node: Node) -> None:
     x = node_input(node, 0)
     axis = node_attrs(node)["axis"] % x.type.rank
-    if prog.is_sized(node) and axis == 0:
-        raise prog.fail("with symbolic dims, Split cuts fixed axes only, not the first")
+    symbolic_axis = x.type.sym is not None and x.type.sym[axis] is not None
+    if prog.is_sized(node) and (axis == 0 or symbolic_axis):
+        raise prog.fail("with symbolic dims, Split cuts a fixed axis, not the first")
+    if prog.is_sized(node) and not prog.leading_only(node):
+        at = 0
+        for o in node.outputs:
+            starts = [at if k == axis else 0 for k in range(x.type.rank)]
+            emit_gather_sized(prog, x, o, starts, [1] * x.type.rank)
+            at += o.type.shape[axis]
+        return
     xs = row_major_strides(x.type.shape)
     at = 0
     for o in node.outputs:
@@ -266,7 +274,7 @@ defop(
     outputs=(1, MANY),
     onnx_import=_split_import,
     emit=_split_emit,
-    sized_leading=True,
+    sized=True,
     sbp=_split_sbp,
 )
 
@@ -385,6 +393,9 @@ def _slice_emit(prog: Program, node: Node) -> None:
         (n, (sl.step or 1) * st, d)
         for n, sl, st, d in zip(shape, slices, xs, row_major_strides(shape), strict=True)
     ]
+    if prog.is_sized(node) and not prog.leading_only(node):
+        _slice_sized(prog, node, slices)
+        return
     if x.type.sym is not None and x.type.sym[0] is not None:
         sl = slices[0]
         if (sl.start or 0) != 0 or (sl.step or 1) != 1:
@@ -396,6 +407,50 @@ def _slice_emit(prog: Program, node: Node) -> None:
     emit_box(prog, x, first, out, 0, box)
 
 
+def _slice_sized(prog: Program, node: Node, slices: tuple[slice, ...]) -> None:
+    """Slice where a dim other than the first is symbolic: a symbolic axis is read from a
+    start counted from its front with a positive step (a start from its end moves with the
+    sizes); every axis's start and step apply to the run's strides."""
+    x = node_input(node, 0)
+    starts, axes = const_input(node, 1), const_input(node, 3)
+    assert starts is not None
+    rank = x.type.rank
+    given = list(range(len(starts))) if axes is None else [a % rank for a in ints(axes)]
+    raw = dict(zip(given, ints(starts), strict=True))
+    sym = x.type.sym or (None,) * rank
+    for k in range(rank):
+        step = slices[k].step or 1
+        if sym[k] is not None and k in raw and (raw[k] < 0 or step < 0):
+            raise prog.fail(
+                f"with symbolic dims, Slice reads symbolic axis {k} ({sym[k]}) from a start "
+                "counted from its front, forwards; a start from its end or a negative step "
+                "moves with the sizes"
+            )
+    emit_gather_sized(
+        prog, x, node.outputs[0], [s.start or 0 for s in slices], [s.step or 1 for s in slices]
+    )
+
+
+def emit_gather_sized(
+    prog: Program, x: Value, out: Value, starts: list[int], steps: list[int]
+) -> None:
+    """``out`` = x[starts[k]::steps[k] for each axis k] with out's dims, for a program with
+    symbolic dims: the offsets and strides are the run's (transpose_sized with a first
+    element)."""
+    rank = x.type.rank
+    strides = [prog.count(x.type, k + 1, rank, "sizes") for k in range(rank)]
+    first = " + ".join(f"{b} * {s}" for b, s in zip(starts, strides, strict=True) if b)
+    name = prog.kernel(
+        "shape.cu.j2",
+        "transpose_sized",
+        ctype=prog.ctype(out),
+        dims=[prog.dim(out.type, k) for k in range(rank)],
+        strides=[s if st == 1 else f"{st} * {s}" for s, st in zip(strides, steps, strict=True)],
+        first=first,
+    )
+    prog.launch_sized(name, prog.numel(out.type), [prog.cptr(x), prog.ptr(out)])
+
+
 defop(
     "Slice",
     FAMILY,
@@ -404,7 +459,7 @@ defop(
     inputs=(3, 5),
     onnx_import=_slice_import,
     emit=_slice_emit,
-    sized_leading=True,
+    sized=True,
     sbp=_slice_sbp,
 )
 
