@@ -393,24 +393,20 @@ def _slice_emit(prog: Program, node: Node) -> None:
         (n, (sl.step or 1) * st, d)
         for n, sl, st, d in zip(shape, slices, xs, row_major_strides(shape), strict=True)
     ]
-    if prog.is_sized(node) and not prog.leading_only(node):
-        _slice_sized(prog, node, slices)
-        return
-    if x.type.sym is not None and x.type.sym[0] is not None:
+    if x.type.sym is not None:
         sl = slices[0]
-        if (sl.start or 0) != 0 or (sl.step or 1) != 1:
-            # (a start counted from the end of a symbolic axis moves with the sizes)
-            raise prog.fail(
-                "with symbolic dims, Slice takes the first axis (symbolic) from its start, "
-                "one by one"
-            )
+        moves = x.type.sym[0] is not None and ((sl.start or 0) != 0 or (sl.step or 1) != 1)
+        if moves or not prog.leading_only(node):
+            _slice_sized(prog, node, slices)
+            return
     emit_box(prog, x, first, out, 0, box)
 
 
 def _slice_sized(prog: Program, node: Node, slices: tuple[slice, ...]) -> None:
-    """Slice where a dim other than the first is symbolic: a symbolic axis is read from a
-    start counted from its front with a positive step (a start from its end moves with the
-    sizes); every axis's start and step apply to the run's strides."""
+    """Slice of a program with symbolic dims, beyond a symbolic batch taken whole: each
+    axis's start and step over the run's strides. A symbolic axis's start is the run's,
+    clamped as at any size (``x[-1:]``, the last token: its length plus -1; a negative
+    step: at most its last element)."""
     x = node_input(node, 0)
     starts, axes = const_input(node, 1), const_input(node, 3)
     assert starts is not None
@@ -418,28 +414,27 @@ def _slice_sized(prog: Program, node: Node, slices: tuple[slice, ...]) -> None:
     given = list(range(len(starts))) if axes is None else [a % rank for a in ints(axes)]
     raw = dict(zip(given, ints(starts), strict=True))
     sym = x.type.sym or (None,) * rank
-    for k in range(rank):
-        step = slices[k].step or 1
-        if sym[k] is not None and k in raw and (raw[k] < 0 or step < 0):
-            raise prog.fail(
-                f"with symbolic dims, Slice reads symbolic axis {k} ({sym[k]}) from a start "
-                "counted from its front, forwards; a start from its end or a negative step "
-                "moves with the sizes"
-            )
-    emit_gather_sized(
-        prog, x, node.outputs[0], [s.start or 0 for s in slices], [s.step or 1 for s in slices]
-    )
+    first: list[int | str] = []
+    for k, sl in enumerate(slices):
+        if sym[k] is None or k not in raw:
+            first.append(sl.start or 0)
+            continue
+        d = f"({prog.dim(x.type, k)})"
+        at = f"({d} + {raw[k]})" if raw[k] < 0 else str(raw[k])
+        top = d if (sl.step or 1) > 0 else f"({d} - 1)"
+        first.append(f"({at} < 0 ? 0 : ({at} > {top} ? {top} : {at}))")
+    emit_gather_sized(prog, x, node.outputs[0], first, [s.step or 1 for s in slices])
 
 
 def emit_gather_sized(
-    prog: Program, x: Value, out: Value, starts: list[int], steps: list[int]
+    prog: Program, x: Value, out: Value, starts: Sequence[int | str], steps: list[int]
 ) -> None:
     """``out`` = x[starts[k]::steps[k] for each axis k] with out's dims, for a program with
     symbolic dims: the offsets and strides are the run's (transpose_sized with a first
     element)."""
     rank = x.type.rank
     strides = [prog.count(x.type, k + 1, rank, "sizes") for k in range(rank)]
-    first = " + ".join(f"{b} * {s}" for b, s in zip(starts, strides, strict=True) if b)
+    first = " + ".join(f"{b} * {s}" for b, s in zip(starts, strides, strict=True) if b != 0)
     name = prog.kernel(
         "shape.cu.j2",
         "transpose_sized",
