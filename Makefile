@@ -15,7 +15,7 @@ APT_PKGS := g++ clang-format libopenblas-dev libboost-context-dev libopenmpi-dev
             graphviz chromium
 CXX_SOURCES = $(shell find runtime_cpp tests/runtime bench -name '*.h' -o -name '*.cu' 2>/dev/null)
 
-.PHONY: setup sysdeps test lint typecheck pytest demo bench clean gpu-prepare gpu-check gpu-anchors
+.PHONY: setup sysdeps test lint typecheck pytest demo bench clean gpu-prepare gpu-check gpu-anchors gpu-dynamic
 
 setup: $(STAMP) sysdeps
 
@@ -84,6 +84,10 @@ TRAIN_ARGS ?=
 
 gpu-check:
 	$(GPU_RUN) check $(GPU_DRY) $(GPU_ARGS); rc=$$?; $(TRAIN_RUN) $(TRAIN_ARGS) || rc=1; exit $$rc
+
+# One BERT-base program over batch=1..32, seq=1..512 beside static builds (docs/dynamic.md).
+gpu-dynamic:
+	$(GPU_RUN) dynamic $(GPU_DRY)
 
 gpu-anchors:
 	$(GPU_RUN) anchors $(GPU_DRY) $(GPU_ARGS)

@@ -4,6 +4,7 @@ each (docs/performance.md, "GPU checks").
     python3 bench/gpu/gpu_check.py check   [--dry-run] [--models ...] [--batches 1,32]
                                            [--precisions fp32,tf32,bf16] [--budget-s S]
     python3 bench/gpu/gpu_check.py anchors [--dry-run] [--models ...] [--batches 1,32]
+    python3 bench/gpu/gpu_check.py dynamic [--dry-run] [--budget-s S]
 
 `check` (at most 6 minutes on one H200), in order:
   1. set-up from .gpu/ (bench/gpu/prepare.sh made it; the GPU machine fetches nothing):
@@ -25,6 +26,14 @@ each (docs/performance.md, "GPU checks").
 `anchors` (at most 5 minutes): torch.compile (bf16, batch 1 and 32; default mode first,
 then reduce-overhead while time is left) beside eager, in bench/results/gpu-anchors.*,
 with flowc's bf16 latency from gpu-check.json of the same device when there is one.
+
+`dynamic` (at most 5 minutes; `make gpu-dynamic`): BERT-base exported with a
+dynamic batch and sequence (export_dynamic.py), compiled once with --dim batch=1..32
+--dim seq=1..512 and statically at (1, 128), (8, 128) and (32, 512); at each point both
+programs' median latency (driver --bench), their ratio, the dynamic output against the
+static one's and the static one's against onnxruntime (the small points), in
+bench/results/gpu-dynamic.* (docs/dynamic.md; the dry run: bert_tiny on the host, in
+bench/results/gpu-dynamic-dryrun.*).
 
 `--dry-run` (`make gpu-check DRY=1`): the same steps on a machine without a GPU: tiny
 models (`anchors_gpu.py --tiny`, torch from --torch-python), host builds (flowc's CPU
@@ -777,17 +786,196 @@ def cmd_anchors(a: argparse.Namespace) -> int:
     return 0 if rows else 1
 
 
+# -- dynamic: one program over a range beside static programs -------------------------------
+
+# (batch, seq) where the dynamic BERT-base is timed beside a static build (the issue's).
+DYNAMIC_POINTS = [(1, 128), (8, 128), (32, 512)]
+DYNAMIC_RANGE = (32, 512)
+# The dry run: bert_tiny (the repository's copy) over smaller sizes on the host.
+DRY_POINTS = [(1, 16), (2, 16), (4, 32)]
+DRY_RANGE = (4, 32)
+
+
+def _bert_feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Token ids below 100 (every BERT's vocabulary has them); the last quarter of the second
+    sequence padded (mask 0), as a served batch is."""
+    rng = np.random.default_rng(batch * 1000 + seq)
+    mask = np.ones((batch, seq), np.int64)
+    if batch > 1:
+        mask[1, seq - seq // 4 :] = 0
+    return {
+        "input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
+        "attention_mask": mask,
+    }
+
+
+def _compile_build(
+    model: Path, dims: list[str], proj: Path, target: str, env: dict[str, str], deadline: float
+) -> dict[str, Any]:
+    """`flowc compile MODEL --dim ...` and a quick build (each a process of its own)."""
+    t0 = time.time()
+    cmd = [
+        sys.executable,
+        "-m",
+        "flowc",
+        "compile",
+        str(model),
+        "-o",
+        str(proj),
+        "--target",
+        target,
+    ]
+    for d in dims:
+        cmd += ["--dim", d]
+    rc, out = run_limited(cmd, env, deadline)
+    if rc != 0:
+        return {"built": False, "why": "compile failed: " + out.strip()[-1200:]}
+    t1 = time.time()
+    rc, out = run_limited(
+        [sys.executable, str(Path(__file__).resolve()), "_build", str(proj), target], env, deadline
+    )
+    if rc != 0:
+        return {"built": False, "why": "build failed: " + out.strip()[-1500:]}
+    return {"built": True, "compile_s": round(t1 - t0, 1), "build_s": round(time.time() - t1, 1)}
+
+
+def cmd_dynamic(a: argparse.Namespace) -> int:
+    """BERT-base compiled once with --dim batch=1..32 --dim seq=1..512, beside a static
+    build at each of DYNAMIC_POINTS: at each point both programs' outputs (the dynamic
+    one's against the static one's, and the static one's against onnxruntime) and their
+    median latency (the driver's --bench, CUDA Graph replay), their ratio (the issue's goal:
+    at most 1.10 at a size bucket's end) into bench/results/gpu-dynamic.json."""
+    from flowc.harness.build import bench_figures, run
+    from flowc.harness.compare import max_rel_error
+
+    log = Log()
+    dry = a.dry_run
+    end = log.t0 + a.budget_s
+    target = "host" if dry else "cuda"
+    work = Path(a.work) / "dynamic"
+    work.mkdir(parents=True, exist_ok=True)
+    points, (top_b, top_s) = (DRY_POINTS, DRY_RANGE) if dry else (DYNAMIC_POINTS, DYNAMIC_RANGE)
+    record: dict[str, Any] = {"command": "gpu-dynamic", "dry_run": dry, "target": target}
+    site = None if dry else install_wheels(log)
+    env = child_env([site] if site else [])
+    sys.path[:0] = [str(REPO), *([str(site)] if site else [])]
+    record["device"] = device_name(env)
+    log(f"gpu-dynamic{' --dry-run' if dry else ''}: device {record['device']}, points {points}")
+    model = work / "bert_dynamic.onnx"
+    if dry:
+        shutil.copy(REPO / "tests" / "data" / "models" / "bert_tiny.onnx", model)
+        log("model: bert_tiny (tests/data/models), dynamic batch and seq")
+    else:
+        cmd = [a.torch_python, str(REPO / "bench" / "gpu" / "export_dynamic.py"), str(model)]
+        rc, out = run_limited(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"}, end - 200)
+        log(out.strip()[-600:])
+        if rc != 0:
+            log(f"error: the export failed (exit {rc})")
+            return 1
+    dyn_dims = [f"batch=1..{top_b}", f"seq=1..{top_s}"]
+    jobs = {"dynamic": (dyn_dims, work / "proj_dynamic")}
+    for b, t in points:
+        jobs[f"static {b}x{t}"] = ([f"batch={b}", f"seq={t}"], work / f"proj_static_{b}x{t}")
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+    log(f"flowc compile + build ({target}) of {len(jobs)} projects, {workers} at a time")
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futs = {
+            name: pool.submit(_compile_build, model, dims, proj, target, env, end - 60)
+            for name, (dims, proj) in jobs.items()
+        }
+        builds = {name: f.result() for name, f in futs.items()}
+    for name, r in builds.items():
+        log(
+            f"  {name}: "
+            + (f"built ({r['compile_s']} s + {r['build_s']} s)" if r["built"] else r["why"])
+        )
+    record["builds"] = builds
+    rows = []
+    for b, t in points:
+        row: dict[str, Any] = {"batch": b, "seq": t}
+        rows.append(row)
+        static = f"static {b}x{t}"
+        if not (builds["dynamic"]["built"] and builds[static]["built"]):
+            row["status"] = "not built"
+            continue
+        if time.time() > end - 20:
+            row["status"] = "skipped (budget)"
+            continue
+        feeds = _bert_feeds(b, t)
+        try:
+            got_s, out_s = run(jobs[static][1], feeds, target=target, bench=a.runs)
+            got_d, out_d = run(jobs["dynamic"][1], feeds, target=target, bench=a.runs)
+        except Exception as e:  # a failed run is a result
+            row["status"] = f"RUN FAILED: {str(e).strip()[-300:]}"
+            continue
+        key = "last_hidden_state" if "last_hidden_state" in got_s else next(iter(got_s))
+        fs, fd = bench_figures(out_s), bench_figures(out_d)
+        row.update(
+            static_ms=fs["latency_ms"]["median"],
+            dynamic_ms=fd["latency_ms"]["median"],
+            dynamic_vs_static_error=max_rel_error(got_d[key], got_s[key]),
+        )
+        row["ratio"] = row["dynamic_ms"] / row["static_ms"]
+        if b * t <= 8 * 128:  # onnxruntime on the CPU: the small points
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+            ref = sess.run([key], feeds)[0]
+            row["static_vs_onnxruntime_error"] = max_rel_error(got_s[key], ref)
+        worst = max(row["dynamic_vs_static_error"], row.get("static_vs_onnxruntime_error", 0.0))
+        row["status"] = "ok" if worst <= 1e-3 else "WRONG"
+        log(
+            f"  {b} x {t}: dynamic {row['dynamic_ms']:.3f} ms, static {row['static_ms']:.3f} ms, "
+            f"ratio {row['ratio']:.2f}, error {worst:.1e} {row['status']}"
+        )
+    record["rows"] = rows
+    record["wall_s"] = round(log.elapsed, 1)
+    unit = "host/dry ms" if dry else "ms"
+    head = [
+        "batch x seq",
+        f"dynamic {unit}",
+        f"static {unit}",
+        "ratio",
+        "dyn vs static",
+        "static vs ort",
+        "status",
+    ]
+    body = [
+        [
+            f"{r['batch']} x {r['seq']}",
+            fmt(r.get("dynamic_ms")),
+            fmt(r.get("static_ms")),
+            fmt(r.get("ratio"), ".2f"),
+            fmt(r.get("dynamic_vs_static_error"), ".1e"),
+            fmt(r.get("static_vs_onnxruntime_error"), ".1e"),
+            r.get("status", "-"),
+        ]
+        for r in rows
+    ]
+    log("")
+    log(
+        f"one program for batch=1..{top_b}, seq=1..{top_s} beside a static program per size; "
+        "median latency (driver --bench)" + (" -- host/dry: meaningless as speed" if dry else "")
+    )
+    log.raw(_table(head, body))
+    write_results("gpu-dynamic-dryrun" if dry else "gpu-dynamic", record, log)
+    return 0 if all(r.get("status") == "ok" for r in rows) else 1
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["_build"]:
         return _build_main(argv[1], argv[2])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=["check", "anchors"])
+    ap.add_argument("command", choices=["check", "anchors", "dynamic"])
     ap.add_argument("--dry-run", action="store_true", help="no GPU: tiny models, host builds")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batches", default=None, help="default 1,32 (dry run: 1)")
     ap.add_argument("--precisions", default="fp32,tf32,bf16")
     ap.add_argument(
-        "--budget-s", type=float, default=None, help="default 345 (anchors: 290; dry run: 1800)"
+        "--budget-s",
+        type=float,
+        default=None,
+        help="default 345 (anchors: 290, dynamic: 300; dry run: 1800)",
     )
     ap.add_argument("--runs", type=int, default=None, help="flowc --bench runs (default 50; dry 3)")
     ap.add_argument("--eager-iters", type=int, default=None, help="default 50 (dry run: 3)")
@@ -797,12 +985,14 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     a.batches = a.batches or ("1" if a.dry_run else "1,32")
     # A dry run on two shared cores has no budget to speak of.
-    a.budget_s = a.budget_s or (1800.0 if a.dry_run else 290.0 if a.command == "anchors" else 345.0)
+    budgets = {"check": 345.0, "anchors": 290.0, "dynamic": 300.0}
+    a.budget_s = a.budget_s or (1800.0 if a.dry_run else budgets[a.command])
     a.runs = a.runs or (3 if a.dry_run else 50)
     a.eager_iters = a.eager_iters or (3 if a.dry_run else 50)
     a.work = a.work or ("/tmp/flowc-gpu-dry" if a.dry_run else "/tmp/flowc-gpu")
     with contextlib.suppress(KeyboardInterrupt):
-        return cmd_check(a) if a.command == "check" else cmd_anchors(a)
+        commands = {"check": cmd_check, "anchors": cmd_anchors, "dynamic": cmd_dynamic}
+        return commands[a.command](a)
     return 130
 
 
