@@ -121,8 +121,11 @@ def _topk_emit(prog: Program, node: Node) -> None:
         name = prog.kernel("index.cu.j2", "topk", k=k, **common)
         prog.launch_numel(name, t, [prog.cptr(x), *outs])
         return
-    if count.name is None:
-        raise prog.fail("TopK's output has no computed length")
+    if count.name is None or count.name not in prog.counts:
+        raise prog.fail(
+            f"TopK's k changes with the sizes ({count}): a k of run time is an input's value, "
+            "a k computed from the sizes has no kernel yet"
+        )
     name = prog.kernel(
         "index.cu.j2",
         "topk",
