@@ -89,16 +89,17 @@ def _topk_ref(xs: list[np.ndarray | None], a: Attrs) -> list[np.ndarray]:
 
 
 def _topk_emit(prog: Program, node: Node) -> None:
-    """One thread per element ranks it in its row. A symbolic first dim (not the axis): the
-    run's rows. A k of run time: the kernel reads it and writes it into the size table."""
+    """One thread per element ranks it in its row. Symbolic dims before the axis: the run's
+    rows (the axis and what follows it fixed). A k of run time: the kernel reads it and
+    writes it into the size table."""
     x = node_input(node, 0)
     a = node_attrs(node)
     t = x.type
     axis = a["axis"] % t.rank
-    if t.sym is not None and (t.sym[axis] is not None or any(t.sym[1:])):
+    if t.sym is not None and any(t.sym[axis:]):
         raise prog.fail(
-            "TopK of data with symbolic dims has a kernel when only the first dim is symbolic "
-            f"and it is not the axis; here {t} along axis {axis}"
+            "TopK of data with symbolic dims has a kernel where the axis and the dims after "
+            f"it are fixed; here {t} along axis {axis}"
         )
     out = node.outputs[0]
     count = out.type.sym[axis] if out.type.sym is not None else None
