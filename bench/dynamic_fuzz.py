@@ -1,7 +1,7 @@
 """Differential fuzzing of programs with symbolic dims (docs/dynamic.md): random ONNX graphs
 of the size-generic ops over x [b, s, 6, 5] (reductions and arg reductions over random axes,
 slices with random starts, ends and steps, products of matrices whose sizes change, softmax,
-concatenation, element-wise broadcasting, TopK with a k of run time), each compiled once with
+concatenation, element-wise broadcasting, CumSum, Trilu, TopK with a k of run time), each compiled once with
 --dim b=1..4 --dim s=2..9, built for the host and run at sizes spread over the range against
 onnxruntime at each.
 
@@ -105,6 +105,11 @@ def random_model(seed: int, path: Path) -> list[str]:
     mean = g.node("ReduceMean", [xs, g.const([0])], out=False, keepdims=1)  # [1, 6, s, 5]
     g.node("MatMul", [mean, xt])  # A broadcast along b
     g.node("Concat", ["x", g.node("Relu", ["x"], out=False)], axis=int(rng.integers(0, 4)))
+    for _ in range(2):
+        axis = int(rng.integers(0, 4))
+        rev, excl = (int(v) for v in rng.integers(0, 2, 2))
+        g.node("CumSum", ["x", g.const(axis)], reverse=rev, exclusive=excl)
+    g.node("Trilu", [scores, g.const([int(rng.integers(-2, 3))])], upper=int(rng.integers(0, 2)))
     peak = g.node("ReduceMax", ["x", g.const([1])], out=False, keepdims=1)  # [b, 1, 6, 5]
     g.node("Sub", ["x", peak])  # broadcast along s
     top = g.name("top")

@@ -1179,7 +1179,8 @@ def test_reductions_slices_and_splits_over_symbolic_dims(tmp_path: Path) -> None
 def _transposes(path: Path) -> onnx.ModelProto:
     """Transposes that move b and s; an attention layer left unfused (ReLU for the softmax):
     products whose matrices change size, q K^T (s x s) and P V (contracting over s, a bias
-    added), and a Gram matrix x x^T."""
+    added), and a Gram matrix x x^T; the scores' lower triangle (Trilu) and a running sum
+    over s (CumSum, as exporters compute positions)."""
     rng = np.random.default_rng(3)
     c = numpy_helper.from_array
 
@@ -1193,6 +1194,7 @@ def _transposes(path: Path) -> onnx.ModelProto:
         weight("bias", 8),
         c(np.array(0.25, np.float32), "scale"),
         c(np.array([0, 0, 2, 8], np.int64), "heads"),
+        c(np.array(1, np.int64), "axis1"),
     ]
     nodes = [
         helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
@@ -1212,6 +1214,8 @@ def _transposes(path: Path) -> onnx.ModelProto:
         helper.make_node("Relu", ["s1"], ["p"]),
         helper.make_node("MatMul", ["p", "v"], ["o0"]),
         helper.make_node("Add", ["o0", "bias"], ["o"]),
+        helper.make_node("Trilu", ["s1"], ["causal"], upper=0),
+        helper.make_node("CumSum", ["x", "axis1"], ["pos"]),
     ]
     vi = helper.make_tensor_value_info
     f = TensorProto.FLOAT
@@ -1224,6 +1228,8 @@ def _transposes(path: Path) -> onnx.ModelProto:
             vi("z", f, [3, "b", "s"]),
             vi("gram", f, ["b", "s", "s"]),
             vi("o", f, ["b", 2, "s", 8]),
+            vi("causal", f, ["b", 2, "s", "s"]),
+            vi("pos", f, ["b", "s", 3]),
         ],
         inits,
     )

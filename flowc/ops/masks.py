@@ -49,16 +49,27 @@ def _trilu_emit(prog: Program, node: Node) -> None:
     k_at = kv is not None and kv.const is None
     k = 0 if kv is None or kv.const is None else int(kv.const.reshape(-1)[0])
     rows, cols = x.type.shape[-2:]
-    name = prog.kernel(
-        "index.cu.j2",
-        "trilu",
-        ctype=prog.ctype(x),
-        rows=rows,
-        cols=cols,
-        upper=bool(node_attrs(node)["upper"]),
-        k=c_int(k, "int64_t"),
-        k_at=k_at,
-    )
+    params = {
+        "ctype": prog.ctype(x),
+        "upper": bool(node_attrs(node)["upper"]),
+        "k": c_int(k, "int64_t"),
+        "k_at": k_at,
+    }
+    if prog.is_sized(node):
+        # every dim the run's (a causal mask over seq x seq)
+        t, rank = x.type, x.type.rank
+        name = prog.kernel(
+            "index.cu.j2",
+            "trilu",
+            **params,
+            rows=f"({prog.dim(t, rank - 2)})",
+            cols=f"({prog.dim(t, rank - 1)})",
+            total=f"static_cast<int64_t>({prog.numel(t, 'sizes')})",
+        )
+        reads = [prog.cptr(x), *([prog.cptr(kv)] if k_at and kv is not None else [])]
+        prog.launch_sized(name, prog.numel(t), [*reads, prog.ptr(out)])
+        return
+    name = prog.kernel("index.cu.j2", "trilu", **params, rows=rows, cols=cols)
     launch_over(prog, name, out, [x, kv if k_at else None])
 
 
@@ -70,6 +81,7 @@ defop(
     attrs={"upper": 1},
     inputs=(1, 2),
     emit=_trilu_emit,
+    sized=True,
     # Batch axes split; zeroing a fixed triangle is linear.
     sbp=lambda ctx, outs: [
         *sr.same_axes(ctx, outs, range(outs[0].rank - 2)),

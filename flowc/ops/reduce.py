@@ -483,20 +483,33 @@ def emit_cumulative(prog: Program, node: Node) -> None:
     if y.type.numel == 0:
         return
     shape = x.type.shape
-    outer, extent, inner = outer_inner(shape, ints(ax.const)[0] % len(shape))
+    axis = ints(ax.const)[0] % len(shape)
+    outer, extent, inner = outer_inner(shape, axis)
     dt = x.type.dtype
     acc = t if dt.is_float else ("uint64_t" if dt.itemsize == 8 else "uint32_t")
-    k = prog.kernel(
-        TEMPLATE,
-        "cumulative",
-        ctype=t,
-        acc=acc,
-        product=node.op == "CumProd",
-        extent=extent,
-        inner=inner,
-        reverse=bool(attrs["reverse"]),
-        exclusive=bool(attrs["exclusive"]),
-    )
+    params = {
+        "ctype": t,
+        "acc": acc,
+        "product": node.op == "CumProd",
+        "reverse": bool(attrs["reverse"]),
+        "exclusive": bool(attrs["exclusive"]),
+    }
+    if prog.is_sized(node):
+        # the lines, their length and their step: the run's (a position count over seq)
+        xt, rank = x.type, len(shape)
+        lines = f"{prog.count(xt, 0, axis, 'sizes')} * {prog.count(xt, axis + 1, rank, 'sizes')}"
+        k = prog.kernel(
+            TEMPLATE,
+            "cumulative",
+            **params,
+            extent=f"({prog.dim(xt, axis)})",
+            inner=prog.count(xt, axis + 1, rank, "sizes"),
+            total=f"static_cast<int64_t>({lines})",
+        )
+        host = f"{prog.count(xt, 0, axis)} * {prog.count(xt, axis + 1, rank)}"
+        prog.launch_sized(k, host, [prog.cptr(x), prog.ptr(y)])
+        return
+    k = prog.kernel(TEMPLATE, "cumulative", **params, extent=extent, inner=inner)
     n = outer * inner
     prog.launch(k, n, [prog.cptr(x), prog.ptr(y), f"(int64_t){n}"])
 
@@ -811,6 +824,7 @@ defop(
     flops=_input_flops,
     sbp=_cumsum_sbp,
     emit=emit_cumulative,
+    sized=True,
 )
 
 defop(
@@ -823,6 +837,7 @@ defop(
     flops=_input_flops,
     sbp=_cumprod_sbp,
     emit=emit_cumulative,
+    sized=True,
 )
 
 
