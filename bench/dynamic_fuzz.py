@@ -1,9 +1,9 @@
 """Differential fuzzing of programs with symbolic dims (docs/dynamic.md): random ONNX graphs
 of the size-generic ops over x [b, s, 6, 5] (reductions and arg reductions over random axes,
-slices with random starts, ends and steps, products of matrices whose sizes change, softmax,
-concatenation, element-wise broadcasting, CumSum, Trilu, TopK with a k of run time), each compiled once with
---dim b=1..4 --dim s=2..9, built for the host and run at sizes spread over the range against
-onnxruntime at each.
+slices with random starts, ends and steps, products of matrices whose sizes change, softmax
+over any axis, concatenation, element-wise broadcasting, CumSum, Trilu, TopK with a k of run
+time), each compiled once with --dim b=1..4 --dim s=2..9, built for the host and run at
+sizes spread over the range against onnxruntime at each.
 
     python bench/dynamic_fuzz.py --seeds 1-8 [--keep DIR]
 
@@ -105,6 +105,9 @@ def random_model(seed: int, path: Path) -> list[str]:
     mean = g.node("ReduceMean", [xs, g.const([0])], out=False, keepdims=1)  # [1, 6, s, 5]
     g.node("MatMul", [mean, xt])  # A broadcast along b
     g.node("Concat", ["x", g.node("Relu", ["x"], out=False)], axis=int(rng.integers(0, 4)))
+    g.node(
+        str(rng.choice(["Softmax", "LogSoftmax", "Hardmax"])), ["x"], axis=int(rng.integers(0, 4))
+    )
     for _ in range(2):
         axis = int(rng.integers(0, 4))
         rev, excl = (int(v) for v in rng.integers(0, 2, 2))

@@ -144,10 +144,22 @@ def _emitter(mode: str) -> EmitFn:
         outer, extent, inner = outer_inner(shape, axis)
         if prog.is_sized(node):
             t_x = x.type
-            if prog.count(t_x, axis + 1, len(shape)) != "1":
-                raise prog.fail(
-                    "a softmax of symbolic dims is size-generic over the last axis only"
+            rank = len(shape)
+            if prog.count(t_x, axis + 1, rank) != "1":
+                # an axis before others: one thread per line, every extent the run's
+                before = prog.count(t_x, 0, axis, "sizes")
+                after = prog.count(t_x, axis + 1, rank, "sizes")
+                sized_lines = {
+                    "lines": f"static_cast<int64_t>({before} * {after})",
+                    "extent": f"({prog.dim(t_x, axis)})",
+                    "inner": f"static_cast<int64_t>({after})",
+                }
+                k = prog.kernel(
+                    "softmax.cu.j2", "softmax_strided", ctype=t, acc=t, mode=mode, sized=sized_lines
                 )
+                host = f"{prog.count(t_x, 0, axis)} * {prog.count(t_x, axis + 1, rank)}"
+                prog.launch_sized(k, host, [prog.cptr(x), prog.ptr(y)])
+                return
             sym_cols = t_x.sym is not None and t_x.sym[axis] is not None
             vec = vec_width(x.type.dtype, extent) if mode != "hardmax" and not sym_cols else 1
             sized = {"rows": prog.count(t_x, 0, axis, "sizes"), "cols": prog.dim(t_x, axis)}
