@@ -1,8 +1,8 @@
 """Differential fuzzing of programs with symbolic dims (docs/dynamic.md): random ONNX graphs
 of the size-generic ops over x [b, s, 6, 5] (reductions and arg reductions over random axes,
 slices with random starts, ends and steps, products of matrices whose sizes change, softmax
-over any axis, concatenation, element-wise broadcasting, CumSum, Trilu, TopK with a k of run
-time), each compiled once with --dim b=1..4 --dim s=2..9, built for the host and run at
+over any axis, concatenation, element-wise broadcasting, CumSum, Trilu, Pad, TopK with a k
+of run time), each compiled once with --dim b=1..4 --dim s=2..9, built for the host and run at
 sizes spread over the range against onnxruntime at each.
 
     python bench/dynamic_fuzz.py --seeds 1-8 [--keep DIR]
@@ -108,6 +108,14 @@ def random_model(seed: int, path: Path) -> list[str]:
     g.node(
         str(rng.choice(["Softmax", "LogSoftmax", "Hardmax"])), ["x"], axis=int(rng.integers(0, 4))
     )
+    pads = [int(v) for v in rng.integers(-1, 3, 8)]
+    pads[0], pads[4] = max(pads[0], 0), max(pads[4], 0)  # (a negative pad empties a batch of 1)
+    pads[1], pads[5] = max(pads[1], 0), max(pads[5], 0)  # ... or a sequence of 2
+    fill = g.const(np.float32(rng.standard_normal()), np.float32)
+    g.node("Pad", ["x", g.const(pads), fill])
+    edges = [int(v) for v in rng.integers(0, 3, 4)]
+    fixed = [0, 0, *edges[:2], 0, 0, *edges[2:]]  # reflect, edge and wrap: fixed axes only
+    g.node("Pad", ["x", g.const(fixed)], mode=str(rng.choice(["reflect", "edge", "wrap"])))
     for _ in range(2):
         axis = int(rng.integers(0, 4))
         rev, excl = (int(v) for v in rng.integers(0, 2, 2))

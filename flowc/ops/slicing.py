@@ -664,7 +664,7 @@ def _pad_emit(prog: Program, node: Node) -> None:
     if not shape:
         prog.copy(out, x)
         return
-    dims = [
+    dims: list[dict[str, int | bool | str]] = [
         {
             "size": n,
             "stride": s,
@@ -679,6 +679,34 @@ def _pad_emit(prog: Program, node: Node) -> None:
     ]
     value = node.inputs[2] if len(node.inputs) > 2 else None
     has_value = mode == "constant" and value is not None
+    if prog.is_sized(node):
+        # the run's sizes and strides; a symbolic axis keeps its run length plus the pads
+        xt, rank = x.type, x.type.rank
+        for k, (d, (b, e)) in enumerate(zip(dims, widths, strict=True)):
+            d["size"] = f"({prog.dim(out.type, k)})"
+            d["stride"] = prog.count(xt, k + 1, rank, "sizes")
+            if xt.sym is not None and xt.sym[k] is not None:
+                if mode != "constant" and (b or e):
+                    # (reflect, edge and wrap read inside a length known at run time only,
+                    # which a small run may leave empty)
+                    raise prog.fail(
+                        f"Pad in {mode} mode along symbolic axis {k}: only constant padding "
+                        "of a symbolic axis has a kernel"
+                    )
+                kept = f"({prog.dim(xt, k)} + {min(b, 0) + min(e, 0)})"
+                d.update(kept=kept, reflect=f"(2 * {kept} - 2)", last=f"({kept} - 1)")
+        name = prog.kernel(
+            "shape.cu.j2",
+            "pad",
+            ctype=prog.ctype(out),
+            dims=dims,
+            mode=mode,
+            has_value=has_value,
+            total=f"static_cast<int64_t>({prog.numel(out.type, 'sizes')})",
+        )
+        reads = [prog.cptr(x), *([prog.cptr(value)] if has_value and value is not None else [])]
+        prog.launch_sized(name, prog.numel(out.type), [*reads, prog.ptr(out)])
+        return
     name = prog.kernel(
         "shape.cu.j2", "pad", ctype=prog.ctype(out), dims=dims, mode=mode, has_value=has_value
     )
@@ -694,6 +722,7 @@ defop(
     inputs=(2, 4),
     onnx_import=_pad_import,
     emit=_pad_emit,
+    sized=True,
     sbp=_pad_sbp,
 )
 
