@@ -14,6 +14,7 @@ from flowc.errors import InputError, ShapeError
 from flowc.frontend.onnx import import_model
 from flowc.interpreter import evaluate
 from flowc.ir.graph import Attrs
+from flowc.ir.symbolic import DimRange
 from flowc.ops.registry import get_op
 
 rng = np.random.default_rng(1)
@@ -355,7 +356,17 @@ def test_topk_unsorted_returns_the_same_set() -> None:
 def test_topk_errors() -> None:
     msg = import_error("TopK", [rand(2, 3), i64(4)], num_outputs=2, const_inputs=[1])
     assert "topk_0" in msg and "k = 4" in msg
-    assert "compile time" in import_error("TopK", [rand(2, 3), i64(2)], num_outputs=2)
+    msg = import_error("TopK", [rand(2, 3), i64(1, 2)], num_outputs=2)
+    assert "k must hold one int64 value" in msg
+
+
+def test_topk_k_of_run_time_is_a_computed_count() -> None:
+    """k fed as an input: both outputs hold the axis (the bound) and share one count, the
+    run's k (the kernel is checked in tests/test_dynamic.py and the conformance cases)."""
+    model, _ = make_op_model("TopK", [rand(2, 3), i64(2)], num_outputs=2)
+    g = import_model(model)
+    assert g.symbols["n0"] == DimRange(0, 3, computed=True)
+    assert [str(v.type) for v in g.outputs] == ["f32[2, n0]", "i64[2, n0]"]
 
 
 @pytest.mark.parametrize("axis", [None, 0, 1, -1, -2, -3])
