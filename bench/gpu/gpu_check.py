@@ -350,14 +350,21 @@ def run_limited(cmd: list[str], env: dict[str, str], deadline: float) -> tuple[i
 def compile_and_build(
     cell: dict[str, Any], target: str, env: dict[str, str], precision_flag: bool, deadline: float
 ) -> dict[str, Any]:
-    """One cell's `flowc compile` and quick build (in a worker thread; each step is a
-    process of its own)."""
+    """One cell's `flowc compile` and quick build (in a worker thread)."""
+    extra = ["--precision", cell["precision"]] if precision_flag else []
+    return compile_build(
+        Path(f"{cell['stem']}.onnx"), extra, Path(cell["project"]), target, env, deadline
+    )
+
+
+def compile_build(
+    model: Path, extra: list[str], proj: Path, target: str, env: dict[str, str], deadline: float
+) -> dict[str, Any]:
+    """`flowc compile MODEL -o PROJ --target T EXTRA...` and a quick build, each a process of
+    its own, both stopped at ``deadline``."""
     t0 = time.time()
-    proj = Path(cell["project"])
-    cmd = [sys.executable, "-m", "flowc", "compile", f"{cell['stem']}.onnx", "-o", str(proj),
-           "--target", target]  # fmt: skip
-    if precision_flag:
-        cmd += ["--precision", cell["precision"]]
+    cmd = [sys.executable, "-m", "flowc", "compile", str(model), "-o", str(proj),
+           "--target", target, *extra]  # fmt: skip
     rc, out = run_limited(cmd, env, deadline)
     if rc != 0:
         return {"built": False, "why": "compile failed: " + out.strip()[-1200:]}
@@ -809,36 +816,6 @@ def _bert_feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
     }
 
 
-def _compile_build(
-    model: Path, dims: list[str], proj: Path, target: str, env: dict[str, str], deadline: float
-) -> dict[str, Any]:
-    """`flowc compile MODEL --dim ...` and a quick build (each a process of its own)."""
-    t0 = time.time()
-    cmd = [
-        sys.executable,
-        "-m",
-        "flowc",
-        "compile",
-        str(model),
-        "-o",
-        str(proj),
-        "--target",
-        target,
-    ]
-    for d in dims:
-        cmd += ["--dim", d]
-    rc, out = run_limited(cmd, env, deadline)
-    if rc != 0:
-        return {"built": False, "why": "compile failed: " + out.strip()[-1200:]}
-    t1 = time.time()
-    rc, out = run_limited(
-        [sys.executable, str(Path(__file__).resolve()), "_build", str(proj), target], env, deadline
-    )
-    if rc != 0:
-        return {"built": False, "why": "build failed: " + out.strip()[-1500:]}
-    return {"built": True, "compile_s": round(t1 - t0, 1), "build_s": round(time.time() - t1, 1)}
-
-
 def cmd_dynamic(a: argparse.Namespace) -> int:
     """BERT-base compiled once with --dim batch=1..32 --dim seq=1..512, beside a static
     build at each of DYNAMIC_POINTS: at each point both programs' outputs (the dynamic
@@ -880,7 +857,15 @@ def cmd_dynamic(a: argparse.Namespace) -> int:
     log(f"flowc compile + build ({target}) of {len(jobs)} projects, {workers} at a time")
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         futs = {
-            name: pool.submit(_compile_build, model, dims, proj, target, env, end - 60)
+            name: pool.submit(
+                compile_build,
+                model,
+                [arg for d in dims for arg in ("--dim", d)],
+                proj,
+                target,
+                env,
+                end - 60,
+            )
             for name, (dims, proj) in jobs.items()
         }
         builds = {name: f.result() for name, f in futs.items()}
