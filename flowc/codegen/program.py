@@ -293,6 +293,15 @@ class Program:
         """The element count of ``t`` in this run, as C++ over ``table``."""
         return self.count(t, 0, t.rank, table)
 
+    def around(self, t: TensorType, axis: int, table: str = "sizes") -> tuple[str, str, str]:
+        """The [outer, extent, inner] view of ``t`` around ``axis`` in this run (the lines
+        along it, its length, their step), as C++ over ``table``."""
+        return (
+            self.count(t, 0, axis, table),
+            self.dim(t, axis, table),
+            self.count(t, axis + 1, t.rank, table),
+        )
+
     def count(self, t: TensorType, start: int, stop: int, table: str = "hdims") -> str:
         """The product of dims ``start`` .. ``stop`` - 1 of ``t`` in this run, as C++ over
         ``table`` (a literal where none is symbolic)."""

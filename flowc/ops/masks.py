@@ -62,9 +62,9 @@ def _trilu_emit(prog: Program, node: Node) -> None:
             "index.cu.j2",
             "trilu",
             **params,
-            rows=f"({prog.dim(t, rank - 2)})",
-            cols=f"({prog.dim(t, rank - 1)})",
-            total=f"static_cast<int64_t>({prog.numel(t, 'sizes')})",
+            rows=prog.dim(t, rank - 2),
+            cols=prog.dim(t, rank - 1),
+            total=prog.numel(t, "sizes"),
         )
         reads = [prog.cptr(x), *([prog.cptr(kv)] if k_at and kv is not None else [])]
         prog.launch_sized(name, prog.numel(t), [*reads, prog.ptr(out)])

@@ -399,12 +399,6 @@ def _emit_tiled_sized(prog: Program, g: GemmCall) -> bool:
     if ot.rank < 2 or len(g.out_batch) != ro - 2:
         return False
 
-    def dim(t: TensorType, axis: int) -> str:
-        return f"({prog.dim(t, axis)})"
-
-    def step(t: TensorType, axis: int) -> str:
-        return f"({prog.count(t, axis + 1, t.rank, 'sizes')})"
-
     batch = []
     for i in range(ro - 2):
         if ot.shape[i] == 1 and (ot.sym is None or ot.sym[i] is None):
@@ -413,21 +407,21 @@ def _emit_tiled_sized(prog: Program, g: GemmCall) -> bool:
         for t, r in ((at, ra), (bt, rb)):
             j = i - (ro - r)
             moves = j >= 0 and (t.shape[j] != 1 or (t.sym is not None and t.sym[j] is not None))
-            steps.append(step(t, j) if moves else "")
-        batch.append({"size": dim(ot, i), "sa": steps[0], "sb": steps[1]})
+            steps.append(prog.count(t, j + 1, r, "sizes") if moves else "")
+        batch.append({"size": prog.dim(ot, i), "sa": steps[0], "sb": steps[1]})
     # A(row, kk) and B(kk, col) in their buffers: packed, or transposed packed
-    a_row, a_col = ("1", dim(at, ra - 1)) if ta else (dim(at, ra - 1), "1")
-    b_row, b_col = ("1", dim(bt, rb - 1)) if tb else (dim(bt, rb - 1), "1")
+    a_row, a_col = ("1", prog.dim(at, ra - 1)) if ta else (prog.dim(at, ra - 1), "1")
+    b_row, b_col = ("1", prog.dim(bt, rb - 1)) if tb else (prog.dim(bt, rb - 1), "1")
     dt = g.a.type.dtype
     name = prog.kernel(
         "matmul.cu.j2",
         "matmul_tiled_sized",
         ctype=CTYPES[dt],
-        m=dim(ot, ro - 2),
-        n=dim(ot, ro - 1),
-        k=dim(at, ra - 2 if ta else ra - 1),
+        m=prog.dim(ot, ro - 2),
+        n=prog.dim(ot, ro - 1),
+        k=prog.dim(at, ra - 2 if ta else ra - 1),
         batch=batch,
-        batch_total=f"({prog.count(ot, 0, ro - 2, 'sizes')})",
+        batch_total=prog.count(ot, 0, ro - 2, "sizes"),
         a_row=a_row,
         a_col=a_col,
         b_row=b_row,

@@ -384,7 +384,7 @@ def _sized_groups(prog: Program, t: TensorType, axes: Axes) -> list[tuple[Size, 
         symbolic = t.sym is not None and t.sym[k] is not None
         if d == 1 and not symbolic:
             continue
-        size: Size = f"({prog.dim(t, k)})" if symbolic else d
+        size: Size = prog.dim(t, k) if symbolic else d
         red = k in axes
         if groups and groups[-1][1] == red:
             size = _times(groups[-1][0], size)
@@ -427,7 +427,7 @@ def _emit_reduce_sized(prog: Program, node: Node, groups: list[tuple[Size, bool]
         kept=kept,
         reduced=reduced,
         count=count_text,
-        total=f"static_cast<int64_t>({total})",
+        total=str(total),
     )
     prog.launch_sized(k, prog.numel(y.type), [prog.cptr(x), prog.ptr(y)])
 
@@ -453,14 +453,14 @@ def emit_arg(largest: bool) -> Callable[[Program, Node], None]:
         sym = x.type.sym or (None,) * len(shape)
         if prog.is_sized(node) and (inner != 1 or sym[axis] is not None):
             # one thread per output walks the axis, all three extents the run's
-            t_ = x.type
+            _, length, step = prog.around(x.type, axis)
             k = prog.kernel(
                 TEMPLATE,
                 "arg_strided",
                 **params,
-                extent=f"({prog.dim(t_, axis)})",
-                inner=prog.count(t_, axis + 1, t_.rank, "sizes"),
-                total=f"static_cast<int64_t>({prog.numel(y.type, 'sizes')})",
+                extent=length,
+                inner=step,
+                total=prog.numel(y.type, "sizes"),
             )
             prog.launch_sized(k, prog.numel(y.type), [prog.cptr(x), prog.ptr(y)])
             return
@@ -496,18 +496,17 @@ def emit_cumulative(prog: Program, node: Node) -> None:
     }
     if prog.is_sized(node):
         # the lines, their length and their step: the run's (a position count over seq)
-        xt, rank = x.type, len(shape)
-        lines = f"{prog.count(xt, 0, axis, 'sizes')} * {prog.count(xt, axis + 1, rank, 'sizes')}"
+        lines, length, step = prog.around(x.type, axis)
         k = prog.kernel(
             TEMPLATE,
             "cumulative",
             **params,
-            extent=f"({prog.dim(xt, axis)})",
-            inner=prog.count(xt, axis + 1, rank, "sizes"),
-            total=f"static_cast<int64_t>({lines})",
+            extent=length,
+            inner=step,
+            total=f"{lines} * {step}",
         )
-        host = f"{prog.count(xt, 0, axis)} * {prog.count(xt, axis + 1, rank)}"
-        prog.launch_sized(k, host, [prog.cptr(x), prog.ptr(y)])
+        host_lines, _, host_step = prog.around(x.type, axis, "hdims")
+        prog.launch_sized(k, f"{host_lines} * {host_step}", [prog.cptr(x), prog.ptr(y)])
         return
     k = prog.kernel(TEMPLATE, "cumulative", **params, extent=extent, inner=inner)
     n = outer * inner

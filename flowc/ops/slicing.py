@@ -419,7 +419,7 @@ def _slice_sized(prog: Program, node: Node, slices: tuple[slice, ...]) -> None:
         if sym[k] is None or k not in raw:
             first.append(sl.start or 0)
             continue
-        d = f"({prog.dim(x.type, k)})"
+        d = prog.dim(x.type, k)
         at = f"({d} + {raw[k]})" if raw[k] < 0 else str(raw[k])
         top = d if (sl.step or 1) > 0 else f"({d} - 1)"
         first.append(f"({at} < 0 ? 0 : ({at} > {top} ? {top} : {at}))")
@@ -683,7 +683,7 @@ def _pad_emit(prog: Program, node: Node) -> None:
         # the run's sizes and strides; a symbolic axis keeps its run length plus the pads
         xt, rank = x.type, x.type.rank
         for k, (d, (b, e)) in enumerate(zip(dims, widths, strict=True)):
-            d["size"] = f"({prog.dim(out.type, k)})"
+            d["size"] = prog.dim(out.type, k)
             d["stride"] = prog.count(xt, k + 1, rank, "sizes")
             if xt.sym is not None and xt.sym[k] is not None:
                 if mode != "constant" and (b or e):
@@ -702,7 +702,7 @@ def _pad_emit(prog: Program, node: Node) -> None:
             dims=dims,
             mode=mode,
             has_value=has_value,
-            total=f"static_cast<int64_t>({prog.numel(out.type, 'sizes')})",
+            total=prog.numel(out.type, "sizes"),
         )
         reads = [prog.cptr(x), *([prog.cptr(value)] if has_value and value is not None else [])]
         prog.launch_sized(name, prog.numel(out.type), [*reads, prog.ptr(out)])

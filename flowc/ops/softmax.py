@@ -147,18 +147,13 @@ def _emitter(mode: str) -> EmitFn:
             rank = len(shape)
             if prog.count(t_x, axis + 1, rank) != "1":
                 # an axis before others: one thread per line, every extent the run's
-                before = prog.count(t_x, 0, axis, "sizes")
-                after = prog.count(t_x, axis + 1, rank, "sizes")
-                sized_lines = {
-                    "lines": f"static_cast<int64_t>({before} * {after})",
-                    "extent": f"({prog.dim(t_x, axis)})",
-                    "inner": f"static_cast<int64_t>({after})",
-                }
+                lines, length, step = prog.around(t_x, axis)
+                sized_lines = {"lines": f"{lines} * {step}", "extent": length, "inner": step}
                 k = prog.kernel(
                     "softmax.cu.j2", "softmax_strided", ctype=t, acc=t, mode=mode, sized=sized_lines
                 )
-                host = f"{prog.count(t_x, 0, axis)} * {prog.count(t_x, axis + 1, rank)}"
-                prog.launch_sized(k, host, [prog.cptr(x), prog.ptr(y)])
+                host_lines, _, host_step = prog.around(t_x, axis, "hdims")
+                prog.launch_sized(k, f"{host_lines} * {host_step}", [prog.cptr(x), prog.ptr(y)])
                 return
             sym_cols = t_x.sym is not None and t_x.sym[axis] is not None
             vec = vec_width(x.type.dtype, extent) if mode != "hardmax" and not sym_cols else 1
